@@ -1,0 +1,14 @@
+// promptcache: version.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The single source of the library's version: CMakeLists.txt, the Conan recipe
+// and the tests read it from here.
+#pragma once
+
+#define PROMPTCACHE_VERSION_MAJOR 0
+#define PROMPTCACHE_VERSION_MINOR 1
+#define PROMPTCACHE_VERSION_PATCH 0
+
+/// The version as one comparable integer: major * 10000 + minor * 100 + patch.
+#define PROMPTCACHE_VERSION \
+  (PROMPTCACHE_VERSION_MAJOR * 10000 + PROMPTCACHE_VERSION_MINOR * 100 + PROMPTCACHE_VERSION_PATCH)
