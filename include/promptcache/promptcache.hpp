@@ -1,0 +1,8 @@
+// promptcache: promptcache.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Umbrella header: includes every public promptcache header.
+#pragma once
+
+#include "promptcache/cursor.hpp"
+#include "promptcache/version.hpp"
