@@ -1,0 +1,276 @@
+// promptcache: detail/kv_index_store.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Node and hold pools of kv_index.hpp. Both hand out 32-bit indices from a
+// vector with a free list instead of pointers: freed slots are reused without
+// calling the allocator, the structures are half the size of pointer-based
+// ones, and nothing dangles when a vector grows.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "promptcache/detail/kv_index_table.hpp"
+
+namespace promptcache::detail {
+
+/// Tree nodes, stored as fixed-stride rows of 64-bit words so that one node's
+/// hashes, count and holder bitset share a cache line (4 words = 32 bytes with
+/// up to 64 worker slots):
+///   [0] path hash (identifies the root-to-node path, keys the edge table)
+///   [1] tokens hash of the node's block
+///   [2] parent index (low 32 bits) | holder count (high 32 bits)
+///   [3..] bitset over worker slots: which slots hold this node
+/// Node 0 is the root; it is never freed and its holder fields are unused.
+/// A freed node has count 0 and keeps the next free index in its parent field.
+class KvNodeStore {
+ public:
+  static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
+
+  KvNodeStore() { reset(); }
+
+  /// Path hash of `child_tokens` below a node with path hash `parent_path`.
+  /// For a fixed parent this is a bijection of the tokens hash, so two children
+  /// of one node never share a path hash.
+  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
+                                                          std::uint64_t child_tokens) noexcept {
+    return kv_mix64(parent_path ^ child_tokens);
+  }
+
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
+  }
+  [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
+  }
+  [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
+  [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
+
+  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
+    return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
+  }
+  /// Marks `slot` as a holder of `n`; the bit must be clear.
+  void set(std::uint32_t n, std::uint32_t slot) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + slot / 64U] |= std::uint64_t{1} << (slot % 64U);
+    r[2] += std::uint64_t{1} << 32U;
+  }
+  /// Clears holder `slot` of `n` (the bit must be set); returns the new count.
+  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + slot / 64U] &= ~(std::uint64_t{1} << (slot % 64U));
+    r[2] -= std::uint64_t{1} << 32U;
+    return static_cast<std::uint32_t>(r[2] >> 32U);
+  }
+
+  void prefetch(std::uint32_t n) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(row(n));
+#else
+    (void)n;
+#endif
+  }
+
+  /// Makes room for `extra` more nodes without reallocating during the next
+  /// `extra` allocate() calls. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    const std::size_t need = (rows() + extra - free_count_) * stride_;
+    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+  }
+
+  /// A new node (holder count 0, no holders). Call reserve_extra first to make
+  /// it noexcept.
+  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
+    std::uint32_t n;
+    if (free_head_ != kv_npos) {
+      n = free_head_;
+      free_head_ = parent(n);
+      --free_count_;
+    } else {
+      if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      n = static_cast<std::uint32_t>(rows());
+      words_.resize(words_.size() + stride_, 0U);
+    }
+    std::uint64_t* r = row(n);
+    r[0] = path;
+    r[1] = tokens;
+    r[2] = parent_node;
+    std::fill(r + 3, r + stride_, std::uint64_t{0});
+    ++live_;
+    return n;
+  }
+
+  /// Returns node `n` (holder count 0) to the free list. When no node is left
+  /// the storage itself is released, so an emptied index gives memory back.
+  void release(std::uint32_t n) noexcept {
+    row(n)[2] = free_head_;
+    free_head_ = n;
+    ++free_count_;
+    --live_;
+    if (live_ == 0U) shrink_to_root();
+  }
+
+  /// Widens the holder bitsets so that slot indices below `slots` fit.
+  /// O(nodes) when it grows (every 64 slots); strong guarantee.
+  void ensure_slots(std::size_t slots) {
+    const std::size_t want = std::max<std::size_t>(1U, (slots + 63U) / 64U);
+    if (want <= mask_words_) return;
+    const std::size_t new_stride = 3U + want;
+    std::vector<std::uint64_t> next(rows() * new_stride, 0U);
+    for (std::size_t n = 0; n < rows(); ++n)
+      std::copy_n(words_.data() + n * stride_, stride_, next.data() + n * new_stride);
+    words_.swap(next);
+    mask_words_ = want;
+    stride_ = new_stride;
+  }
+
+  /// Live nodes, the root excluded. O(1).
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
+  /// Rows allocated (live + free + root). O(1).
+  [[nodiscard]] std::size_t rows() const noexcept {
+    return words_.size() / stride_;
+  }
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return words_.capacity() * 8U;
+  }
+  /// True when `n` is a live non-root node (for invariant checks). O(1).
+  [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
+    return n != 0U && n < rows() && count(n) != 0U;
+  }
+
+ private:
+  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride_;
+  }
+  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride_;
+  }
+
+  void reset() {
+    words_.assign(stride_, 0U);
+    words_[0] = root_path_hash;
+    words_[2] = kv_npos;
+    free_head_ = kv_npos;
+    free_count_ = 0;
+    live_ = 0;
+  }
+
+  void shrink_to_root() noexcept {
+    try {
+      std::vector<std::uint64_t> fresh(stride_, 0U);
+      words_.swap(fresh);
+      words_[0] = root_path_hash;
+      words_[2] = kv_npos;
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    } catch (...) {  // keep the old rows; they are all free and still valid
+    }
+  }
+
+  std::vector<std::uint64_t> words_;
+  std::size_t mask_words_ = 1;
+  std::size_t stride_ = 4;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+/// One worker slot's hold on one node, named by the worker's block hash. The
+/// holds of a slot form a tree mirroring the part of the node tree it holds
+/// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
+/// only that worker's descendants, not every child of a shared node.
+struct KvHold {
+  std::uint64_t block_hash = 0;
+  std::uint32_t node = 0;
+  std::uint32_t slot = 0;
+  std::uint32_t parent = kv_npos;
+  std::uint32_t first_child = kv_npos;
+  std::uint32_t next = kv_npos;  ///< next sibling; next free hold when freed
+  std::uint32_t prev = kv_npos;  ///< previous sibling
+};
+
+/// Pool of holds with a free list and intrusive sibling lists.
+class KvHoldStore {
+ public:
+  [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
+  [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
+
+  /// Makes the next `extra` allocate() calls non-allocating. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    const std::size_t need = holds_.size() + extra - free_count_;
+    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+  }
+
+  /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
+  std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node, std::uint32_t slot,
+                         std::uint32_t parent) {
+    std::uint32_t h;
+    if (free_head_ != kv_npos) {
+      h = free_head_;
+      free_head_ = holds_[h].next;
+      --free_count_;
+    } else {
+      if (holds_.size() >= kv_npos - 1U) throw std::length_error("kv index: too many blocks");
+      h = static_cast<std::uint32_t>(holds_.size());
+      holds_.emplace_back();
+    }
+    KvHold& x = holds_[h];
+    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
+    if (parent != kv_npos) {
+      KvHold& p = holds_[parent];
+      x.next = p.first_child;
+      if (x.next != kv_npos) holds_[x.next].prev = h;
+      p.first_child = h;
+    }
+    ++live_;
+    return h;
+  }
+
+  /// Unlinks hold `h` (which must have no children) and frees it.
+  void release(std::uint32_t h) noexcept {
+    KvHold& x = holds_[h];
+    if (x.parent != kv_npos) {
+      if (x.prev == kv_npos)
+        holds_[x.parent].first_child = x.next;
+      else
+        holds_[x.prev].next = x.next;
+      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
+    }
+    x.next = free_head_;
+    x.parent = kv_npos;
+    x.first_child = kv_npos;
+    free_head_ = h;
+    ++free_count_;
+    --live_;
+    if (live_ == 0U) {
+      std::vector<KvHold>().swap(holds_);
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    }
+  }
+
+  /// Holds in use (sentinels included). O(1).
+  [[nodiscard]] std::size_t live() const noexcept { return live_; }
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return holds_.capacity() * sizeof(KvHold);
+  }
+
+ private:
+  std::vector<KvHold> holds_;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+}  // namespace promptcache::detail

@@ -1,0 +1,176 @@
+// promptcache: detail/kv_index_table.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The flat hash table behind kv_index.hpp. The index does two lookups per
+// block operation (tree edge, worker's block name), so both live in one
+// open-addressing table type with 16-byte entries: no allocation per insert,
+// one cache line per probe in the common case, and prefetchable slots.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// "No index" marker for the 32-bit slot / node / hold indices of the index.
+inline constexpr std::uint32_t kv_npos = std::numeric_limits<std::uint32_t>::max();
+
+/// Murmur3's 64-bit finalizer: a bijection on 64-bit values, so distinct
+/// inputs never collide (the index relies on this for its path hashes).
+[[nodiscard]] constexpr std::uint64_t kv_mix64(std::uint64_t k) noexcept {
+  k ^= k >> 33U;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33U;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33U;
+  return k;
+}
+
+/// Open-addressing hash table (linear probing, backward-shift deletion, no
+/// tombstones) mapping a (64-bit key, 32-bit tag) pair to a 32-bit value.
+/// `Hash::hash(key, tag)` gives the 64-bit hash; the table stores no hash, so it
+/// must be cheap. Values must not be kv_npos (it marks empty slots). Capacity is
+/// a power of two, grown at load 1/2 and shrunk below load 1/8, so memory follows
+/// the live entries.
+template <class Hash>
+class KvPackedTable {
+ public:
+  /// One slot: 16 bytes.
+  struct Entry {
+    std::uint64_t key;
+    std::uint32_t tag;
+    std::uint32_t value;
+  };
+
+  /// The value stored for (key, tag), or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find(std::uint64_t key, std::uint32_t tag) const noexcept {
+    if (slots_.empty()) return kv_npos;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return kv_npos;
+      if (e.key == key && e.tag == tag) return e.value;
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Hints the CPU to load the first slot that find(key, tag) will read. O(1).
+  void prefetch(std::uint64_t key, std::uint32_t tag) const noexcept {
+    if (slots_.empty()) return;
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[static_cast<std::size_t>(Hash::hash(key, tag)) & mask_]);
+#endif
+  }
+
+  /// Inserts (key, tag) -> value; the pair must not be present. Amortized O(1);
+  /// may rehash (invalidates nothing outside the table).
+  void insert(std::uint64_t key, std::uint32_t tag, std::uint32_t value) {
+    if ((size_ + 1U) * 2U > slots_.size()) rehash(slots_.empty() ? 16U : slots_.size() * 2U);
+    place(Entry{key, tag, value});
+    ++size_;
+  }
+
+  /// Replaces the value of a present (key, tag); false when absent. O(1) expected.
+  bool update(std::uint64_t key, std::uint32_t tag, std::uint32_t value) noexcept {
+    if (slots_.empty()) return false;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.key == key && e.tag == tag) {
+        e.value = value;
+        return true;
+      }
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Makes the next `extra` inserts rehash-free. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    const std::size_t need = (size_ + extra) * 2U;
+    if (need <= slots_.size()) return;
+    std::size_t cap = slots_.empty() ? 16U : slots_.size();
+    while (cap < need)
+      cap *= 2U;
+    rehash(cap);
+  }
+
+  /// Removes (key, tag); returns false when it was absent. Amortized O(1).
+  bool erase(std::uint64_t key, std::uint32_t tag) noexcept {
+    if (slots_.empty()) return false;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.key == key && e.tag == tag) break;
+      i = (i + 1U) & mask_;
+    }
+    // Backward shift: pull later entries of the probe run into the hole when
+    // the hole lies between their home slot and their current slot.
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1U) & mask_;
+      const Entry& e = slots_[j];
+      if (e.value == kv_npos) break;
+      const std::size_t home = static_cast<std::size_t>(Hash::hash(e.key, e.tag)) & mask_;
+      if (((j - home) & mask_) >= ((j - i) & mask_)) {
+        slots_[i] = e;
+        i = j;
+      }
+    }
+    slots_[i].value = kv_npos;
+    --size_;
+    if (slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    return true;
+  }
+
+  /// Number of entries. O(1).
+  [[nodiscard]] std::size_t size() const noexcept {
+    return size_;
+  }
+  /// Bytes held by the slot array. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(Entry);
+  }
+  /// Drops every entry and releases the slot array. O(capacity).
+  void clear() noexcept {
+    std::vector<Entry>().swap(slots_);
+    size_ = 0;
+    mask_ = 0;
+  }
+
+ private:
+  void place(const Entry& entry) noexcept {
+    std::size_t i = static_cast<std::size_t>(Hash::hash(entry.key, entry.tag)) & mask_;
+    while (slots_[i].value != kv_npos)
+      i = (i + 1U) & mask_;
+    slots_[i] = entry;
+  }
+
+  void rehash(std::size_t new_capacity) {
+    if (new_capacity > (std::size_t{1} << 40U)) throw std::length_error("kv index table too large");
+    std::vector<Entry> old(new_capacity, Entry{0, 0, kv_npos});
+    old.swap(slots_);
+    mask_ = new_capacity - 1U;
+    for (const Entry& e : old)
+      if (e.value != kv_npos) place(e);
+  }
+
+  // Shrinking is an optimisation: when the smaller array cannot be allocated
+  // the table keeps its current one, so erase stays noexcept.
+  void shrink_noexcept() noexcept {
+    try {
+      rehash(slots_.size() / 2U);
+    } catch (...) {
+    }
+  }
+
+  std::vector<Entry> slots_;
+  std::size_t size_ = 0;
+  std::size_t mask_ = 0;
+};
+
+}  // namespace promptcache::detail

@@ -1,0 +1,518 @@
+#include <promptcache/kv_index.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "catch.hpp"
+
+using promptcache::KvBlock;
+using promptcache::KvEvent;
+using promptcache::KvEventResult;
+using promptcache::KvEventStatus;
+using promptcache::KvGapPolicy;
+using promptcache::KvIndex;
+using promptcache::KvIndexOptions;
+using promptcache::KvWorker;
+using promptcache::KvWorkerMatch;
+namespace kv_event = promptcache::kv_event;
+namespace cursor = promptcache::cursor;
+
+namespace {
+
+using Hashes = std::vector<std::uint64_t>;
+constexpr std::uint64_t u64max = std::numeric_limits<std::uint64_t>::max();
+
+// Blocks named like an engine would: block hash = tokens hash + `salt`.
+std::vector<KvBlock> blocks(const Hashes& tokens, std::uint64_t salt = 1000) {
+  std::vector<KvBlock> out;
+  for (const std::uint64_t t : tokens)
+    out.push_back(KvBlock{t + salt, t});
+  return out;
+}
+
+KvEvent stored(std::uint64_t id, const Hashes& tokens, std::optional<std::uint64_t> parent = {},
+               std::uint64_t salt = 1000) {
+  return KvEvent{id, kv_event::Stored{parent, blocks(tokens, salt)}};
+}
+KvEvent removed(std::uint64_t id, const Hashes& names) {
+  return KvEvent{id, kv_event::Removed{names}};
+}
+KvEvent cleared(std::uint64_t id) {
+  return KvEvent{id, kv_event::Cleared{}};
+}
+
+std::vector<KvWorkerMatch> matches(const KvIndex& index, const Hashes& query,
+                                   bool early_exit = false) {
+  auto m = index.find_matches(query, early_exit);
+  std::sort(m.begin(), m.end());
+  return m;
+}
+
+std::size_t match_of(const KvIndex& index, const Hashes& query, KvWorker w) {
+  for (const auto& m : index.find_matches(query))
+    if (m.worker == w) return m.blocks;
+  return 0;
+}
+
+const KvWorker A{1, 0};
+const KvWorker B{2, 0};
+const KvWorker C{3, 0};
+
+}  // namespace
+
+TEST_CASE("an empty index matches nothing and is its root", "[kv_index]") {
+  KvIndex index;
+  CHECK(index.find_matches(Hashes{}).empty());
+  CHECK(index.find_matches(Hashes{1, 2, 3}).empty());
+  CHECK(index.find_matches(Hashes{1, 2, 3}, true).empty());
+  CHECK(index.node_count() == 0);
+  CHECK(index.worker_count() == 0);
+  CHECK(index.total_blocks() == 0);
+  CHECK(index.dump(A).empty());
+  CHECK_FALSE(index.cursor(A).has_value());
+  CHECK_FALSE(index.remove_worker(A));
+  CHECK(index.remove_worker(std::uint64_t{1}) == 0);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("stored blocks are matched as leading blocks", "[kv_index]") {
+  KvIndex index;
+  const KvEventResult r = index.apply(A, stored(0, {1, 2, 3}));
+  CHECK(r.ok());
+  CHECK(std::holds_alternative<cursor::Initial<std::uint64_t>>(r.observation));
+  CHECK(r.blocks_stored == 3);
+  CHECK(index.node_count() == 3);
+  CHECK(index.block_count(A) == 3);
+  CHECK(matches(index, {1, 2, 3, 4}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(matches(index, {1, 2}) == std::vector<KvWorkerMatch>{{A, 2}});
+  CHECK(matches(index, {1, 9, 3}) == std::vector<KvWorkerMatch>{{A, 1}});
+  CHECK(matches(index, {2, 3}).empty());  // keyed by the path, not by the block alone
+  CHECK(matches(index, {9}).empty());
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(0));
+  CHECK(index.counters().events_applied == 1);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("a stored chain continues below its parent", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  REQUIRE(index.apply(A, stored(1, {3, 4}, 1002)).ok());  // parent: block of tokens 2
+  CHECK(matches(index, {1, 2, 3, 4}) == std::vector<KvWorkerMatch>{{A, 4}});
+  // A parent in the middle of the chain starts a branch.
+  REQUIRE(index.apply(A, stored(2, {7}, 1001)).ok());
+  CHECK(matches(index, {1, 7}) == std::vector<KvWorkerMatch>{{A, 2}});
+  CHECK(index.node_count() == 5);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("a stored event with an unknown parent changes nothing", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  const KvEventResult r = index.apply(A, stored(1, {3}, 999));
+  CHECK(r.status == KvEventStatus::parent_not_found);
+  CHECK_FALSE(r.ok());
+  CHECK(r.blocks_stored == 0);
+  CHECK(index.node_count() == 2);
+  CHECK(index.block_count(A) == 2);
+  CHECK(index.counters().parent_not_found == 1);
+  CHECK(index.counters().events_applied == 1);
+  // The id was received in order, so it is consumed: the next one is contiguous.
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(1));
+  CHECK(index.apply(A, stored(2, {3}, 1002)).ok());
+  // A parent held by another worker does not count.
+  CHECK(index.apply(B, stored(0, {4}, 1002)).status == KvEventStatus::parent_not_found);
+  // Even with no blocks the parent must be held.
+  CHECK(index.apply(B, stored(1, {}, 5)).status == KvEventStatus::parent_not_found);
+  CHECK(index.block_count(B) == 0);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("storing held blocks again is idempotent", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  const KvEventResult r = index.apply(A, stored(1, {1, 2, 3, 4}));
+  CHECK(r.ok());
+  CHECK(r.blocks_already_held == 3);
+  CHECK(r.blocks_stored == 1);
+  const KvEventResult again = index.apply(A, stored(2, {1, 2, 3, 4}));
+  CHECK(again.blocks_already_held == 4);
+  CHECK(again.blocks_stored == 0);
+  CHECK(index.node_count() == 4);
+  CHECK(index.block_count(A) == 4);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("removing a block that is not held is a reported no-op", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  const KvEventResult r = index.apply(A, removed(1, {424242, 1001 + 5}));
+  CHECK(r.ok());
+  CHECK(r.blocks_not_held == 2);
+  CHECK(r.blocks_removed == 0);
+  CHECK(index.node_count() == 2);
+  // Another worker's block is not this worker's to remove.
+  const KvEventResult other = index.apply(B, removed(0, {1001}));
+  CHECK(other.blocks_not_held == 1);
+  CHECK(index.block_count(A) == 2);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("removal cascades to the worker's descendants only", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  REQUIRE(index.apply(A, stored(1, {8}, 1002)).ok());  // a branch below block 2
+  REQUIRE(index.apply(B, stored(0, {1, 2, 3})).ok());
+  const KvEventResult r = index.apply(A, removed(2, {1002}));
+  CHECK(r.ok());
+  CHECK(r.blocks_removed == 1);
+  CHECK(r.blocks_cascaded == 3);  // 3, 4 and 8
+  CHECK(index.block_count(A) == 1);
+  CHECK(matches(index, {1, 2, 3, 4}) == std::vector<KvWorkerMatch>{{A, 1}, {B, 3}});
+  CHECK(index.node_count() == 3);  // 4 and 8 had no other holder
+  // The cascaded names are gone too.
+  CHECK(index.apply(A, removed(3, {1003, 1004})).blocks_not_held == 2);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("a removed block can be stored again", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  REQUIRE(index.apply(A, removed(1, {1003})).ok());
+  CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 2}});
+  CHECK(index.node_count() == 2);
+  const KvEventResult r = index.apply(A, stored(2, {3}, 1002));
+  CHECK(r.blocks_stored == 1);
+  CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
+  // And with a different name for the same position, once the old one is gone.
+  REQUIRE(index.apply(A, removed(3, {1003})).ok());
+  CHECK(index.apply(A, KvEvent{4, kv_event::Stored{1002, {{77, 3}}}}).ok());
+  CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("two workers share a prefix and diverge", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  REQUIRE(index.apply(B, stored(0, {1, 2, 5}, std::nullopt, 5000)).ok());  // own names
+  REQUIRE(index.apply(C, stored(0, {1})).ok());
+  CHECK(index.node_count() == 5);  // 1, 2 shared; 3, 4, 5
+  CHECK(matches(index, {1, 2, 3, 4}) == std::vector<KvWorkerMatch>{{A, 4}, {B, 2}, {C, 1}});
+  CHECK(matches(index, {1, 2, 5, 6}) == std::vector<KvWorkerMatch>{{A, 2}, {B, 3}, {C, 1}});
+  CHECK(matches(index, {1, 7}) == std::vector<KvWorkerMatch>{{A, 1}, {B, 1}, {C, 1}});
+  // Early exit stops once one worker is left; it gets the depth reached.
+  CHECK(matches(index, {1, 2, 3, 4}, true) == std::vector<KvWorkerMatch>{{A, 3}, {B, 2}, {C, 1}});
+  CHECK(matches(index, {1, 2, 5}, true) == std::vector<KvWorkerMatch>{{A, 2}, {B, 3}, {C, 1}});
+  // B leaving frees only its own branch.
+  CHECK(index.remove_worker(B));
+  CHECK(index.node_count() == 4);
+  CHECK(matches(index, {1, 2, 5}) == std::vector<KvWorkerMatch>{{A, 2}, {C, 1}});
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("stale and duplicate events are dropped", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1})).ok());
+  REQUIRE(index.apply(A, stored(1, {2}, 1001)).ok());
+  const KvEventResult dup = index.apply(A, removed(1, {1002}));
+  CHECK(dup.status == KvEventStatus::stale);
+  CHECK(dup.observation ==
+        promptcache::CursorObservation<>{cursor::Stale<std::uint64_t>{1, std::uint64_t{1}}});
+  const KvEventResult old = index.apply(A, cleared(0));
+  CHECK(old.status == KvEventStatus::stale);
+  CHECK(index.block_count(A) == 2);
+  CHECK(index.counters().events_stale == 2);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(1));
+  CHECK(index.apply(A, removed(2, {1002})).ok());
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("a gap is reported and replace_worker recovers", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  const KvEventResult r = index.apply(A, stored(2, {9}));
+  CHECK(r.status == KvEventStatus::gap);
+  REQUIRE(r.gap().has_value());
+  CHECK(*r.gap() == cursor::Gap<std::uint64_t>{1, 2});
+  CHECK(matches(index, {9}).empty());
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(0));  // not advanced
+  CHECK(index.apply(A, stored(3, {9})).gap() == cursor::Gap<std::uint64_t>{1, 3});
+  CHECK(index.counters().gaps == 2);
+
+  // The worker's dump as of event 5: blocks 1, 2 gone, 4 -> 5 and 9 held.
+  const std::vector<KvEvent> dump{stored(0, {4, 5}), stored(1, {9})};
+  const auto res = index.replace_worker(A, dump, 5);
+  CHECK(res.ok);
+  CHECK(res.blocks == 3);
+  CHECK(matches(index, {1, 2}).empty());
+  CHECK(matches(index, {4, 5}) == std::vector<KvWorkerMatch>{{A, 2}});
+  CHECK(index.node_count() == 3);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(5));
+  CHECK(index.apply(A, stored(5, {7})).status == KvEventStatus::stale);
+  CHECK(index.apply(A, stored(6, {7}, 1005)).ok());
+  CHECK(matches(index, {4, 5, 7}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(index.counters().workers_replaced == 1);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("replace_worker with a bad dump keeps the old view", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  REQUIRE(index.apply(B, stored(0, {1})).ok());
+  const std::vector<KvEvent> dump{stored(0, {4}), stored(1, {5}, 31337)};
+  const auto res = index.replace_worker(A, dump, 9);
+  CHECK_FALSE(res.ok);
+  CHECK(res.failed_event == 1);
+  CHECK(res.failure == KvEventStatus::parent_not_found);
+  CHECK(matches(index, {1, 2}) == std::vector<KvWorkerMatch>{{A, 2}, {B, 1}});
+  CHECK(matches(index, {4}).empty());
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(0));
+  CHECK(index.worker_count() == 2);
+  CHECK(index.node_count() == 2);
+  CHECK(index.counters().workers_replaced == 0);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("replace_worker accepts unknown workers and empty dumps", "[kv_index]") {
+  KvIndex index;
+  const auto res = index.replace_worker(C, std::vector<KvEvent>{stored(0, {1, 2})}, 41);
+  CHECK(res.ok);
+  CHECK(index.contains(C));
+  CHECK(index.cursor(C) == promptcache::CursorState<>::live(41));
+  CHECK(index.replace_worker(C, {}, u64max).ok);
+  CHECK(index.block_count(C) == 0);
+  CHECK(index.node_count() == 0);
+  CHECK(index.apply(C, stored(0, {1})).status == KvEventStatus::stale);  // max is final
+  // A dump may contain removals and clears; they apply in order.
+  const std::vector<KvEvent> dump{stored(0, {1, 2, 3}), removed(1, {1003}), cleared(2),
+                                  stored(3, {5})};
+  CHECK(index.replace_worker(C, dump, 3).blocks == 1);
+  CHECK(matches(index, {5}) == std::vector<KvWorkerMatch>{{C, 1}});
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("degraded mode resets the view on a gap and applies the event", "[kv_index]") {
+  KvIndex index(KvIndexOptions{KvGapPolicy::reset_and_apply});
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  REQUIRE(index.apply(B, stored(0, {1})).ok());
+  const KvEventResult r = index.apply(A, stored(5, {7}));
+  CHECK(r.ok());
+  CHECK(r.view_reset);
+  CHECK(r.blocks_cascaded == 2);
+  CHECK(r.gap() == cursor::Gap<std::uint64_t>{1, 5});
+  CHECK(matches(index, {1, 2}) == std::vector<KvWorkerMatch>{{B, 1}});
+  CHECK(matches(index, {7}) == std::vector<KvWorkerMatch>{{A, 1}});
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(5));
+  CHECK(index.counters().views_reset == 1);
+  CHECK(index.counters().gaps == 1);
+  // After a reset nothing is held, so a chained event cannot find its parent.
+  CHECK(index.apply(A, stored(9, {3}, 1002)).status == KvEventStatus::parent_not_found);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("dp ranks of one worker are kept apart", "[kv_index]") {
+  KvIndex index;
+  const KvWorker r0{7, 0};
+  const KvWorker r1{7, 1};
+  REQUIRE(index.apply(r0, stored(0, {1, 2})).ok());
+  REQUIRE(index.apply(r1, stored(0, {1, 3})).ok());  // same name 1001 for block 1: own stream
+  REQUIRE(index.apply(r1, stored(1, {4}, 1003)).ok());
+  CHECK(index.apply(r0, stored(1, {4}, 1003)).status == KvEventStatus::parent_not_found);
+  CHECK(matches(index, {1, 2}) == std::vector<KvWorkerMatch>{{r0, 2}, {r1, 1}});
+  CHECK(matches(index, {1, 3, 4}) == std::vector<KvWorkerMatch>{{r0, 1}, {r1, 3}});
+  // Removing a name in one rank leaves the other rank's block of that name.
+  REQUIRE(index.apply(r1, removed(2, {1001})).ok());
+  CHECK(matches(index, {1, 3, 4}) == std::vector<KvWorkerMatch>{{r0, 1}});
+  CHECK(index.cursor(r0) == promptcache::CursorState<>::live(1));
+  CHECK(index.cursor(r1) == promptcache::CursorState<>::live(2));
+  REQUIRE(index.apply(KvWorker{8, 0}, stored(0, {1})).ok());
+  CHECK(index.remove_worker(KvWorker{7, 1}));
+  CHECK(index.worker_count() == 2);
+  REQUIRE(index.apply(r1, stored(0, {1})).ok());  // comes back as a new stream
+  CHECK(index.remove_worker(std::uint64_t{7}) == 2);
+  CHECK(index.workers() == std::vector<KvWorker>{KvWorker{8, 0}});
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("cleared drops the worker's blocks and keeps its cursor", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  REQUIRE(index.apply(A, stored(1, {5}, 1001)).ok());
+  const KvEventResult r = index.apply(A, cleared(2));
+  CHECK(r.ok());
+  CHECK(r.blocks_cascaded == 4);
+  CHECK(index.node_count() == 0);
+  CHECK(index.contains(A));
+  CHECK(index.block_count(A) == 0);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(2));
+  CHECK(index.apply(A, stored(3, {1})).ok());
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("conflicting names are rejected without any change", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  const std::size_t nodes = index.node_count();
+  SECTION("a held name at another position") {
+    const auto r = index.apply(A, KvEvent{1, kv_event::Stored{std::nullopt, {{50, 5}, {1002, 6}}}});
+    CHECK(r.status == KvEventStatus::block_conflict);
+  }
+  SECTION("a held position under another name") {
+    const auto r = index.apply(A, KvEvent{1, kv_event::Stored{1001, {{77, 2}}}});
+    CHECK(r.status == KvEventStatus::block_conflict);
+  }
+  SECTION("one name twice in one event") {
+    const auto r = index.apply(A, KvEvent{1, kv_event::Stored{1002, {{60, 3}, {61, 4}, {60, 5}}}});
+    CHECK(r.status == KvEventStatus::block_conflict);
+  }
+  CHECK(index.node_count() == nodes);
+  CHECK(index.block_count(A) == 2);
+  CHECK(matches(index, {1, 2, 3, 4, 5}) == std::vector<KvWorkerMatch>{{A, 2}});
+  CHECK(matches(index, {5, 6}).empty());
+  CHECK(index.counters().block_conflicts == 1);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(1));
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("ids, hashes and worker ids at their maximum", "[kv_index]") {
+  KvIndex index;
+  const KvWorker big{u64max, std::numeric_limits<std::uint32_t>::max()};
+  const KvEvent first{u64max - 1, kv_event::Stored{std::nullopt, {{u64max, u64max}, {0, 0}}}};
+  CHECK(index.apply(big, first).ok());
+  CHECK(matches(index, {u64max, 0, u64max}) == std::vector<KvWorkerMatch>{{big, 2}});
+  CHECK(index.apply(big, removed(u64max, {0})).ok());
+  CHECK(index.apply(big, removed(u64max, {u64max})).status == KvEventStatus::stale);
+  CHECK(index.apply(big, cleared(0)).status == KvEventStatus::stale);
+  CHECK(matches(index, {u64max, 0}) == std::vector<KvWorkerMatch>{{big, 1}});
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("empty events advance the cursor and change nothing", "[kv_index]") {
+  KvIndex index;
+  CHECK(index.apply(A, stored(3, {})).ok());  // any first id is accepted
+  CHECK(index.apply(A, removed(4, {})).ok());
+  CHECK(index.apply(A, cleared(5)).ok());
+  CHECK(index.node_count() == 0);
+  CHECK(index.block_count(A) == 0);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(5));
+  CHECK(index.counters().events_applied == 3);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("dump rebuilds the view", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  REQUIRE(index.apply(A, stored(1, {5, 6}, 1002)).ok());
+  REQUIRE(index.apply(A, stored(2, {7}, 1002)).ok());
+  REQUIRE(index.apply(A, stored(3, {8})).ok());
+  REQUIRE(index.apply(B, stored(0, {1, 2, 9})).ok());
+  const std::vector<KvEvent> dump = index.dump(A);
+  std::size_t blocks_in_dump = 0;
+  for (std::size_t i = 0; i < dump.size(); ++i) {
+    CHECK(dump[i].event_id == i);
+    REQUIRE(std::holds_alternative<kv_event::Stored>(dump[i].data));
+    blocks_in_dump += std::get<kv_event::Stored>(dump[i].data).blocks.size();
+  }
+  CHECK(blocks_in_dump == 8);
+  CHECK(dump.size() == 4);  // one per chain: 1-4, 5-6, 7, 8
+
+  KvIndex copy;
+  for (const KvEvent& e : dump)
+    REQUIRE(copy.apply(A, e).ok());
+  const std::vector<Hashes> queries{{1, 2, 3, 4}, {1, 2, 5, 6}, {1, 2, 7}, {8}, {1, 2, 9}};
+  for (const Hashes& q : queries)
+    CHECK(match_of(copy, q, A) == match_of(index, q, A));
+
+  // replace_worker with its own dump is a no-op on the view.
+  const std::size_t nodes = index.node_count();
+  CHECK(index.replace_worker(A, dump, 3).ok);
+  CHECK(index.node_count() == nodes);
+  CHECK(index.block_count(A) == 8);
+  for (const Hashes& q : queries)
+    CHECK(match_of(copy, q, A) == match_of(index, q, A));
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("more than 64 worker ranks", "[kv_index]") {
+  KvIndex index;
+  for (std::uint32_t w = 0; w < 150; ++w) {
+    const Hashes tokens{1, 2, 100 + w};
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(0, tokens)).ok());
+    if (w == 63 || w == 64 || w == 149) REQUIRE(index.check_invariants());
+  }
+  auto all = index.find_matches(Hashes{1, 2, 3});
+  CHECK(all.size() == 150);
+  CHECK(std::all_of(all.begin(), all.end(), [](const KvWorkerMatch& m) { return m.blocks == 2; }));
+  const auto early = index.find_matches(Hashes{1, 2, 100 + 130}, true);
+  CHECK(early.size() == 150);
+  for (const KvWorkerMatch& m : early)
+    CHECK(m.blocks == (m.worker.worker_id == 130 ? 3U : 2U));
+  for (std::uint32_t w = 0; w < 150; w += 2)
+    CHECK(index.remove_worker(KvWorker{w, 0}));
+  CHECK(index.find_matches(Hashes{1}).size() == 75);
+  REQUIRE(index.apply(KvWorker{1000, 0}, stored(0, {1, 2, 3})).ok());  // reuses a free slot
+  CHECK(match_of(index, {1, 2, 3}, KvWorker{1000, 0}) == 3);
+  CHECK(index.check_invariants());
+  for (std::uint32_t w = 1; w < 150; w += 2)
+    CHECK(index.remove_worker(KvWorker{w, 0}));
+  CHECK(index.remove_worker(KvWorker{1000, 0}));
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("long chains are removed without recursion", "[kv_index]") {
+  KvIndex index;
+  Hashes tokens(20000);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = i * 7919U + 1U;
+  REQUIRE(index.apply(A, stored(0, tokens)).ok());
+  REQUIRE(index.apply(B, stored(0, tokens)).ok());
+  CHECK(match_of(index, tokens, A) == tokens.size());
+  const auto r = index.apply(A, removed(1, {tokens[0] + 1000}));
+  CHECK(r.blocks_cascaded == tokens.size() - 1);
+  CHECK(index.node_count() == tokens.size());  // B still holds all of them
+  CHECK(index.apply(B, cleared(1)).blocks_cascaded == tokens.size());
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("memory follows the live blocks", "[kv_index]") {
+  KvIndex index;
+  const std::size_t empty = index.approximate_memory_bytes();
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    for (std::uint32_t w = 0; w < 8; ++w) {
+      Hashes tokens;
+      for (std::uint64_t i = 0; i < 2000; ++i)
+        tokens.push_back(i * (w + 1) + round);
+      REQUIRE(index.apply(KvWorker{w, 0}, stored(round, tokens)).ok());
+    }
+    CHECK(index.approximate_memory_bytes() > empty + 16000 * 32);
+    CHECK(index.total_blocks() == 16000);
+    for (std::uint32_t w = 0; w < 8; ++w)
+      REQUIRE(index.apply(KvWorker{w, 0}, cleared(round + 1)).ok());
+    CHECK(index.node_count() == 0);
+    CHECK(index.total_blocks() == 0);
+    CHECK(index.check_invariants());
+    for (std::uint32_t w = 0; w < 8; ++w)
+      REQUIRE(index.remove_worker(KvWorker{w, 0}));
+  }
+  CHECK(index.worker_count() == 0);
+  // What is left is per-worker bookkeeping (slots), not blocks.
+  CHECK(index.approximate_memory_bytes() <= empty + 4096);
+}
+
+TEST_CASE("the span entry points match apply", "[kv_index]") {
+  KvIndex index;
+  const std::vector<KvBlock> chain{{11, 1}, {12, 2}};
+  CHECK(index.store(A, 0, std::nullopt, chain).blocks_stored == 2);
+  const std::vector<std::uint64_t> names{12};
+  CHECK(index.remove(A, 1, names).blocks_removed == 1);
+  CHECK(index.clear(A, 2).blocks_cascaded == 1);
+  CHECK(index.node_count() == 0);
+  std::vector<KvWorkerMatch> out{{B, 9}};
+  index.find_matches(Hashes{1}, false, out);
+  CHECK(out.empty());
+}
