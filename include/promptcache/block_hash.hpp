@@ -70,56 +70,71 @@ struct BlockHashOptions {
 
 namespace detail {
 
-/// Hashes block windows with one seed; derives the seed's XXH3 secret once,
-/// and only if some input is long enough to need it.
+/// Hashes block windows with one seed. Derives the seed's XXH3 secret once,
+/// and only if some input is longer than xxh3_midsize_max bytes (XXH3's own
+/// seeded entry point would re-derive it on every call).
 class BlockHasher {
  public:
+  /// Inputs up to this many bytes are encoded into an inline buffer and hashed
+  /// in one call; longer ones are streamed through it.
+  static constexpr std::size_t buffer_bytes = 2048;
+  /// Blocks with up to this many media hashes sort them without allocating.
+  static constexpr std::size_t inline_media = 32;
+
   explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
 
-  /// Local hash of one window of tokens and its (unsorted) media hashes. With
-  /// Native (little-endian host) and no media, hashes the token memory in
-  /// place; otherwise streams explicitly encoded little-endian bytes.
-  /// O(window + media log media).
-  template <bool Native>
-  std::uint64_t hash(std::span<const std::uint32_t> window, std::span<const std::uint64_t> media) {
+  /// xxh3 of `len` bytes at `data` with the seed. O(len).
+  std::uint64_t hash_bytes(const void* data, std::size_t len) noexcept {
+    if (len <= xxh3_midsize_max) return xxh3_64(data, len, seed_);
+    return xxh3_64(data, len, secret(), seed_);
+  }
+
+  /// Local hash of one window of tokens and its (unsorted) media hashes, from
+  /// explicitly encoded little-endian bytes: correct on any host byte order.
+  /// O(window + media log media); allocates only for more than inline_media media.
+  std::uint64_t hash_encoded(std::span<const std::uint32_t> window,
+                             std::span<const std::uint64_t> media) {
+    std::array<std::uint64_t, inline_media> small;
+    std::vector<std::uint64_t> large;
+    std::span<std::uint64_t> sorted;
+    if (media.size() <= inline_media) {
+      sorted = std::span<std::uint64_t>(small.data(), media.size());
+    } else {
+      large.resize(media.size());
+      sorted = large;
+    }
+    std::copy(media.begin(), media.end(), sorted.begin());
+    std::sort(sorted.begin(), sorted.end());
+
     const std::size_t token_bytes = window.size() * sizeof(std::uint32_t);
-    if constexpr (Native) {
-      if (media.empty()) {
-        if (token_bytes <= xxh3_midsize_max) return xxh3_64(window.data(), token_bytes, seed_);
-        return xxh3_64(window.data(), token_bytes, secret(), seed_);
-      }
+    const std::size_t media_bytes = sorted.size() * sizeof(std::uint64_t);
+    if (token_bytes + media_bytes <= buffer_.size()) {
+      encode_le32(window, buffer_.data());
+      encode_le64(sorted, buffer_.data() + token_bytes);
+      return hash_bytes(buffer_.data(), token_bytes + media_bytes);
     }
     Xxh3Stream stream(secret(), seed_);
-    std::array<unsigned char, 256> chunk;  // 64 tokens or 32 media hashes at a time
-    constexpr std::size_t tokens_per_chunk = chunk.size() / sizeof(std::uint32_t);
+    constexpr std::size_t tokens_per_chunk = buffer_bytes / sizeof(std::uint32_t);
     for (std::size_t i = 0; i < window.size(); i += tokens_per_chunk) {
       const auto part = window.subspan(i, std::min(tokens_per_chunk, window.size() - i));
-      encode_le32(part, chunk.data());
-      stream.update(chunk.data(), part.size() * sizeof(std::uint32_t));
+      encode_le32(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
     }
-    if (!media.empty()) {
-      constexpr std::size_t inline_media = chunk.size() / sizeof(std::uint64_t);
-      std::array<std::uint64_t, inline_media> small;
-      std::vector<std::uint64_t> large;
-      std::span<std::uint64_t> sorted;
-      if (media.size() <= inline_media) {
-        sorted = std::span<std::uint64_t>(small.data(), media.size());
-      } else {
-        large.resize(media.size());
-        sorted = large;
-      }
-      std::copy(media.begin(), media.end(), sorted.begin());
-      std::sort(sorted.begin(), sorted.end());
-      for (std::size_t i = 0; i < sorted.size(); i += inline_media) {
-        const auto part = sorted.subspan(i, std::min(inline_media, sorted.size() - i));
-        encode_le64(part, chunk.data());
-        stream.update(chunk.data(), part.size() * sizeof(std::uint64_t));
+    encode_le64(sorted, buffer_.data());  // inline_media * 8 <= buffer_bytes
+    if (sorted.size() <= inline_media) {
+      stream.update(buffer_.data(), media_bytes);
+    } else {
+      constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
+      for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
+        const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
+        encode_le64(part, buffer_.data());
+        stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
       }
     }
     return stream.digest();
   }
 
- private:
+  /// The XXH3 secret derived from the seed, computed on first use. O(1).
   const unsigned char* secret() noexcept {
     if (!has_secret_) {
       xxh3_secret_from_seed(secret_.data(), seed_);
@@ -128,14 +143,18 @@ class BlockHasher {
     return secret_.data();
   }
 
+ private:
   std::uint64_t seed_;
   bool has_secret_ = false;
   alignas(64) std::array<unsigned char, xxh3_secret_size> secret_;
+  std::array<unsigned char, buffer_bytes> buffer_;
 };
 
-/// local_block_hashes() with the byte path chosen by the caller: Native = true
-/// is only correct on little-endian hosts; Native = false works everywhere
-/// (the tests run it on little-endian hosts to cover the big-endian path).
+/// local_block_hashes() with the byte path chosen by the caller. Native = true
+/// hashes token memory in place for blocks without media, which is only
+/// correct on little-endian hosts; Native = false encodes every block
+/// explicitly (the tests run it on little-endian hosts to cover the
+/// big-endian path).
 template <bool Native>
 std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
                                std::span<std::uint64_t> out, const BlockHashOptions& options) {
@@ -143,10 +162,36 @@ std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_
   const std::size_t window = options.eagle ? block_size + 1 : block_size;
   const std::size_t written = std::min(count, out.size());
   BlockHasher hasher(options.seed);
+  if constexpr (Native) {
+    // The hot path: no media anywhere, one xxh3 call per block straight from
+    // the token memory.
+    if (options.media.empty()) {
+      // Locals, so the stores to out[] cannot force reloads of the seed.
+      const std::size_t bytes = window * sizeof(std::uint32_t);
+      const std::uint64_t seed = options.seed;
+      const std::uint32_t* data = tokens.data();
+      if (bytes <= xxh3_midsize_max) {
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, seed);
+        }
+      } else {
+        const unsigned char* secret = hasher.secret();
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, secret, seed);
+        }
+      }
+      return count;
+    }
+  }
   for (std::size_t i = 0; i < written; ++i) {
+    const auto block = tokens.subspan(i * block_size, window);
     const std::span<const std::uint64_t> media =
         i < options.media.size() ? options.media[i] : std::span<const std::uint64_t>{};
-    out[i] = hasher.hash<Native>(tokens.subspan(i * block_size, window), media);
+    if (Native && media.empty()) {
+      out[i] = hasher.hash_bytes(block.data(), block.size_bytes());
+    } else {
+      out[i] = hasher.hash_encoded(block, media);
+    }
   }
   return count;
 }

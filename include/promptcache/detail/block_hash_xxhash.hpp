@@ -120,6 +120,8 @@ inline constexpr std::size_t xxh3_secret_size = 192;
 /// Inputs up to this many bytes are hashed with the seed alone; longer ones
 /// use the secret (XXH3_MIDSIZE_MAX).
 inline constexpr std::size_t xxh3_midsize_max = 240;
+static_assert(xxh3_secret_size == XXH3_SECRET_DEFAULT_SIZE);
+static_assert(xxh3_midsize_max == XXH3_MIDSIZE_MAX);
 
 /// XXH3_64bits: unseeded 64-bit XXH3 of `len` bytes. O(len).
 inline std::uint64_t xxh3_64(const void* data, std::size_t len) noexcept {
