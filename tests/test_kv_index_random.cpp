@@ -1,0 +1,404 @@
+// Randomized differential test of KvIndex against a naive model: per worker
+// rank, the set of root-to-block paths it holds and the name of each.
+#include <promptcache/kv_index.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "catch.hpp"
+
+using promptcache::KvBlock;
+using promptcache::KvEvent;
+using promptcache::KvEventResult;
+using promptcache::KvEventStatus;
+using promptcache::KvGapPolicy;
+using promptcache::KvIndex;
+using promptcache::KvIndexOptions;
+using promptcache::KvWorker;
+using promptcache::KvWorkerMatch;
+namespace kv_event = promptcache::kv_event;
+
+namespace {
+
+using Path = std::vector<std::uint64_t>;
+
+struct ModelWorker {
+  std::map<std::uint64_t, Path> names;  // block hash -> path
+  std::map<Path, std::uint64_t> paths;  // path -> block hash
+  std::optional<std::uint64_t> last;    // cursor
+};
+
+struct Outcome {
+  KvEventStatus status = KvEventStatus::applied;
+  std::size_t stored = 0, already = 0, removed = 0, cascaded = 0, not_held = 0;
+  bool reset = false;
+};
+
+// The rules of issue 6, written the obvious way.
+class Model {
+ public:
+  explicit Model(KvGapPolicy policy) : policy_(policy) {}
+
+  Outcome apply(const KvWorker& w, const KvEvent& e) {
+    ModelWorker& mw = workers_[w];
+    Outcome o;
+    if (mw.last) {
+      if (e.event_id <= *mw.last) {
+        o.status = KvEventStatus::stale;
+        return o;
+      }
+      if (e.event_id != *mw.last + 1) {
+        if (policy_ == KvGapPolicy::report) {
+          o.status = KvEventStatus::gap;
+          return o;
+        }
+        o.cascaded += mw.names.size();
+        mw.names.clear();
+        mw.paths.clear();
+        o.reset = true;
+      }
+    }
+    content(mw, e.data, o);
+    mw.last = e.event_id;
+    return o;
+  }
+
+  // Applies a payload without cursor checks (dump replay).
+  static void content(ModelWorker& mw, const promptcache::KvEventData& data, Outcome& o) {
+    if (const auto* s = std::get_if<kv_event::Stored>(&data)) {
+      Path path;
+      if (s->parent_hash) {
+        const auto it = mw.names.find(*s->parent_hash);
+        if (it == mw.names.end()) {
+          o.status = KvEventStatus::parent_not_found;
+          return;
+        }
+        path = it->second;
+      }
+      ModelWorker next = mw;
+      for (const KvBlock& b : s->blocks) {
+        path.push_back(b.tokens_hash);
+        const auto named = next.names.find(b.block_hash);
+        if (named != next.names.end()) {
+          if (named->second != path) {
+            o.status = KvEventStatus::block_conflict;
+            o.stored = o.already = 0;
+            return;
+          }
+          ++o.already;
+          continue;
+        }
+        if (next.paths.count(path) != 0U) {
+          o.status = KvEventStatus::block_conflict;
+          o.stored = o.already = 0;
+          return;
+        }
+        next.names[b.block_hash] = path;
+        next.paths[path] = b.block_hash;
+        ++o.stored;
+      }
+      mw = std::move(next);
+    } else if (const auto* r = std::get_if<kv_event::Removed>(&data)) {
+      for (const std::uint64_t name : r->block_hashes) {
+        const auto it = mw.names.find(name);
+        if (it == mw.names.end()) {
+          ++o.not_held;
+          continue;
+        }
+        ++o.removed;
+        const Path prefix = it->second;
+        for (auto p = mw.paths.begin(); p != mw.paths.end();) {
+          if (p->first.size() >= prefix.size() &&
+              std::equal(prefix.begin(), prefix.end(), p->first.begin())) {
+            if (p->first.size() > prefix.size()) ++o.cascaded;
+            mw.names.erase(p->second);
+            p = mw.paths.erase(p);
+          } else {
+            ++p;
+          }
+        }
+      }
+    } else {
+      o.cascaded += mw.names.size();
+      mw.names.clear();
+      mw.paths.clear();
+    }
+  }
+
+  std::vector<KvWorkerMatch> find(const Path& q, bool early_exit) const {
+    std::vector<KvWorkerMatch> out;
+    for (const auto& [w, mw] : workers_) {
+      std::size_t k = 0;
+      Path p;
+      while (k < q.size()) {
+        p.push_back(q[k]);
+        if (mw.paths.count(p) == 0U) break;
+        ++k;
+      }
+      if (k > 0) out.push_back(KvWorkerMatch{w, k});
+    }
+    if (early_exit) {
+      // The walk stops at the first depth that only one worker reaches.
+      std::size_t deepest = 0;
+      for (const auto& m : out)
+        deepest = std::max(deepest, m.blocks);
+      for (std::size_t d = 1; d <= deepest; ++d) {
+        std::size_t reach = 0;
+        for (const auto& m : out)
+          reach += m.blocks >= d ? 1U : 0U;
+        if (reach == 1) {
+          for (auto& m : out)
+            m.blocks = std::min(m.blocks, d);
+          break;
+        }
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  std::vector<KvEvent> dump(const KvWorker& w) const {
+    // One Stored per path, parents first (map order sorts a prefix first).
+    std::vector<KvEvent> out;
+    const auto it = workers_.find(w);
+    if (it == workers_.end()) return out;
+    const ModelWorker& mw = it->second;
+    for (const auto& [path, name] : mw.paths) {
+      kv_event::Stored s;
+      if (path.size() > 1) s.parent_hash = mw.paths.at(Path(path.begin(), path.end() - 1));
+      s.blocks.push_back(KvBlock{name, path.back()});
+      out.push_back(KvEvent{out.size(), std::move(s)});
+    }
+    return out;
+  }
+
+  void replace(const KvWorker& w, std::uint64_t last) {
+    ModelWorker& mw = workers_[w];
+    mw.last = last;
+  }
+  void erase(const KvWorker& w) { workers_.erase(w); }
+  [[nodiscard]] bool contains(const KvWorker& w) const { return workers_.count(w) != 0U; }
+  [[nodiscard]] const ModelWorker* get(const KvWorker& w) const {
+    const auto it = workers_.find(w);
+    return it == workers_.end() ? nullptr : &it->second;
+  }
+  std::map<KvWorker, ModelWorker>& all() { return workers_; }
+
+ private:
+  KvGapPolicy policy_;
+  std::map<KvWorker, ModelWorker> workers_;
+};
+
+std::uint64_t name_of(const Path& path, std::uint64_t salt) {
+  std::uint64_t h = 0x1234567U ^ salt;
+  for (const std::uint64_t t : path)
+    h = (h ^ t) * 0x100000001b3ULL + 0x9e37U;
+  return h;
+}
+
+class Driver {
+ public:
+  Driver(std::uint32_t seed, std::uint32_t worker_ids, KvGapPolicy policy)
+      : rng_(seed), model_(policy), index_(KvIndexOptions{policy}) {
+    for (std::uint32_t w = 0; w < worker_ids; ++w) {
+      workers_.push_back(KvWorker{w * 11U + 1U, 0});
+      if (w % 3 == 0) workers_.push_back(KvWorker{w * 11U + 1U, 1});  // a second dp rank
+    }
+    next_id_.assign(workers_.size(), 0);
+  }
+
+  std::uint64_t pick(std::uint64_t n) {
+    return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng_);
+  }
+
+  const Path* random_path(const KvWorker& w) {
+    const ModelWorker* mw = model_.get(w);
+    if (mw == nullptr || mw->paths.empty()) return nullptr;
+    auto it = mw->paths.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(pick(mw->paths.size())));
+    return &it->first;
+  }
+
+  KvEvent make_event(std::size_t wi) {
+    const KvWorker& w = workers_[wi];
+    // Ids: mostly contiguous, some duplicates (stale), some skips (gaps).
+    std::uint64_t id = next_id_[wi];
+    const std::uint64_t roll = pick(100);
+    if (roll < 4 && id > 0)
+      id -= 1 + pick(std::min<std::uint64_t>(id, 3));
+    else if (roll < 7)
+      id += 1 + pick(3);
+    next_id_[wi] = std::max(next_id_[wi], id + 1);
+
+    const std::uint64_t salt = w.worker_id % 2 == 0 ? 0U : w.worker_id;  // naming schemes differ
+    const std::uint64_t kind = pick(100);
+    if (kind < 55) {
+      kv_event::Stored s;
+      Path path;
+      const Path* base = random_path(w);
+      if (base != nullptr && pick(3) != 0) {
+        path = *base;
+        s.parent_hash = name_of(path, salt);
+      } else if (pick(20) == 0) {
+        s.parent_hash = pick(1000);  // almost surely unknown
+      }
+      const std::uint64_t n = pick(5);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        path.push_back(1 + pick(3));  // tiny alphabet: lots of sharing and divergence
+        std::uint64_t name = name_of(path, salt);
+        if (pick(60) == 0) name = pick(8);  // a stray name: conflicts
+        s.blocks.push_back(KvBlock{name, path.back()});
+      }
+      return KvEvent{id, std::move(s)};
+    }
+    if (kind < 93) {
+      kv_event::Removed r;
+      const std::uint64_t n = 1 + pick(3);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const Path* p = random_path(w);
+        if (p != nullptr && pick(6) != 0)
+          r.block_hashes.push_back(name_of(*p, salt));
+        else
+          r.block_hashes.push_back(pick(8));
+      }
+      return KvEvent{id, std::move(r)};
+    }
+    return KvEvent{id, kv_event::Cleared{}};
+  }
+
+  Path random_query() {
+    Path q;
+    const KvWorker& w = workers_[pick(workers_.size())];
+    if (const Path* p = random_path(w)) q = *p;
+    const std::uint64_t extra = pick(4);
+    for (std::uint64_t i = 0; i < extra; ++i)
+      q.push_back(1 + pick(3));
+    if (!q.empty() && pick(4) == 0) q[pick(q.size())] = 1 + pick(3);
+    return q;
+  }
+
+  void check_queries() {
+    for (int i = 0; i < 3; ++i) {
+      const Path q = random_query();
+      const bool early = pick(2) == 0;
+      auto got = index_.find_matches(q, early);
+      std::sort(got.begin(), got.end());
+      const auto want = model_.find(q, early);
+      CAPTURE(q, early);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < got.size(); ++k) {
+        REQUIRE(got[k].worker == want[k].worker);
+        REQUIRE(got[k].blocks == want[k].blocks);
+      }
+    }
+  }
+
+  void step(std::size_t step_no) {
+    const std::size_t wi = pick(workers_.size());
+    const KvWorker& w = workers_[wi];
+    const std::uint64_t action = pick(1000);
+    if (action < 4) {  // the worker goes away
+      CHECK(index_.remove_worker(w) == model_.contains(w));
+      model_.erase(w);
+      next_id_[wi] = 0;
+    } else if (action < 12 && model_.contains(w)) {  // resync from the model's dump
+      const std::uint64_t last = next_id_[wi] + pick(3);
+      const auto dump = model_.dump(w);
+      const auto res = index_.replace_worker(w, dump, last);
+      REQUIRE(res.ok);
+      model_.replace(w, last);
+      REQUIRE(res.blocks == model_.get(w)->names.size());
+      next_id_[wi] = last + 1;
+    } else if (action < 16 && model_.contains(w)) {  // the index's own dump round-trips
+      const auto res = index_.replace_worker(w, index_.dump(w), next_id_[wi] - 1);
+      REQUIRE(res.ok);
+      if (next_id_[wi] > 0) model_.replace(w, next_id_[wi] - 1);
+    } else {
+      const KvEvent e = make_event(wi);
+      const KvEventResult r = index_.apply(w, e);
+      const Outcome o = model_.apply(w, e);
+      CAPTURE(step_no, w.worker_id, w.dp_rank, e.event_id);
+      REQUIRE(r.status == o.status);
+      REQUIRE(r.view_reset == o.reset);
+      REQUIRE(r.blocks_stored == o.stored);
+      REQUIRE(r.blocks_already_held == o.already);
+      REQUIRE(r.blocks_removed == o.removed);
+      REQUIRE(r.blocks_cascaded == o.cascaded);
+      REQUIRE(r.blocks_not_held == o.not_held);
+      if (r.status == KvEventStatus::gap) next_id_[wi] = e.event_id;  // keep the gap open
+      cascades_ += r.blocks_cascaded;
+      already_ += r.blocks_already_held;
+    }
+    const ModelWorker* mw = model_.get(w);
+    REQUIRE(index_.block_count(w) == (mw != nullptr ? mw->names.size() : 0U));
+    if (mw != nullptr && mw->last) REQUIRE(index_.cursor(w)->last_applied_id() == mw->last);
+    check_queries();
+    if (step_no % 64 == 0) REQUIRE(index_.check_invariants());
+  }
+
+  void finish(bool expect_gaps_reported) {
+    // The stream exercised every rule.
+    const auto& c = index_.counters();
+    CHECK(c.events_applied > 100);
+    CHECK(c.events_stale > 0);
+    CHECK(c.gaps > 0);
+    CHECK(c.parent_not_found > 0);
+    CHECK(c.block_conflicts > 0);
+    CHECK(c.workers_replaced > 0);
+    CHECK((c.views_reset > 0) != expect_gaps_reported);
+    CHECK(cascades_ > 0);
+    CHECK(already_ > 0);
+    REQUIRE(index_.check_invariants());
+    std::size_t total = 0;
+    for (const auto& [w, mw] : model_.all())
+      total += mw.names.size();
+    REQUIRE(index_.total_blocks() == total);
+    for (const KvWorker& w : workers_)
+      index_.remove_worker(w.worker_id);
+    CHECK(index_.worker_count() == 0);
+    CHECK(index_.total_blocks() == 0);
+    CHECK(index_.node_count() == 0);  // back to the root
+    CHECK(index_.find_matches(Path{1, 2, 3}).empty());
+    REQUIRE(index_.check_invariants());
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  Model model_;
+  KvIndex index_;
+  std::vector<KvWorker> workers_;
+  std::vector<std::uint64_t> next_id_;
+  std::size_t cascades_ = 0;
+  std::size_t already_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("random event streams match the naive model", "[kv_index][random]") {
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    CAPTURE(seed);
+    Driver d(seed, 4, KvGapPolicy::report);
+    for (std::size_t i = 0; i < 5000; ++i)
+      d.step(i);
+    d.finish(true);
+  }
+}
+
+TEST_CASE("random streams in degraded mode match the naive model", "[kv_index][random]") {
+  Driver d(99, 4, KvGapPolicy::reset_and_apply);
+  for (std::size_t i = 0; i < 5000; ++i)
+    d.step(i);
+  d.finish(false);
+}
+
+TEST_CASE("random streams with more than 64 worker ranks", "[kv_index][random]") {
+  Driver d(7, 60, KvGapPolicy::report);  // 60 ids, 20 of them with a second rank
+  for (std::size_t i = 0; i < 8000; ++i)
+    d.step(i);
+  d.finish(true);
+}
