@@ -134,6 +134,29 @@ TEST_CASE("media hashes: appended sorted, in any order", "[block_hash]") {
     CHECK(promptcache::local_block_hashes(tokens, 8, {.media = one}) == first);
   }
 
+  SECTION("blocks too large for the inline buffer are streamed") {
+    // 500 tokens = 2000 bytes: with 10 media the input (2080 bytes) is streamed;
+    // 600 tokens with 700 media streams both the tokens and the media in chunks.
+    const auto big = random_tokens(1200, 23);
+    for (const std::size_t n_media :
+         {std::size_t{0}, std::size_t{10}, std::size_t{100}, std::size_t{700}}) {
+      for (const std::size_t block_size : {std::size_t{500}, std::size_t{600}}) {
+        CAPTURE(n_media, block_size);
+        std::vector<u64> many(n_media);
+        for (auto& m : many)
+          m = gen();
+        const std::vector<std::span<const u64>> second{{}, many};
+        const auto h = promptcache::local_block_hashes(big, block_size, {.media = second});
+        REQUIRE(h.size() == 2);
+        CHECK(h[1] == reference_hash(std::span(big).subspan(block_size, block_size), many, 1337));
+        std::vector<u64> portable(2);
+        promptcache::detail::local_block_hashes<false>(big, block_size, portable,
+                                                       {.media = second});
+        CHECK(portable == h);
+      }
+    }
+  }
+
   SECTION("entries past the last block are ignored") {
     const std::vector<u64> image{5};
     const std::vector<std::span<const u64>> four{{}, {}, {}, image};

@@ -120,16 +120,11 @@ class BlockHasher {
       encode_le32(part, buffer_.data());
       stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
     }
-    encode_le64(sorted, buffer_.data());  // inline_media * 8 <= buffer_bytes
-    if (sorted.size() <= inline_media) {
-      stream.update(buffer_.data(), media_bytes);
-    } else {
-      constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
-      for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
-        const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
-        encode_le64(part, buffer_.data());
-        stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
-      }
+    constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
+    for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
+      const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
+      encode_le64(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
     }
     return stream.digest();
   }
