@@ -1,0 +1,164 @@
+// promptcache: detail/pool_child_map.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The children of one radix-tree node of PromptCachePool, keyed by the first
+// token of each child's edge. An open-addressing table (linear probing,
+// backward-shift deletion, load factor <= 1/2) so that a node with 65536
+// children costs the same per lookup as a node with two. Growth is split in
+// two steps, reserve() (may throw) and insert_reserved() (never throws),
+// so the pool can do every allocation of an insert before it changes anything.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace promptcache::detail {
+
+template <std::integral Token, class Node>
+class PoolChildMap {
+ public:
+  struct Slot {
+    Token key{};
+    Node* node = nullptr;  // nullptr marks an empty slot
+  };
+
+  PoolChildMap() noexcept = default;
+  PoolChildMap(const PoolChildMap&) = delete;
+  PoolChildMap& operator=(const PoolChildMap&) = delete;
+  PoolChildMap(PoolChildMap&& other) noexcept { swap(other); }
+  PoolChildMap& operator=(PoolChildMap&& other) noexcept {
+    PoolChildMap tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  ~PoolChildMap() = default;
+
+  void swap(PoolChildMap& other) noexcept {
+    std::swap(slots_, other.slots_);
+    std::swap(size_, other.size_);
+    std::swap(shift_, other.shift_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Bytes of the slot table (for the index-memory report).
+  [[nodiscard]] std::size_t table_bytes() const noexcept { return capacity_ * sizeof(Slot); }
+
+  [[nodiscard]] Node* find(Token key) const noexcept {
+    if (capacity_ == 0) return nullptr;
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr) return nullptr;
+      if (s.key == key) return s.node;
+    }
+  }
+
+  /// Makes room for `extra` more children so that insert_reserved cannot fail. May throw
+  /// bad_alloc; the map is unchanged if it does.
+  void reserve(std::size_t extra) {
+    if (2 * (size_ + extra) <= capacity_) return;
+    std::size_t new_capacity = capacity_ == 0 ? 2 : capacity_ * 2;
+    while (2 * (size_ + extra) > new_capacity)
+      new_capacity *= 2;
+    std::unique_ptr<Slot[]> table(new Slot[new_capacity]);
+    PoolChildMap grown;
+    grown.slots_ = std::move(table);
+    grown.capacity_ = new_capacity;
+    grown.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) grown.place(slots_[i].key, slots_[i].node);
+    }
+    grown.size_ = size_;
+    swap(grown);
+  }
+
+  /// Adds a child whose key is not present; requires a preceding reserve().
+  void insert_reserved(Token key, Node* node) noexcept {
+    place(key, node);
+    ++size_;
+  }
+
+  /// Replaces the node stored under an existing key.
+  void replace(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      if (slots_[i].key == key && slots_[i].node != nullptr) {
+        slots_[i].node = node;
+        return;
+      }
+    }
+  }
+
+  /// Removes an existing key (backward-shift deletion keeps probe chains intact).
+  void erase(Token key) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+      i = (i + 1) & mask;
+    std::size_t hole = i;
+    for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
+      const std::size_t home = index_of(slots_[j].key);
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const bool home_after_hole =
+          hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+      if (!home_after_hole) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+  }
+
+  /// Calls f(node) for every child, in table order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) f(slots_[i].node);
+    }
+  }
+
+  /// Any child (the first in table order), or nullptr.
+  [[nodiscard]] Node* any() const noexcept {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) return slots_[i].node;
+    }
+    return nullptr;
+  }
+
+ private:
+  static unsigned shift_for(std::size_t capacity) noexcept {
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < capacity)
+      ++bits;
+    return 64U - bits;
+  }
+
+  [[nodiscard]] std::size_t index_of(Token key) const noexcept {
+    using U = std::make_unsigned_t<Token>;
+    const auto x = static_cast<std::uint64_t>(static_cast<U>(key));
+    // Fibonacci hashing: the high bits of the product are well mixed.
+    return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void place(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (slots_[i].node != nullptr)
+      i = (i + 1) & mask;
+    slots_[i] = Slot{key, node};
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+  unsigned shift_ = 64;
+};
+
+}  // namespace promptcache::detail

@@ -1,0 +1,460 @@
+// Randomized differential test of PromptCachePool against a linear-scan reference model
+// written here from the documented rules (obviously correct, O(entries x length)). Long
+// random sequences of inserts (lineages sharing random prefixes, some pinned), lookups,
+// time advances, erases, pins and namespace drops must give identical observable results
+// after every step, in exact-prefix and common-prefix mode, with and without budgets.
+#include <promptcache/manual_clock.hpp>
+#include <promptcache/prompt_cache_pool.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace {
+
+using promptcache::ManualClock;
+using promptcache::MatchMode;
+using Ids = std::vector<std::uint16_t>;
+
+struct Layer {
+  int tag = 0;
+  std::size_t bytes = 0;
+};
+
+struct LayerBytes {
+  std::size_t operator()(const Layer& l) const noexcept { return l.bytes; }
+};
+
+using Pool = promptcache::PromptCachePool<Layer, std::uint16_t, ManualClock, LayerBytes>;
+using R = Pool::InsertResult;
+using ns_t = std::uint64_t;
+
+struct ModelHit {
+  int tag;
+  std::size_t matched;
+  Ids ids;
+};
+
+// The reference: a vector scanned linearly, following the documented rules literally.
+class Model {
+ public:
+  struct E {
+    Ids ids;
+    ns_t ns;
+    bool pinned;
+    std::int64_t last_used;
+    std::uint64_t seq;
+    std::int64_t ttl;
+    std::size_t bytes;
+    int tag;
+  };
+
+  explicit Model(const Pool::Options& o) : opt_(o) {}
+
+  std::int64_t now = 0;
+  promptcache::PoolStats stats;
+
+  static bool is_prefix(const Ids& a, const Ids& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+  static std::size_t lcp(const Ids& a, const Ids& b) {
+    std::size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i])
+      ++i;
+    return i;
+  }
+
+  std::size_t expire() {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < es_.size();) {
+      if (!es_[i].pinned && now - es_[i].last_used >= es_[i].ttl) {
+        remove(i);
+        ++stats.evicted_ttl;
+        ++n;
+      } else {
+        ++i;
+      }
+    }
+    return n;
+  }
+
+  std::optional<ModelHit> lookup(const Ids& q, ns_t ns) {
+    expire();
+    ++stats.lookups;
+    stats.query_tokens += q.size();
+    if (q.empty()) return std::nullopt;
+    const std::size_t limit = opt_.keep_one_token ? q.size() - 1 : q.size();
+    E* best = nullptr;
+    std::size_t best_m = 0;
+    for (E& e : es_) {
+      if (e.ns != ns) continue;
+      if (opt_.match == MatchMode::exact_prefix) {
+        if (e.ids.size() <= limit && is_prefix(e.ids, q) && (!best || e.ids.size() > best_m)) {
+          best = &e;
+          best_m = e.ids.size();
+        }
+      } else {
+        const std::size_t m = std::min(lcp(e.ids, q), limit);
+        if (m == 0) continue;
+        auto key_better = [&](const E& a, std::size_t ma, const E& b, std::size_t mb) {
+          if (ma != mb) return ma > mb;
+          const bool a0 = a.ids.size() == ma, b0 = b.ids.size() == mb;
+          if (a0 != b0) return a0;
+          if (a.ids.size() != b.ids.size()) return a.ids.size() < b.ids.size();
+          return a.seq > b.seq;
+        };
+        if (!best || key_better(e, m, *best, best_m)) {
+          best = &e;
+          best_m = m;
+        }
+      }
+    }
+    if (!best || best_m < opt_.min_match_tokens) return std::nullopt;
+    best->seq = ++seq_;
+    best->last_used = now;
+    ++stats.hits;
+    stats.matched_tokens += best_m;
+    return ModelHit{best->tag, best_m, best->ids};
+  }
+
+  R insert(const Ids& ids, int tag, bool pinned, std::optional<std::int64_t> ttl, ns_t ns,
+           std::size_t bytes) {
+    if (ids.empty()) {
+      ++stats.rejected_empty;
+      return R::rejected_empty;
+    }
+    bool any_prefix = false;
+    for (const E& e : es_)
+      any_prefix = any_prefix || (e.ns == ns && is_prefix(e.ids, ids));
+    if (ids.size() < opt_.min_cacheable_tokens && !any_prefix) {
+      ++stats.rejected_too_short;
+      return R::rejected_too_short;
+    }
+    if (opt_.max_bytes != 0 && bytes > opt_.max_bytes) {
+      ++stats.rejected_too_large;
+      return R::rejected_too_large;
+    }
+    const std::int64_t t = ttl.value_or(opt_.ttl.count());
+    R result = R::inserted;
+    auto exact = std::find_if(es_.begin(), es_.end(),
+                              [&](const E& e) { return e.ns == ns && e.ids == ids; });
+    if (exact != es_.end()) {
+      exact->pinned = exact->pinned || pinned;
+      exact->seq = ++seq_;
+      exact->last_used = now;
+      exact->ttl = t;
+      exact->bytes = bytes;
+      exact->tag = tag;
+      result = R::updated;
+      ++stats.updated;
+    } else {
+      std::optional<std::size_t> lineage;
+      for (std::size_t i = 0; i < es_.size(); ++i) {
+        const E& e = es_[i];
+        if (e.ns == ns && !e.pinned && e.ids.size() < ids.size() && is_prefix(e.ids, ids) &&
+            (!lineage || e.ids.size() > es_[*lineage].ids.size())) {
+          lineage = i;
+        }
+      }
+      es_.push_back(E{ids, ns, pinned, now, ++seq_, t, bytes, tag});
+      if (lineage) {
+        const Ids lineage_ids = es_[*lineage].ids;
+        result = R::extended;
+        ++stats.extended;
+        for (std::size_t i = 0; i < es_.size();) {
+          const E& e = es_[i];
+          const bool is_lineage = e.ns == ns && e.ids == lineage_ids;
+          const bool superseded = opt_.match == MatchMode::common_prefix && e.ns == ns &&
+                                  !e.pinned && e.ids.size() < ids.size() && is_prefix(e.ids, ids);
+          if (is_lineage) {
+            remove(i);
+          } else if (superseded) {
+            remove(i);
+            ++stats.superseded;
+          } else {
+            ++i;
+          }
+        }
+      } else {
+        ++stats.inserted;
+      }
+    }
+    enforce();
+    return result;
+  }
+
+  void enforce() {
+    while (es_.size() > opt_.max_entries && evict_lru())
+      ++stats.evicted_lru;
+    while (opt_.max_bytes != 0 && total_bytes() > opt_.max_bytes && evict_lru()) {
+      ++stats.evicted_bytes;
+    }
+  }
+
+  bool erase(const Ids& ids, ns_t ns) {
+    for (std::size_t i = 0; i < es_.size(); ++i) {
+      if (es_[i].ns == ns && es_[i].ids == ids) {
+        remove(i);
+        ++stats.evicted_explicit;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::size_t erase_namespace(ns_t ns) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < es_.size();) {
+      if (es_[i].ns == ns) {
+        remove(i);
+        ++n;
+      } else {
+        ++i;
+      }
+    }
+    stats.evicted_explicit += n;
+    return n;
+  }
+
+  bool pin(const Ids& ids, ns_t ns, bool on) {
+    for (E& e : es_) {
+      if (e.ns == ns && e.ids == ids) {
+        if (on) {
+          e.pinned = true;
+        } else if (e.pinned) {
+          e.pinned = false;
+          e.seq = ++seq_;
+          e.last_used = now;
+          enforce();
+        }
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const std::vector<E>& entries() const { return es_; }
+  std::size_t total_bytes() const {
+    std::size_t b = 0;
+    for (const E& e : es_)
+      b += e.bytes;
+    return b;
+  }
+  std::size_t pinned_count() const {
+    return static_cast<std::size_t>(
+        std::count_if(es_.begin(), es_.end(), [](const E& e) { return e.pinned; }));
+  }
+
+ private:
+  bool evict_lru() {
+    std::optional<std::size_t> v;
+    for (std::size_t i = 0; i < es_.size(); ++i) {
+      if (!es_[i].pinned && (!v || es_[i].seq < es_[*v].seq)) v = i;
+    }
+    if (!v) return false;
+    remove(*v);
+    return true;
+  }
+  void remove(std::size_t i) { es_.erase(es_.begin() + static_cast<std::ptrdiff_t>(i)); }
+
+  Pool::Options opt_;
+  std::vector<E> es_;
+  std::uint64_t seq_ = 0;
+};
+
+void check_same(const Pool& pool, const Model& model) {
+  REQUIRE(pool.size() == model.entries().size());
+  REQUIRE(pool.bytes() == model.total_bytes());
+  const auto ps = pool.stats();
+  const auto& ms = model.stats;
+  REQUIRE(ps.lookups == ms.lookups);
+  REQUIRE(ps.hits == ms.hits);
+  REQUIRE(ps.query_tokens == ms.query_tokens);
+  REQUIRE(ps.matched_tokens == ms.matched_tokens);
+  REQUIRE(ps.inserted == ms.inserted);
+  REQUIRE(ps.extended == ms.extended);
+  REQUIRE(ps.updated == ms.updated);
+  REQUIRE(ps.rejected_empty == ms.rejected_empty);
+  REQUIRE(ps.rejected_too_short == ms.rejected_too_short);
+  REQUIRE(ps.rejected_too_large == ms.rejected_too_large);
+  REQUIRE(ps.evicted_lru == ms.evicted_lru);
+  REQUIRE(ps.evicted_ttl == ms.evicted_ttl);
+  REQUIRE(ps.evicted_bytes == ms.evicted_bytes);
+  REQUIRE(ps.evicted_explicit == ms.evicted_explicit);
+  REQUIRE(ps.superseded == ms.superseded);
+  REQUIRE(ps.pinned_entries == model.pinned_count());
+  for (const auto& e : model.entries()) {
+    auto got = pool.find_exact(e.ids, e.ns);
+    REQUIRE(got);
+    REQUIRE(got->caches.size() == 1);
+    REQUIRE(got->caches[0].tag == e.tag);
+    REQUIRE(pool.is_pinned(e.ids, e.ns) == e.pinned);
+  }
+}
+
+struct Config {
+  const char* name;
+  Pool::Options options;
+  int namespaces;
+  bool per_entry_ttl;
+  bool sized;
+};
+
+void run(const Config& cfg, std::uint32_t seed, int steps) {
+  INFO("config " << cfg.name << " seed " << seed);
+  ManualClock clock;
+  Pool pool(cfg.options, clock);
+  Model model(cfg.options);
+  std::mt19937 rng(seed);
+  auto rnd = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
+  auto random_ids = [&](std::size_t max_len) {
+    Ids v(rnd(static_cast<std::uint32_t>(max_len)) + 1);
+    for (auto& t : v)
+      t = static_cast<std::uint16_t>(rnd(4) == 0 ? 65535 : rnd(3));
+    return v;
+  };
+  // Queries and inserts mostly grow from what was seen, so lineages share prefixes.
+  std::vector<Ids> seen{random_ids(6)};
+  auto derived = [&]() {
+    Ids v = seen[rnd(static_cast<std::uint32_t>(seen.size()))];
+    switch (rnd(4)) {
+      case 0:  // extend
+        for (std::uint32_t k = rnd(4) + 1; k > 0; --k)
+          v.push_back(static_cast<std::uint16_t>(rnd(3)));
+        break;
+      case 1:  // truncate
+        v.resize(rnd(static_cast<std::uint32_t>(v.size()) + 1));
+        break;
+      case 2:  // diverge at a random point
+        if (!v.empty()) v[rnd(static_cast<std::uint32_t>(v.size()))] ^= 1;
+        break;
+      default:
+        break;
+    }
+    return v;
+  };
+  auto pick_ns = [&]() {
+    return static_cast<ns_t>(rnd(static_cast<std::uint32_t>(cfg.namespaces))) * ns_t{0x9E37};
+  };
+  int tag = 0;
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const std::uint32_t op = rnd(100);
+    if (op < 45) {
+      Ids ids = rnd(5) == 0 ? random_ids(10) : derived();
+      if (ids.size() > 24) ids.resize(24);
+      const bool pinned = rnd(10) == 0;
+      std::optional<std::int64_t> ttl;
+      if (cfg.per_entry_ttl && rnd(3) == 0) ttl = static_cast<std::int64_t>(rnd(3)) * 40;
+      const ns_t ns = pick_ns();
+      const std::size_t bytes = cfg.sized ? rnd(40) : 0;
+      ++tag;
+      Pool::InsertOptions o;
+      o.pinned = pinned;
+      if (ttl) o.ttl = ManualClock::duration(*ttl);
+      o.ns = ns;
+      const R got = pool.insert(ids, {Layer{tag, bytes}}, o);
+      const R want = model.insert(ids, tag, pinned, ttl, ns, bytes);
+      REQUIRE(got == want);
+      seen.push_back(ids);
+      if (seen.size() > 64) seen.erase(seen.begin());
+    } else if (op < 80) {
+      const Ids q = derived();
+      const ns_t ns = pick_ns();
+      auto got = pool.find_longest_prefix(q, ns);
+      auto want = model.lookup(q, ns);
+      REQUIRE(got.has_value() == want.has_value());
+      if (got) {
+        CHECK(got->entry->caches[0].tag == want->tag);
+        CHECK(got->matched == want->matched);
+        CHECK(got->entry->ids == want->ids);
+        CHECK(got->trim() == want->ids.size() - want->matched);
+      }
+    } else if (op < 88) {
+      const std::int64_t dt = rnd(30);
+      clock.advance(ManualClock::duration(dt));
+      model.now += dt;
+    } else if (op < 91) {
+      const Ids ids = derived();
+      const ns_t ns = pick_ns();
+      REQUIRE(pool.erase(ids, ns) == model.erase(ids, ns));
+    } else if (op < 93) {
+      REQUIRE(pool.evict_expired() == model.expire());
+    } else if (op < 98) {
+      const Ids ids = derived();
+      const ns_t ns = pick_ns();
+      const bool on = rnd(2) == 0;
+      const bool got = on ? pool.pin(ids, ns) : pool.unpin(ids, ns);
+      REQUIRE(got == model.pin(ids, ns, on));
+    } else if (op < 99 || cfg.namespaces == 1) {
+      if (rnd(20) == 0) {
+        pool.clear();
+        model.erase_namespace(0);
+        for (int i = 1; i < cfg.namespaces; ++i)
+          model.erase_namespace(static_cast<ns_t>(i) * ns_t{0x9E37});
+      }
+    } else {
+      const ns_t ns = pick_ns();
+      REQUIRE(pool.erase_namespace(ns) == model.erase_namespace(ns));
+    }
+    check_same(pool, model);
+    if (step % 16 == 0) pool.check_invariants();
+  }
+  pool.check_invariants();
+}
+
+Pool::Options opts(std::size_t max_entries, std::int64_t ttl, std::size_t min_tokens) {
+  Pool::Options o;
+  o.max_entries = max_entries;
+  o.ttl = ManualClock::duration(ttl);
+  o.min_cacheable_tokens = min_tokens;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("differential: exact-prefix pool (issue 3 rules) matches the linear-scan model") {
+  const Config cfg{"exact", opts(8, 60, 3), 1, false, false};
+  for (std::uint32_t seed = 1; seed <= 6; ++seed)
+    run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: exact-prefix pool with a large capacity and no TTL pressure") {
+  const Config cfg{"exact-large", opts(40, 1000000, 0), 1, false, false};
+  for (std::uint32_t seed = 11; seed <= 13; ++seed)
+    run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: namespaces, per-entry TTLs, keep-one-token, min match, byte budget") {
+  Pool::Options o = opts(10, 60, 2);
+  o.keep_one_token = true;
+  o.min_match_tokens = 2;
+  o.max_bytes = 120;
+  const Config cfg{"exact-everything", o, 3, true, true};
+  for (std::uint32_t seed = 21; seed <= 25; ++seed)
+    run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: common-prefix mode") {
+  Pool::Options o = opts(8, 60, 2);
+  o.match = MatchMode::common_prefix;
+  const Config cfg{"common", o, 1, false, false};
+  for (std::uint32_t seed = 31; seed <= 35; ++seed)
+    run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: common-prefix mode with every option") {
+  Pool::Options o = opts(12, 60, 1);
+  o.match = MatchMode::common_prefix;
+  o.keep_one_token = true;
+  o.min_match_tokens = 2;
+  o.max_bytes = 150;
+  const Config cfg{"common-everything", o, 3, true, true};
+  for (std::uint32_t seed = 41; seed <= 45; ++seed)
+    run(cfg, seed, 4000);
+}

@@ -1,0 +1,284 @@
+// Strong exception guarantee of PromptCachePool::insert (decision 6): whatever allocation
+// fails inside an insert, and whatever a LayerCache copy or the size functor throws, the
+// pool is unchanged. Every allocation is made to fail in turn through a replaced global
+// operator new that throws on the k-th call while armed.
+#include <promptcache/manual_clock.hpp>
+#include <promptcache/prompt_cache_pool.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "catch.hpp"
+
+// GCC sees the malloc/free pair through the replaced operators and warns about a mismatch
+// that is exactly the point of the replacement.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+namespace {
+long g_countdown = -1;  // -1: disarmed; 0: the next allocation throws
+long g_allocations = 0;
+}  // namespace
+
+namespace {
+void* counted_allocation(std::size_t n) {
+  if (g_countdown == 0) {
+    g_countdown = -1;
+    throw std::bad_alloc();
+  }
+  if (g_countdown > 0) --g_countdown;
+  ++g_allocations;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+// Every non-aligned form, so the sanitizers' own operators never pair with ours.
+void* operator new(std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+using promptcache::ManualClock;
+using Ids = std::vector<std::uint32_t>;
+
+bool g_copy_throws = false;
+bool g_size_throws = false;
+
+struct Layer {
+  int tag = 0;
+  Layer() = default;
+  explicit Layer(int t) : tag(t) {}
+  Layer(const Layer& o) : tag(o.tag) {
+    if (g_copy_throws) throw std::runtime_error("LayerCache copy failed");
+  }
+  Layer& operator=(const Layer&) = default;
+  Layer(Layer&&) noexcept = default;
+  Layer& operator=(Layer&&) noexcept = default;
+  ~Layer() = default;
+};
+
+struct LayerBytes {
+  std::size_t operator()(const Layer& l) const {
+    if (g_size_throws) throw std::runtime_error("size functor failed");
+    return static_cast<std::size_t>(l.tag % 7);
+  }
+};
+
+using Pool = promptcache::PromptCachePool<Layer, std::uint32_t, ManualClock, LayerBytes>;
+using Dump = std::vector<std::tuple<Ids, std::uint64_t, int, bool>>;
+
+// Every id sequence the scenarios below can create, in the namespaces they use.
+const std::vector<Ids>& universe() {
+  static const std::vector<Ids> u{{1, 2, 3},
+                                  {1, 2, 3, 4, 5},
+                                  {1, 2, 3, 4, 5, 6},
+                                  {1, 2, 9, 9},
+                                  {1, 2},
+                                  {7, 7, 7},
+                                  {8},
+                                  {1, 2, 3, 4},
+                                  {1, 2, 3, 7, 7},
+                                  {5, 5, 5, 5, 5},
+                                  {6, 6},
+                                  {1, 2, 3, 4, 5, 6, 7}};
+  return u;
+}
+
+Dump dump(const Pool& pool) {
+  Dump d;
+  for (std::uint64_t ns : {std::uint64_t{0}, std::uint64_t{42}}) {
+    for (const Ids& ids : universe()) {
+      if (auto e = pool.find_exact(ids, ns)) {
+        d.emplace_back(ids, ns, e->caches.at(0).tag, pool.is_pinned(ids, ns));
+      }
+    }
+  }
+  return d;
+}
+
+void seed_pool(Pool& pool) {
+  Pool::InsertOptions pinned;
+  pinned.pinned = true;
+  pool.insert({1, 2, 3}, {Layer(1)}, pinned);
+  pool.insert({1, 2, 3, 4, 5}, {Layer(2)});
+  pool.insert({1, 2, 9, 9}, {Layer(3)});
+  pool.insert({7, 7, 7}, {Layer(4)});
+  pool.insert({8}, {Layer(5)});
+}
+
+// Runs `scenario` with the k-th allocation failing, for k = 0, 1, ... until it succeeds;
+// after each failure the pool must be exactly as before. Returns how many runs failed.
+template <class Scenario>
+int fail_every_allocation(Scenario scenario) {
+  int failures = 0;
+  for (long k = 0; k < 1000; ++k) {
+    ManualClock clock;
+    Pool::Options o;
+    o.max_entries = 5;
+    o.min_cacheable_tokens = 0;
+    o.max_bytes = 1000;
+    Pool pool(o, clock);
+    seed_pool(pool);
+    const Dump before = dump(pool);
+    const auto stats_before = pool.stats();
+    bool threw = false;
+    g_countdown = k;
+    try {
+      scenario(pool);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    g_countdown = -1;
+    if (!threw) return failures;
+    ++failures;
+    INFO("allocation " << k << " failed");
+    CHECK(dump(pool) == before);
+    CHECK(pool.size() == before.size());
+    CHECK(pool.stats().inserted == stats_before.inserted);
+    CHECK(pool.stats().evicted_lru == stats_before.evicted_lru);
+    CHECK(pool.bytes() == stats_before.bytes);
+    pool.check_invariants();
+  }
+  FAIL("scenario never succeeded");
+  return failures;
+}
+
+Pool::InsertOptions in_ns(std::uint64_t ns) {
+  Pool::InsertOptions o;
+  o.ns = ns;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("operator new replacement is active") {
+  const long before = g_allocations;
+  auto* p = new int(3);
+  delete p;
+  CHECK(g_allocations == before + 1);
+}
+
+TEST_CASE("strong guarantee: new leaf under an existing node, with an LRU eviction") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{6, 6};
+    std::vector<Layer> c{Layer(9)};
+    pool.insert(std::move(ids), std::move(c));
+  });
+  CHECK(n >= 2);
+}
+
+TEST_CASE("strong guarantee: edge split") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{1, 2, 3, 7, 7};
+    std::vector<Layer> c{Layer(9)};
+    pool.insert(std::move(ids), std::move(c));
+  });
+  CHECK(n >= 3);
+}
+
+TEST_CASE("strong guarantee: entry ending inside an edge") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{1, 2, 3, 4};
+    std::vector<Layer> c{Layer(9)};
+    pool.insert(std::move(ids), std::move(c));
+  });
+  CHECK(n >= 2);
+}
+
+TEST_CASE("strong guarantee: lineage extension") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{1, 2, 3, 4, 5, 6, 7};
+    std::vector<Layer> c{Layer(9)};
+    const auto r = pool.insert(std::move(ids), std::move(c));
+    g_countdown = -1;
+    REQUIRE(r == Pool::InsertResult::extended);
+  });
+  CHECK(n >= 2);
+}
+
+TEST_CASE("strong guarantee: update of equal ids") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{7, 7, 7};
+    std::vector<Layer> c{Layer(9)};
+    const auto r = pool.insert(std::move(ids), std::move(c));
+    g_countdown = -1;
+    REQUIRE(r == Pool::InsertResult::updated);
+  });
+  CHECK(n >= 2);
+}
+
+TEST_CASE("strong guarantee: first entry of a new namespace and a new TTL class") {
+  const int n = fail_every_allocation([](Pool& pool) {
+    Ids ids{5, 5, 5, 5, 5};
+    std::vector<Layer> c{Layer(9)};
+    Pool::InsertOptions o = in_ns(42);
+    o.ttl = std::chrono::hours(1);
+    pool.insert(std::move(ids), std::move(c), o);
+  });
+  CHECK(n >= 4);
+}
+
+TEST_CASE("strong guarantee: a throwing LayerCache copy or size functor changes nothing") {
+  ManualClock clock;
+  Pool::Options o;
+  o.min_cacheable_tokens = 0;
+  o.max_bytes = 1000;
+  Pool pool(o, clock);
+  seed_pool(pool);
+  const Dump before = dump(pool);
+  const std::vector<Layer> layers{Layer(1), Layer(2)};
+  g_copy_throws = true;
+  CHECK_THROWS_AS(pool.insert({6, 6}, layers), std::runtime_error);  // copy into the argument
+  g_copy_throws = false;
+  g_size_throws = true;
+  CHECK_THROWS_AS(pool.insert({1, 2, 3, 4, 5, 6}, {Layer(3)}), std::runtime_error);
+  g_size_throws = false;
+  CHECK(dump(pool) == before);
+  pool.check_invariants();
+  CHECK(pool.insert({6, 6}, layers) == Pool::InsertResult::inserted);
+}
