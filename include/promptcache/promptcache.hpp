@@ -4,5 +4,6 @@
 // Umbrella header: includes every public promptcache header.
 #pragma once
 
+#include "promptcache/block_hash.hpp"
 #include "promptcache/cursor.hpp"
 #include "promptcache/version.hpp"
