@@ -201,7 +201,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    reserve_for_store(blocks.size());
+    reserve_for_store(slot, blocks.size());
     r.status = store_blocks(slot, parent_hash, blocks, r);
     finish(slot, event_id, r);
     return r;
@@ -242,7 +242,7 @@ class KvIndex {
       KvEventStatus st = KvEventStatus::applied;
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
-          reserve_for_store(s->blocks.size());
+          reserve_for_store(tmp, s->blocks.size());
           st = store_blocks(tmp, s->parent_hash, s->blocks, r);
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           remove_blocks(tmp, rm->block_hashes, r);
@@ -436,9 +436,9 @@ class KvIndex {
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() +
-           hold_table_.memory_bytes() + slot_table_.memory_bytes() +
-           slots_.capacity() * sizeof(Slot) + free_slots_.capacity() * sizeof(std::uint32_t);
+    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
+           free_slots_.capacity() * sizeof(std::uint32_t);
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -462,7 +462,7 @@ class KvIndex {
           ++blocks;
           if (!nodes_.is_live(x.node) || !nodes_.test(x.node, slot)) return false;
           if (nodes_.parent(x.node) != holds_[x.parent].node) return false;
-          if (hold_table_.find(x.block_hash, slot) != h) return false;
+          if (s.names.find(x.block_hash, 0) != h) return false;
           ++seen_count[x.node];
         }
         std::uint32_t prev_sib = detail::kv_npos;
@@ -475,7 +475,10 @@ class KvIndex {
       if (blocks != s.blocks) return false;
     }
     if (holds_seen != holds_.live()) return false;
-    if (hold_table_.size() + slot_table_.size() != holds_.live()) return false;
+    std::size_t names = 0;
+    for (const Slot& s : slots_)
+      names += s.names.size();
+    if (names + slot_table_.size() != holds_.live()) return false;
     std::size_t live_nodes = 0;
     for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
       if (nodes_.count(n) == 0U) continue;
@@ -496,7 +499,16 @@ class KvIndex {
   }
 
  private:
+  struct NameHash {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
+      return detail::kv_mix64(key);
+    }
+  };
+
+  // One worker rank. Its block names get a table of their own: an event
+  // touches one worker only, so its lookups stay in a small, warm table.
   struct Slot {
+    detail::KvPackedTable<NameHash> names;  // block hash -> hold
     KvWorker worker;
     CursorState<> cursor;
     std::uint32_t sentinel = detail::kv_npos;
@@ -525,11 +537,11 @@ class KvIndex {
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed.
-  void reserve_for_store(std::size_t blocks) {
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
     nodes_.reserve_extra(blocks);
     holds_.reserve_extra(blocks);
     edges_.reserve_extra(blocks);
-    hold_table_.reserve_extra(blocks);
+    slots_[slot].names.reserve_extra(blocks);
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight.
@@ -567,11 +579,23 @@ class KvIndex {
     return slot;
   }
 
+  [[nodiscard]] std::size_t names_memory() const noexcept {
+    std::size_t n = 0;
+    for (const Slot& s : slots_)
+      n += s.names.memory_bytes();
+    return n;
+  }
+
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
     clear_slot(slot);
     holds_.release(slots_[slot].sentinel);
-    slots_[slot] = Slot{};
+    slots_[slot].names.clear();
+    slots_[slot].worker = KvWorker{};
+    slots_[slot].cursor = CursorState<>{};
+    slots_[slot].sentinel = detail::kv_npos;
+    slots_[slot].blocks = 0;
+    slots_[slot].live = false;
     free_slots_.push_back(slot);  // capacity reserved by new_slot
   }
 
@@ -619,46 +643,60 @@ class KvIndex {
   // every hold it added is undone, so the tree is unchanged.
   KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                              std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
+    auto& names = slots_[slot].names;
     std::uint32_t cur_hold = slots_[slot].sentinel;
     if (parent_hash) {
-      cur_hold = hold_table_.find(*parent_hash, slot);
+      cur_hold = names.find(*parent_hash, 0);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
     std::uint32_t cur_node = holds_[cur_hold].node;
     std::size_t added = 0;
-    for (const KvBlock& b : blocks) {
-      const std::uint64_t path =
-          detail::KvNodeStore::child_path(nodes_.path_hash(cur_node), b.tokens_hash);
-      std::uint32_t child = edges_.find(path, cur_node);
-      bool fresh_node = false;
-      if (child == detail::kv_npos) {
-        child = nodes_.allocate(path, b.tokens_hash, cur_node);
-        edges_.insert(path, cur_node, child);
-        fresh_node = true;
+    // Path hashes follow from the tokens hashes alone, so the probes of a whole
+    // chunk are issued up front and their cache misses overlap.
+    constexpr std::size_t chunk = 16;
+    std::uint64_t paths[chunk];
+    std::uint64_t path = nodes_.path_hash(cur_node);
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+        edges_.prefetch(path, 0);
+        names.prefetch(blocks[base + j].block_hash, 0);
       }
-      const std::uint32_t existing = hold_table_.find(b.block_hash, slot);
-      if (existing != detail::kv_npos) {
-        if (holds_[existing].node == child) {  // re-store of a held block
-          ++r.blocks_already_held;
-          cur_hold = existing;
+      for (std::size_t j = 0; j < m; ++j) {
+        const KvBlock& b = blocks[base + j];
+        std::uint32_t child = edges_.find(paths[j], cur_node);
+        bool fresh_node = false;
+        if (child == detail::kv_npos) {
+          child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
+          edges_.insert(paths[j], cur_node, child);
+          fresh_node = true;
+        }
+        const std::uint32_t existing = names.find(b.block_hash, 0);
+        if (existing != detail::kv_npos) {
+          if (holds_[existing].node == child) {  // re-store of a held block
+            ++r.blocks_already_held;
+            cur_hold = existing;
+            cur_node = child;
+            continue;
+          }
+        } else if (!nodes_.test(child, slot)) {
+          const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
+          names.insert(b.block_hash, 0, h);
+          nodes_.set(child, slot);
+          ++slots_[slot].blocks;
+          ++added;
+          cur_hold = h;
           cur_node = child;
           continue;
         }
-      } else if (!nodes_.test(child, slot)) {
-        const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-        hold_table_.insert(b.block_hash, slot, h);
-        nodes_.set(child, slot);
-        ++slots_[slot].blocks;
-        ++added;
-        cur_hold = h;
-        cur_node = child;
-        continue;
+        // Conflict: the name is held elsewhere, or the position under another name.
+        if (fresh_node) free_node(child);
+        undo_chain(cur_hold, added);
+        r.blocks_already_held = 0;
+        return KvEventStatus::block_conflict;
       }
-      // Conflict: the name is held elsewhere, or the position under another name.
-      if (fresh_node) free_node(child);
-      undo_chain(cur_hold, added);
-      r.blocks_already_held = 0;
-      return KvEventStatus::block_conflict;
     }
     r.blocks_stored = added;
     return KvEventStatus::applied;
@@ -677,14 +715,34 @@ class KvIndex {
 
   void remove_blocks(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
                      KvEventResult& r) noexcept {
-    for (const std::uint64_t bh : block_hashes) {
-      const std::uint32_t h = hold_table_.find(bh, slot);
-      if (h == detail::kv_npos) {
-        ++r.blocks_not_held;
-        continue;
+    // A software pipeline over chunks: each stage prefetches what the next
+    // one reads (name slot, hold, node row, edge slot), so the misses overlap.
+    auto& names = slots_[slot].names;
+    constexpr std::size_t chunk = 16;
+    std::uint32_t hs[chunk];
+    for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, block_hashes.size() - base);
+      for (std::size_t j = 0; j < m; ++j)
+        names.prefetch(block_hashes[base + j], 0);
+      for (std::size_t j = 0; j < m; ++j) {
+        hs[j] = names.find(block_hashes[base + j], 0);
+        if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
-      ++r.blocks_removed;
-      r.blocks_cascaded += remove_subtree(h) - 1U;
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos) nodes_.prefetch(holds_[hs[j]].node);
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
+      for (std::size_t j = 0; j < m; ++j) {
+        // Found again: an earlier name of this event may have cascaded it away.
+        const std::uint32_t h =
+            hs[j] == detail::kv_npos ? hs[j] : names.find(block_hashes[base + j], 0);
+        if (h == detail::kv_npos) {
+          ++r.blocks_not_held;
+          continue;
+        }
+        ++r.blocks_removed;
+        r.blocks_cascaded += remove_subtree(h) - 1U;
+      }
     }
   }
 
@@ -718,7 +776,7 @@ class KvIndex {
   // worker holds it any more.
   void release_hold(std::uint32_t h) noexcept {
     const detail::KvHold x = holds_[h];
-    hold_table_.erase(x.block_hash, x.slot);
+    slots_[x.slot].names.erase(x.block_hash, 0);
     --slots_[x.slot].blocks;
     if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
     holds_.release(h);
@@ -733,7 +791,6 @@ class KvIndex {
   detail::KvNodeStore nodes_;
   detail::KvHoldStore holds_;
   detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
-  detail::KvPackedTable<PairHash> hold_table_;  // (block hash, slot) -> hold
   detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;

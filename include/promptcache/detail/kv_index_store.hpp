@@ -204,6 +204,14 @@ class KvHoldStore {
   [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
   [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
 
+  void prefetch(std::uint32_t h) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&holds_[h]);
+#else
+    (void)h;
+#endif
+  }
+
   /// Makes the next `extra` allocate() calls non-allocating. Strong guarantee.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
@@ -260,7 +268,9 @@ class KvHoldStore {
   }
 
   /// Holds in use (sentinels included). O(1).
-  [[nodiscard]] std::size_t live() const noexcept { return live_; }
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return holds_.capacity() * sizeof(KvHold);

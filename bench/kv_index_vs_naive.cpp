@@ -1,0 +1,361 @@
+// KvIndex against the naive per-worker hash-set index on one generated KV
+// event workload (issue 6): 64 workers, block size 16, a few shared system
+// prompts, multi-turn conversations mostly sticky to one worker, divergent
+// tails, and per-worker LRU caches that evict (leaves first) as they fill.
+//
+// Reports, for both indexes in the same run: block operations per second
+// (stored + removed blocks while replaying the whole event stream) and
+// find_matches latency p50 / p99 for 128-block queries, plus the ratios.
+//
+// Usage: kv_index_vs_naive [requests]   (default 60000; runs well under a minute)
+#include <promptcache/block_hash.hpp>
+#include <promptcache/kv_index.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <queue>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "naive_kv_index.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using promptcache::KvBlock;
+
+constexpr std::uint32_t kWorkers = 64;
+constexpr std::size_t kBlockSize = 16;
+constexpr std::size_t kQueryBlocks = 128;
+constexpr std::size_t kCacheBlocks = 3000;  // per worker
+constexpr std::size_t kSystemPrompts = 4;
+constexpr std::size_t kActiveConversations = 1500;
+constexpr std::size_t kQueries = 20000;
+
+std::mt19937_64 rng(20261129);
+
+std::size_t uniform(std::size_t lo, std::size_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng);
+}
+
+// Local block hashes of `blocks` blocks of fresh random tokens.
+std::vector<std::uint64_t> random_blocks(std::size_t blocks) {
+  std::vector<std::uint32_t> tokens(blocks * kBlockSize);
+  for (auto& t : tokens)
+    t = static_cast<std::uint32_t>(uniform(0, 150000));
+  return promptcache::local_block_hashes(tokens, kBlockSize);
+}
+
+// One replayable event: a Stored run or a Removed list of one worker.
+struct Event {
+  std::uint32_t worker;
+  std::uint64_t id;
+  bool stored;
+  std::optional<std::uint64_t> parent;
+  std::size_t begin;  // into stored_blocks or removed_names
+  std::size_t count;
+};
+
+struct Workload {
+  std::vector<Event> events;
+  std::vector<KvBlock> stored_blocks;
+  std::vector<std::uint64_t> removed_names;
+  std::size_t block_ops = 0;
+  std::vector<std::vector<std::uint64_t>> query_locals;  // 128 blocks each
+  std::vector<std::vector<std::uint64_t>> query_seqs;
+};
+
+// A worker's prefix cache as the engine sees it: blocks by sequence hash, LRU
+// eviction of leaf blocks (a block is evicted only after its children).
+class SimWorker {
+ public:
+  SimWorker(std::uint32_t id, Workload& out) : id_(id), out_(out) {}
+
+  void serve(const std::vector<std::uint64_t>& locals, const std::vector<std::uint64_t>& seqs,
+             std::uint64_t now) {
+    std::size_t k = 0;
+    while (k < seqs.size() && blocks_.count(seqs[k]) != 0U)
+      blocks_[seqs[k++]].last_used = now;
+    if (k < seqs.size()) {
+      Event e{id_, next_id_++, true, std::nullopt, out_.stored_blocks.size(), seqs.size() - k};
+      if (k > 0) {
+        e.parent = seqs[k - 1];
+        ++blocks_[seqs[k - 1]].children;
+      }
+      for (std::size_t i = k; i < seqs.size(); ++i) {
+        out_.stored_blocks.push_back(KvBlock{seqs[i], locals[i]});
+        blocks_[seqs[i]] =
+            Block{i > 0 ? seqs[i - 1] : 0, i > 0, i + 1 < seqs.size() ? 1U : 0U, now};
+      }
+      out_.events.push_back(e);
+      out_.block_ops += e.count;
+    }
+    if (!seqs.empty()) leaves_.push({now, seqs.back()});
+    evict();
+  }
+
+ private:
+  struct Block {
+    std::uint64_t parent;
+    bool has_parent;
+    std::uint32_t children;
+    std::uint64_t last_used;
+  };
+
+  void evict() {
+    if (blocks_.size() <= kCacheBlocks) return;
+    Event e{id_, next_id_++, false, std::nullopt, out_.removed_names.size(), 0};
+    // Evict down to 90% so removals come in batches, as engines do.
+    while (blocks_.size() > kCacheBlocks * 9 / 10 && !leaves_.empty()) {
+      const auto [t, s] = leaves_.top();
+      leaves_.pop();
+      const auto it = blocks_.find(s);
+      if (it == blocks_.end() || it->second.children != 0U || it->second.last_used != t) continue;
+      const Block b = it->second;
+      blocks_.erase(it);
+      out_.removed_names.push_back(s);
+      ++e.count;
+      if (b.has_parent) {
+        Block& p = blocks_.at(b.parent);
+        if (--p.children == 0U) leaves_.push({p.last_used, b.parent});
+      }
+    }
+    out_.events.push_back(e);
+    out_.block_ops += e.count;
+  }
+
+  std::uint32_t id_;
+  Workload& out_;
+  std::uint64_t next_id_ = 0;
+  std::unordered_map<std::uint64_t, Block> blocks_;
+  using Leaf = std::pair<std::uint64_t, std::uint64_t>;  // (last used, sequence hash)
+  std::priority_queue<Leaf, std::vector<Leaf>, std::greater<>> leaves_;
+};
+
+struct Conversation {
+  std::vector<std::uint64_t> locals;
+  std::uint32_t worker = 0;
+  std::size_t turns = 0;
+};
+
+Workload generate(std::size_t requests) {
+  Workload w;
+  std::vector<std::vector<std::uint64_t>> systems;
+  for (std::size_t s = 0; s < kSystemPrompts; ++s)
+    systems.push_back(random_blocks(uniform(16, 48)));
+  auto fresh = [&] {
+    Conversation c;
+    // Skewed: the first system prompt is the most popular.
+    const std::size_t s = std::min<std::size_t>(uniform(0, 9) / 3, kSystemPrompts - 1);
+    c.locals = systems[s];
+    c.worker = static_cast<std::uint32_t>(uniform(0, kWorkers - 1));
+    return c;
+  };
+  std::vector<Conversation> convs(kActiveConversations);
+  for (auto& c : convs)
+    c = fresh();
+  std::vector<SimWorker> workers;
+  for (std::uint32_t i = 0; i < kWorkers; ++i)
+    workers.emplace_back(i, w);
+
+  for (std::uint64_t now = 1; now <= requests; ++now) {
+    Conversation& c = convs[uniform(0, convs.size() - 1)];
+    // The request: history + user message; the response is cached too.
+    const auto user = random_blocks(uniform(2, 8));
+    const auto reply = random_blocks(uniform(2, 12));
+    c.locals.insert(c.locals.end(), user.begin(), user.end());
+    c.locals.insert(c.locals.end(), reply.begin(), reply.end());
+    const std::uint32_t worker =
+        uniform(0, 99) < 85 ? c.worker : static_cast<std::uint32_t>(uniform(0, kWorkers - 1));
+    workers[worker].serve(c.locals, promptcache::sequence_hashes(c.locals), now);
+    if (++c.turns >= 8 || c.locals.size() > 160) c = fresh();
+  }
+
+  // 128-block queries: a live conversation's history, then a new divergent tail.
+  for (std::size_t q = 0; q < kQueries; ++q) {
+    std::vector<std::uint64_t> locals = convs[uniform(0, convs.size() - 1)].locals;
+    if (q % 5 == 0) locals.resize(uniform(1, locals.size()));  // diverges earlier
+    const auto tail = random_blocks(kQueryBlocks);
+    locals.resize(kQueryBlocks < locals.size() ? kQueryBlocks : locals.size());
+    locals.insert(locals.end(), tail.begin(),
+                  tail.begin() + static_cast<std::ptrdiff_t>(kQueryBlocks - locals.size()));
+    w.query_seqs.push_back(promptcache::sequence_hashes(locals));
+    w.query_locals.push_back(std::move(locals));
+  }
+  return w;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Latency {
+  double p50_us, p99_us, mean_us;
+};
+
+Latency summarize(std::vector<double>& ns) {
+  std::sort(ns.begin(), ns.end());
+  double sum = 0;
+  for (const double x : ns)
+    sum += x;
+  return {ns[ns.size() / 2] / 1000.0, ns[ns.size() * 99 / 100] / 1000.0,
+          sum / static_cast<double>(ns.size()) / 1000.0};
+}
+
+template <class F>
+Latency time_queries(std::size_t n, F&& query) {
+  std::vector<double> ns;
+  ns.reserve(n);
+  for (std::size_t q = 0; q < n; ++q) {
+    const auto t0 = Clock::now();
+    query(q);
+    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+  }
+  return summarize(ns);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::size_t requests = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 60000;
+  auto t0 = Clock::now();
+  const Workload w = generate(requests);
+  std::printf(
+      "workload: %zu requests, %u workers, block size %zu, %zu events, %zu block ops "
+      "(generated in %.2f s)\n",
+      requests, kWorkers, kBlockSize, w.events.size(), w.block_ops, seconds_since(t0));
+
+  // Replay the event stream into fresh indexes, alternating between the two,
+  // kRuns times each; the median run counts (the machine is shared).
+  constexpr int kRuns = 5;
+  std::vector<double> index_runs, naive_runs, store_runs, remove_runs;
+  std::size_t not_applied = 0;
+  std::size_t stored_ops = 0, removed_ops = 0;
+  promptcache::KvIndex index;
+  bench::NaiveKvIndex naive(kWorkers);
+  for (int run = 0; run < kRuns; ++run) {
+    promptcache::KvIndex fresh;
+    t0 = Clock::now();
+    for (const Event& e : w.events) {
+      const promptcache::KvWorker worker{e.worker, 0};
+      const auto r = e.stored ? fresh.store(worker, e.id, e.parent,
+                                            std::span(w.stored_blocks).subspan(e.begin, e.count))
+                              : fresh.remove(worker, e.id,
+                                             std::span(w.removed_names).subspan(e.begin, e.count));
+      not_applied += r.ok() ? 0U : 1U;
+    }
+    index_runs.push_back(seconds_since(t0));
+    if (run == kRuns - 1) index = std::move(fresh);
+
+    bench::NaiveKvIndex baseline(kWorkers);
+    t0 = Clock::now();
+    for (const Event& e : w.events) {
+      if (e.stored)
+        baseline.store(e.worker, e.parent, std::span(w.stored_blocks).subspan(e.begin, e.count));
+      else
+        baseline.remove(e.worker, std::span(w.removed_names).subspan(e.begin, e.count));
+    }
+    naive_runs.push_back(seconds_since(t0));
+    if (run == kRuns - 1) naive = std::move(baseline);
+
+    // Once more, timing stores and removals apart.
+    promptcache::KvIndex split;
+    double store_s = 0, remove_s = 0;
+    stored_ops = removed_ops = 0;
+    for (const Event& e : w.events) {
+      const promptcache::KvWorker worker{e.worker, 0};
+      const auto t = Clock::now();
+      if (e.stored) {
+        (void)split.store(worker, e.id, e.parent,
+                          std::span(w.stored_blocks).subspan(e.begin, e.count));
+        store_s += seconds_since(t);
+        stored_ops += e.count;
+      } else {
+        (void)split.remove(worker, e.id, std::span(w.removed_names).subspan(e.begin, e.count));
+        remove_s += seconds_since(t);
+        removed_ops += e.count;
+      }
+    }
+    store_runs.push_back(store_s);
+    remove_runs.push_back(remove_s);
+  }
+  const double index_s = median(index_runs);
+  const double naive_s = median(naive_runs);
+  const double store_s = median(store_runs);
+  const double remove_s = median(remove_runs);
+  const double best_index_ops =
+      static_cast<double>(w.block_ops) / *std::min_element(index_runs.begin(), index_runs.end());
+  const double index_ops = static_cast<double>(w.block_ops) / index_s;
+  const double naive_ops = static_cast<double>(w.block_ops) / naive_s;
+
+  // Both must agree on every query before their speed means anything.
+  std::size_t mismatches = 0;
+  std::size_t total_matched = 0;
+  std::vector<promptcache::KvWorkerMatch> got;
+  std::vector<std::pair<std::uint32_t, std::size_t>> want;
+  for (std::size_t q = 0; q < w.query_locals.size(); ++q) {
+    index.find_matches(w.query_locals[q], false, got);
+    naive.find_matches(w.query_seqs[q], want);
+    std::vector<std::pair<std::uint32_t, std::size_t>> mine;
+    for (const auto& m : got)
+      mine.emplace_back(static_cast<std::uint32_t>(m.worker.worker_id), m.blocks);
+    std::sort(mine.begin(), mine.end());
+    mismatches += mine == want ? 0U : 1U;
+    total_matched += got.size();
+  }
+
+  // Warm up, then time each query alone.
+  for (std::size_t q = 0; q < 2000; ++q)
+    index.find_matches(w.query_locals[q], false, got);
+  const Latency lat = time_queries(w.query_locals.size(), [&](std::size_t q) {
+    index.find_matches(w.query_locals[q], false, got);
+  });
+  const Latency lat_early = time_queries(w.query_locals.size(), [&](std::size_t q) {
+    index.find_matches(w.query_locals[q], true, got);
+  });
+  const Latency lat_naive = time_queries(
+      w.query_locals.size(), [&](std::size_t q) { naive.find_matches(w.query_seqs[q], want); });
+
+  std::printf(
+      "state: %zu (worker, block) pairs, %zu tree nodes, %.1f MiB (approx), "
+      "%.1f workers matched per query, %zu events not applied, %zu query mismatches\n",
+      index.total_blocks(), index.node_count(),
+      static_cast<double>(index.approximate_memory_bytes()) / (1024.0 * 1024.0),
+      static_cast<double>(total_matched) / static_cast<double>(w.query_locals.size()), not_applied,
+      mismatches);
+  std::printf("\n%-40s %14s %14s %10s\n", "metric", "KvIndex", "naive", "ratio");
+  std::printf("%-40s %14.2f %14.2f %9.1fx\n", "block ops/s, store+remove, median (M)",
+              index_ops / 1e6, naive_ops / 1e6, index_ops / naive_ops);
+  std::printf("%-40s %14.2f %14s\n", "  best of runs (M)", best_index_ops / 1e6, "-");
+  std::printf("%-40s %14.2f %14s\n", "  stored blocks/s (M)",
+              static_cast<double>(stored_ops) / store_s / 1e6, "-");
+  std::printf("%-40s %14.2f %14s\n", "  removed blocks/s (M)",
+              static_cast<double>(removed_ops) / remove_s / 1e6, "-");
+  std::printf("%-40s %14.2f %14.2f %9.1fx\n", "find_matches 128 blocks p50 (us)", lat.p50_us,
+              lat_naive.p50_us, lat_naive.p50_us / lat.p50_us);
+  std::printf("%-40s %14.2f %14.2f %9.1fx\n", "find_matches 128 blocks p99 (us)", lat.p99_us,
+              lat_naive.p99_us, lat_naive.p99_us / lat.p99_us);
+  std::printf("%-40s %14.2f %14.2f %9.1fx\n", "find_matches 128 blocks mean (us)", lat.mean_us,
+              lat_naive.mean_us, lat_naive.mean_us / lat.mean_us);
+  std::printf("%-40s %14.2f %14s\n", "  with early_exit p50 (us)", lat_early.p50_us, "-");
+  std::printf("%-40s %14.2f %14s\n", "  with early_exit p99 (us)", lat_early.p99_us, "-");
+
+  const bool ok = mismatches == 0 && not_applied == 0;
+  std::printf(
+      "\ntargets: >= 10 M block ops/s: %s; p99 < 5 us: %s; >= 10x naive (p50 and p99): %s\n",
+      index_ops >= 10e6 ? "met" : "MISSED", lat.p99_us < 5.0 ? "met" : "MISSED",
+      (lat_naive.p50_us / lat.p50_us >= 10.0 && lat_naive.p99_us / lat.p99_us >= 10.0) ? "met"
+                                                                                       : "MISSED");
+  return ok ? 0 : 1;
+}
