@@ -516,3 +516,41 @@ TEST_CASE("the span entry points match apply", "[kv_index]") {
   index.find_matches(Hashes{1}, false, out);
   CHECK(out.empty());
 }
+
+TEST_CASE("replace_worker with every slot in use keeps the other views", "[kv_index]") {
+  KvIndex index;
+  for (std::uint32_t w = 0; w < 64; ++w)
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(0, {1, 2, 3 + w})).ok());
+  const KvWorker w5{5, 0};
+  const auto res = index.replace_worker(w5, std::vector<KvEvent>{stored(0, {1, 9, 8})}, 7);
+  REQUIRE(res.ok);
+  CHECK(index.check_invariants());
+  CHECK(match_of(index, {1, 9, 8}, w5) == 3);
+  CHECK(match_of(index, {1, 2, 3 + 5}, w5) == 1);
+  CHECK(match_of(index, {1, 2, 3 + 6}, KvWorker{6, 0}) == 3);
+  CHECK(index.find_matches(Hashes{1}).size() == 64);
+  // A failed replacement also leaves everything as it was.
+  CHECK_FALSE(index.replace_worker(w5, std::vector<KvEvent>{stored(0, {4}, 12345)}, 8).ok);
+  CHECK(match_of(index, {1, 9, 8}, w5) == 3);
+  // A 65th rank widens the bitsets; removing it narrows them again.
+  REQUIRE(index.apply(KvWorker{64, 0}, stored(0, {1, 2})).ok());
+  CHECK(index.find_matches(Hashes{1, 2}).size() == 65);
+  CHECK(index.remove_worker(KvWorker{64, 0}));
+  CHECK(index.check_invariants());
+  CHECK(index.find_matches(Hashes{1, 2}).size() == 64);
+  CHECK(index.counters().workers_replaced == 1);
+}
+
+TEST_CASE("an index is a value: copies are independent", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  KvIndex copy = index;
+  REQUIRE(copy.apply(A, removed(1, {1002})).ok());
+  REQUIRE(copy.apply(B, stored(0, {1})).ok());
+  CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(matches(copy, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 1}, {B, 1}});
+  KvIndex moved = std::move(copy);
+  CHECK(moved.check_invariants());
+  CHECK(index.check_invariants());
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(0));
+}

@@ -255,22 +255,25 @@ class KvIndex {
       }
       if (st != KvEventStatus::applied) {
         drop_slot(tmp);
+        trim_masks();
         res.failed_event = i;
         res.failure = st;
         return res;
       }
     }
-    const std::uint32_t old = slot_table_.find(worker.worker_id, worker.dp_rank);
-    if (old != detail::kv_npos) {
-      slot_table_.update(worker.worker_id, worker.dp_rank, tmp);
-      drop_slot(old);
+    std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot != detail::kv_npos) {
+      clear_slot(slot);
+      adopt(slot, tmp);
     } else {
+      slot = tmp;
       slot_table_.insert(worker.worker_id, worker.dp_rank, tmp);  // capacity reserved by new_slot
     }
-    slots_[tmp].cursor = CursorState<>::live(last_event_id);
+    slots_[slot].cursor = CursorState<>::live(last_event_id);
     ++counters_.workers_replaced;
+    trim_masks();
     res.ok = true;
-    res.blocks = slots_[tmp].blocks;
+    res.blocks = slots_[slot].blocks;
     return res;
   }
 
@@ -292,6 +295,7 @@ class KvIndex {
     if (slot == detail::kv_npos) return false;
     slot_table_.erase(worker.worker_id, worker.dp_rank);
     drop_slot(slot);
+    trim_masks();
     return true;
   }
 
@@ -561,8 +565,11 @@ class KvIndex {
     free_slots_.reserve(slots_.size() + 1U);
     std::uint32_t slot;
     if (!free_slots_.empty()) {
-      slot = free_slots_.back();
+      // The lowest free index keeps the holder bitsets as narrow as possible.
+      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
+      slot = *lowest;
       nodes_.ensure_slots(std::size_t{slot} + 1U);
+      *lowest = free_slots_.back();
       free_slots_.pop_back();
     } else {
       if (slots_.size() >= detail::kv_npos - 1U)
@@ -597,6 +604,53 @@ class KvIndex {
     slots_[slot].blocks = 0;
     slots_[slot].live = false;
     free_slots_.push_back(slot);  // capacity reserved by new_slot
+  }
+
+  // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
+  // replaced worker keeps its slot index and the bitsets need not grow for
+  // good. O(blocks of the view).
+  void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
+    Slot& dst = slots_[into];
+    Slot& src = slots_[tmp];
+    holds_.release(dst.sentinel);  // childless after clear_slot
+    const std::uint32_t sentinel = src.sentinel;
+    holds_[sentinel].slot = into;
+    // Pre-order walk of the hold tree without a stack (parent links).
+    std::uint32_t h = holds_[sentinel].first_child;
+    while (h != detail::kv_npos) {
+      nodes_.move_bit(holds_[h].node, tmp, into);
+      holds_[h].slot = into;
+      if (holds_[h].first_child != detail::kv_npos) {
+        h = holds_[h].first_child;
+        continue;
+      }
+      while (h != sentinel && holds_[h].next == detail::kv_npos)
+        h = holds_[h].parent;
+      h = h == sentinel ? detail::kv_npos : holds_[h].next;
+    }
+    dst.names = std::move(src.names);
+    dst.sentinel = sentinel;
+    dst.blocks = src.blocks;
+    src.names.clear();
+    src.worker = KvWorker{};
+    src.cursor = CursorState<>{};
+    src.sentinel = detail::kv_npos;
+    src.blocks = 0;
+    src.live = false;
+    free_slots_.push_back(tmp);  // capacity reserved by new_slot
+  }
+
+  // Narrows the holder bitsets to the highest live slot. Optional, so a failed
+  // allocation just keeps the current width.
+  void trim_masks() noexcept {
+    std::size_t top = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) top = i + 1U;
+    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
+    try {
+      nodes_.fit_slots(top);
+    } catch (...) {
+    }
   }
 
   // Classifies the event id; false when the event must not be applied.

@@ -119,15 +119,31 @@ class KvNodeStore {
   /// Widens the holder bitsets so that slot indices below `slots` fit.
   /// O(nodes) when it grows (every 64 slots); strong guarantee.
   void ensure_slots(std::size_t slots) {
-    const std::size_t want = std::max<std::size_t>(1U, (slots + 63U) / 64U);
-    if (want <= mask_words_) return;
+    if (words_for(slots) > mask_words_) fit_slots(slots);
+  }
+
+  /// Sets the bitset width to exactly what slot indices below `slots` need,
+  /// growing or shrinking; no node may hold a bit beyond the new width.
+  /// O(nodes) when the width changes; strong guarantee.
+  void fit_slots(std::size_t slots) {
+    const std::size_t want = words_for(slots);
+    if (want == mask_words_) return;
     const std::size_t new_stride = 3U + want;
+    const std::size_t keep = std::min(stride_, new_stride);
     std::vector<std::uint64_t> next(rows() * new_stride, 0U);
     for (std::size_t n = 0; n < rows(); ++n)
-      std::copy_n(words_.data() + n * stride_, stride_, next.data() + n * new_stride);
+      std::copy_n(words_.data() + n * stride_, keep, next.data() + n * new_stride);
     words_.swap(next);
     mask_words_ = want;
     stride_ = new_stride;
+  }
+
+  /// Moves holder bit `from` of `n` to `to` (which must be clear); the count
+  /// is unchanged.
+  void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + from / 64U] &= ~(std::uint64_t{1} << (from % 64U));
+    r[3U + to / 64U] |= std::uint64_t{1} << (to % 64U);
   }
 
   /// Live nodes, the root excluded. O(1).
@@ -148,6 +164,10 @@ class KvNodeStore {
   }
 
  private:
+  [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
+    return std::max<std::size_t>(1U, (slots + 63U) / 64U);
+  }
+
   [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
     return words_.data() + static_cast<std::size_t>(n) * stride_;
   }
