@@ -540,17 +540,6 @@ TEST_CASE("a deep chain of one-token extensions stays consistent") {
   CHECK(pool.empty());
 }
 
-TEST_CASE("ManualClock copies share one time") {
-  ManualClock a;
-  ManualClock b = a;
-  a.advance(5s);
-  CHECK(b.now().time_since_epoch() == 5s);
-  b.set(ManualClock::time_point(1s));
-  CHECK(a.now().time_since_epoch() == 1s);
-  ManualClock c;
-  CHECK(c.now().time_since_epoch() == 0s);
-}
-
 TEST_CASE("memory_usage reports the index separately from the ids") {
   ManualClock clock;
   Pool pool(1000, 300s, 0, clock);
