@@ -168,8 +168,10 @@ struct KvIndexCounters {
 
 /// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
 /// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
-/// removal drops. Node memory is 8 * (3 + W) bytes per tree node, plus about
-/// 64 bytes per (worker, block) and per node in the flat hash tables.
+/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
+/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
+/// 32-byte hold plus its slot in the worker's name table. Everything is held in
+/// index-addressed pools, so an index is an ordinary copyable value.
 class KvIndex {
  public:
   /// An empty index (just the root). O(1).
@@ -707,8 +709,9 @@ class KvIndex {
     std::size_t added = 0;
     // Path hashes follow from the tokens hashes alone, so the probes of a whole
     // chunk are issued up front and their cache misses overlap.
-    constexpr std::size_t chunk = 16;
+    constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
     std::uint64_t path = nodes_.path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
@@ -718,9 +721,18 @@ class KvIndex {
         edges_.prefetch(path, 0);
         names.prefetch(blocks[base + j].block_hash, 0);
       }
+      // Nodes that already exist (a prefix other workers hold) are found in a
+      // first pass so that their rows are on the way before they are written.
+      std::size_t walked = 0;
+      for (std::uint32_t at = cur_node; walked < m; ++walked) {
+        at = edges_.find(paths[walked], at);
+        if (at == detail::kv_npos) break;
+        found[walked] = at;
+        nodes_.prefetch(at);
+      }
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
-        std::uint32_t child = edges_.find(paths[j], cur_node);
+        std::uint32_t child = j < walked ? found[j] : edges_.find(paths[j], cur_node);
         bool fresh_node = false;
         if (child == detail::kv_npos) {
           child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
@@ -772,7 +784,7 @@ class KvIndex {
     // A software pipeline over chunks: each stage prefetches what the next
     // one reads (name slot, hold, node row, edge slot), so the misses overlap.
     auto& names = slots_[slot].names;
-    constexpr std::size_t chunk = 16;
+    constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
