@@ -7,7 +7,7 @@
 // (stored + removed blocks while replaying the whole event stream) and
 // find_matches latency p50 / p99 for 128-block queries, plus the ratios.
 //
-// Usage: kv_index_vs_naive [requests]   (default 60000; runs well under a minute)
+// Usage: kv_index_vs_naive [requests [runs]]   (defaults 60000 and 5: about 6 s)
 #include <promptcache/block_hash.hpp>
 #include <promptcache/kv_index.hpp>
 
@@ -237,14 +237,14 @@ int main(int argc, char** argv) {
       requests, kWorkers, kBlockSize, w.events.size(), w.block_ops, seconds_since(t0));
 
   // Replay the event stream into fresh indexes, alternating between the two,
-  // kRuns times each; the median run counts (the machine is shared).
-  constexpr int kRuns = 5;
+  // runs times each; the median run counts (the machine is shared).
+  const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
   std::vector<double> index_runs, naive_runs, store_runs, remove_runs;
   std::size_t not_applied = 0;
   std::size_t stored_ops = 0, removed_ops = 0;
   promptcache::KvIndex index;
   bench::NaiveKvIndex naive(kWorkers);
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < runs; ++run) {
     promptcache::KvIndex fresh;
     t0 = Clock::now();
     for (const Event& e : w.events) {
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
       not_applied += r.ok() ? 0U : 1U;
     }
     index_runs.push_back(seconds_since(t0));
-    if (run == kRuns - 1) index = std::move(fresh);
+    if (run == runs - 1) index = std::move(fresh);
 
     bench::NaiveKvIndex baseline(kWorkers);
     t0 = Clock::now();
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
         baseline.remove(e.worker, std::span(w.removed_names).subspan(e.begin, e.count));
     }
     naive_runs.push_back(seconds_since(t0));
-    if (run == kRuns - 1) naive = std::move(baseline);
+    if (run == runs - 1) naive = std::move(baseline);
 
     // Once more, timing stores and removals apart.
     promptcache::KvIndex split;
