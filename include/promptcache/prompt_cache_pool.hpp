@@ -185,7 +185,7 @@ class PromptCachePool {
   ~PromptCachePool() {
     for (auto& [ns, root] : roots_)
       drop_tree(root.get());
-    release_retired();
+    free_retired(std::exchange(retired_, nullptr));
   }
 
   /// The options the pool was built with.
