@@ -732,7 +732,9 @@ class KvIndex {
       }
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
-        std::uint32_t child = j < walked ? found[j] : edges_.find(paths[j], cur_node);
+        // Past the walk the parent is new (or the walk's first miss), so the
+        // node cannot exist yet.
+        std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
           child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
