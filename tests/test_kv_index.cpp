@@ -554,3 +554,35 @@ TEST_CASE("an index is a value: copies are independent", "[kv_index]") {
   CHECK(index.check_invariants());
   CHECK(index.cursor(A) == promptcache::CursorState<>::live(0));
 }
+
+TEST_CASE("long stores and queries across internal chunk boundaries", "[kv_index]") {
+  KvIndex index;
+  Hashes chain;
+  for (std::uint64_t i = 0; i < 150; ++i)
+    chain.push_back(i * 31U + 7U);
+  const auto prefix = [&](std::size_t n) {
+    return Hashes(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  REQUIRE(index.apply(B, stored(0, prefix(70), std::nullopt, 5000)).ok());
+  REQUIRE(index.apply(C, stored(0, prefix(33), std::nullopt, 9000)).ok());
+  // A walks 70 existing nodes (across the 64-block chunk) and adds 80 new ones.
+  const auto r = index.apply(A, stored(0, chain));
+  CHECK(r.blocks_stored == 150);
+  CHECK(index.node_count() == 150);
+  CHECK(matches(index, chain) == std::vector<KvWorkerMatch>{{A, 150}, {B, 70}, {C, 33}});
+  CHECK(matches(index, chain, true) == std::vector<KvWorkerMatch>{{A, 71}, {B, 70}, {C, 33}});
+  CHECK(matches(index, prefix(64)) == std::vector<KvWorkerMatch>{{A, 64}, {B, 64}, {C, 33}});
+  CHECK(matches(index, prefix(65)) == std::vector<KvWorkerMatch>{{A, 65}, {B, 65}, {C, 33}});
+
+  // A conflict deep in a long store (a name reused at block 100) undoes every
+  // block of the event, across chunks.
+  std::vector<KvBlock> bad;
+  for (std::uint64_t i = 0; i < 120; ++i)
+    bad.push_back(KvBlock{70000 + i, 900000 + i});
+  bad[100].block_hash = 70000 + 10;
+  const auto rb = index.apply(B, KvEvent{1, kv_event::Stored{std::nullopt, bad}});
+  CHECK(rb.status == KvEventStatus::block_conflict);
+  CHECK(index.node_count() == 150);
+  CHECK(index.block_count(B) == 70);
+  CHECK(index.check_invariants());
+}
