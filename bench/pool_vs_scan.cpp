@@ -14,8 +14,12 @@
 // N=65536 x L=32768 (8 GiB per copy). The scan pool is bulk-loaded (its insert is
 // O(N x L) per call, which would take hours at N=65536); lookups are what is compared.
 //
+// Contention: SynchronizedPromptCachePool (N=4096, L=1024) driven by 1, 2 and 4 threads,
+// each doing 90% lookups and 10% lineage extensions; reports throughput and ns per op.
+//
 // Usage: pool_vs_scan [--json] [--quick] [--max-gib X] [--mode exact|common|both]
 #include <promptcache/prompt_cache_pool.hpp>
+#include <promptcache/synchronized_prompt_cache_pool.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +29,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "seed_scan_pool.hpp"
@@ -217,6 +222,69 @@ Cell run_cell(const std::string& mode, std::size_t n, std::size_t len, bool quic
   return c;
 }
 
+struct Contention {
+  int threads = 0;
+  double ops_per_s = 0, ns_per_op_per_thread = 0;
+};
+
+Contention run_contention(int threads, bool quick) {
+  using Sync = promptcache::SynchronizedPromptCachePool<Layer, Token>;
+  constexpr std::size_t n = 4096, len = 1024;
+  Sync::Options o;
+  o.max_entries = n;
+  o.ttl = std::chrono::hours(1);
+  o.min_cacheable_tokens = 0;
+  Sync pool(o);
+  Rng rng{12345};
+  std::vector<Token> prefix(len / 4);
+  for (Token& t : prefix)
+    t = rng.token();
+  std::vector<std::vector<Token>> lineages;
+  for (std::size_t i = 0; i < n; ++i) {
+    lineages.push_back(entry_ids(prefix, i, len, rng));
+    pool.insert(lineages.back(), {Layer{i}});
+  }
+  const double seconds = quick ? 0.1 : 0.4;
+  std::vector<std::size_t> ops(static_cast<std::size_t>(threads), 0);
+  std::vector<std::thread> workers;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      Rng r{static_cast<std::uint64_t>(t) * 7919 + 17};
+      // Each thread owns the lineages i == t (mod threads), so extensions never race on ids.
+      std::size_t done = 0;
+      while (true) {
+        for (int k = 0; k < 64; ++k, ++done) {
+          std::size_t i = (r.next() % (n / static_cast<std::size_t>(threads))) *
+                              static_cast<std::size_t>(threads) +
+                          static_cast<std::size_t>(t);
+          std::vector<Token>& mine = lineages[i];
+          if (done % 10 == 9) {
+            mine.push_back(r.token());
+            pool.insert(mine, {Layer{i}});
+          } else {
+            auto hit = pool.find_longest_prefix(mine);
+            g_sink = g_sink + (hit ? hit->matched : 0);
+          }
+        }
+        if (std::chrono::duration<double>(Clock::now() - start).count() >= seconds) break;
+      }
+      ops[static_cast<std::size_t>(t)] = done;
+    });
+  }
+  for (auto& w : workers)
+    w.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  std::size_t total = 0;
+  for (std::size_t x : ops)
+    total += x;
+  Contention c;
+  c.threads = threads;
+  c.ops_per_s = static_cast<double>(total) / elapsed;
+  c.ns_per_op_per_thread = elapsed * 1e9 * threads / static_cast<double>(total);
+  return c;
+}
+
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -279,6 +347,16 @@ int main(int argc, char** argv) {
       }
     }
   }
+  std::vector<Contention> contention;
+  for (int threads : {1, 2, 4}) {
+    contention.push_back(run_contention(threads, quick));
+    if (!json) {
+      const Contention& c = contention.back();
+      std::printf("synchronized pool, %d thread(s): %.2f M ops/s, %.0f ns per op per thread\n",
+                  c.threads, c.ops_per_s / 1e6, c.ns_per_op_per_thread);
+      std::fflush(stdout);
+    }
+  }
   const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (json) {
     std::printf("{\n  \"machine\": \"%s\",\n  \"total_seconds\": %.1f,\n  \"cells\": [\n",
@@ -301,6 +379,13 @@ int main(int argc, char** argv) {
             c.index_bytes, c.id_bytes);
       }
       std::printf("%s\n", i + 1 < cells.size() ? "," : "");
+    }
+    std::printf("  ],\n  \"contention\": [\n");
+    for (std::size_t i = 0; i < contention.size(); ++i) {
+      const Contention& c = contention[i];
+      std::printf("    {\"threads\": %d, \"ops_per_s\": %.0f, \"ns_per_op_per_thread\": %.1f}%s\n",
+                  c.threads, c.ops_per_s, c.ns_per_op_per_thread,
+                  i + 1 < contention.size() ? "," : "");
     }
     std::printf("  ]\n}\n");
   } else {

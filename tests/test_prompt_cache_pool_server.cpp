@@ -120,6 +120,37 @@ TEST_CASE("common-prefix: a longer lineage retires every unpinned strict prefix"
   pool.check_invariants();
 }
 
+TEST_CASE("common-prefix: long entries diverging at every kind of offset") {
+  // Exercises the block-wise mismatch search (1024-, 128- and 8-token strides, then single
+  // tokens) at and around every block boundary.
+  ManualClock clock;
+  Pool pool(base_options(MatchMode::common_prefix), clock);
+  Ids stored;
+  for (std::uint32_t i = 0; i < 2600; ++i)
+    stored.push_back(i * 7 + 1);
+  pool.insert(stored, layer(1));
+  std::vector<std::size_t> offsets{0,    1,    7,    8,    9,    15,   16,   17,   127,
+                                   128,  129,  135,  136,  1023, 1024, 1025, 1151, 1152,
+                                   1159, 1160, 2047, 2048, 2175, 2176, 2598, 2599};
+  for (std::size_t at : offsets) {
+    INFO("diverge at " << at);
+    Ids q(stored.begin(), stored.begin() + static_cast<std::ptrdiff_t>(at));
+    q.push_back(0);  // no stored token is 0
+    q.push_back(5);
+    auto hit = pool.find_longest_prefix(q);
+    if (at == 0) {
+      CHECK_FALSE(hit);
+      continue;
+    }
+    REQUIRE(hit);
+    CHECK(hit->matched == at);
+    CHECK(hit->trim() == stored.size() - at);
+  }
+  Ids longer = stored;
+  longer.push_back(3);
+  CHECK(pool.find_longest_prefix(longer)->matched == stored.size());
+}
+
 // ---- keep one token --------------------------------------------------------------------
 
 TEST_CASE("keep_one_token: exact mode yields to the longest proper prefix") {
