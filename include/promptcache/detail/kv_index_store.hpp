@@ -28,8 +28,10 @@ namespace promptcache::detail {
 /// A freed node has count 0 and keeps the next free index in its parent field.
 class KvNodeStore {
  public:
+  /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
+  /// Just the root, with bitsets for 64 slots. O(1).
   KvNodeStore() { reset(); }
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
@@ -40,17 +42,24 @@ class KvNodeStore {
     return kv_mix64(parent_path ^ child_tokens);
   }
 
+  /// Path hash of node `n` (its key in the edge table). O(1).
   [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  /// Tokens hash of node `n`'s block. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
     return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
   }
+  /// Number of slots holding node `n`; 0 for a free node. O(1).
   [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
     return static_cast<std::uint32_t>(row(n)[2] >> 32U);
   }
+  /// Holder bitset of node `n`: mask_words() words. Invalidated by fit_slots. O(1).
   [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
+  /// Words per holder bitset. O(1).
   [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
 
+  /// True when `slot` holds node `n`. O(1).
   [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
     return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
   }
@@ -68,6 +77,7 @@ class KvNodeStore {
     return static_cast<std::uint32_t>(r[2] >> 32U);
   }
 
+  /// Hints the CPU to load node `n`'s row. O(1).
   void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     __builtin_prefetch(row(n));
@@ -209,21 +219,24 @@ class KvNodeStore {
 /// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
 /// only that worker's descendants, not every child of a shared node.
 struct KvHold {
-  std::uint64_t block_hash = 0;
-  std::uint32_t node = 0;
-  std::uint32_t slot = 0;
-  std::uint32_t parent = kv_npos;
-  std::uint32_t first_child = kv_npos;
-  std::uint32_t next = kv_npos;  ///< next sibling; next free hold when freed
-  std::uint32_t prev = kv_npos;  ///< previous sibling
+  std::uint64_t block_hash = 0;         ///< the worker's name for the block
+  std::uint32_t node = 0;               ///< the tree node held
+  std::uint32_t slot = 0;               ///< the worker slot holding it
+  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
+  std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
+  std::uint32_t prev = kv_npos;         ///< previous sibling
 };
 
 /// Pool of holds with a free list and intrusive sibling lists.
 class KvHoldStore {
  public:
+  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
   [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
+  /// Hold `h`. O(1).
   [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
 
+  /// Hints the CPU to load hold `h`. O(1).
   void prefetch(std::uint32_t h) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     __builtin_prefetch(&holds_[h]);
