@@ -519,6 +519,23 @@ TEST_CASE("many branches at one node: splits, merges and label re-pointing") {
     REQUIRE(hit);
     CHECK(hit->entry->caches[0].tag == static_cast<int>(i));
   }
+  // Leave two branches: the branch node's child table shrinks on the way down.
+  for (std::uint32_t i = 5; i < 300; i += 2) {
+    Ids ids = base;
+    ids.push_back(10000 + i);
+    ids.push_back(i % 7);
+    REQUIRE(pool.erase(ids));
+  }
+  CHECK(pool.size() == 2);
+  pool.check_invariants();
+  const auto shrunk = pool.memory_usage();
+  CHECK(shrunk.index_bytes < 2048);
+  for (std::uint32_t i : {1U, 3U}) {
+    Ids q = base;
+    q.push_back(10000 + i);
+    q.push_back(i % 7);
+    CHECK(pool.find_longest_prefix(q)->entry->caches[0].tag == static_cast<int>(i));
+  }
   pool.clear();
   pool.check_invariants();
 }

@@ -303,6 +303,7 @@ struct Config {
   int namespaces;
   bool per_entry_ttl;
   bool sized;
+  std::uint32_t alphabet = 3;  // token values drawn from [0, alphabet) plus 65535
 };
 
 void run(const Config& cfg, std::uint32_t seed, int steps) {
@@ -315,7 +316,7 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
   auto random_ids = [&](std::size_t max_len) {
     Ids v(rnd(static_cast<std::uint32_t>(max_len)) + 1);
     for (auto& t : v)
-      t = static_cast<std::uint16_t>(rnd(4) == 0 ? 65535 : rnd(3));
+      t = static_cast<std::uint16_t>(rnd(4) == 0 ? 65535 : rnd(cfg.alphabet));
     return v;
   };
   // Queries and inserts mostly grow from what was seen, so lineages share prefixes.
@@ -325,7 +326,7 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     switch (rnd(4)) {
       case 0:  // extend
         for (std::uint32_t k = rnd(4) + 1; k > 0; --k)
-          v.push_back(static_cast<std::uint16_t>(rnd(3)));
+          v.push_back(static_cast<std::uint16_t>(rnd(cfg.alphabet)));
         break;
       case 1:  // truncate
         v.resize(rnd(static_cast<std::uint32_t>(v.size()) + 1));
@@ -428,6 +429,17 @@ TEST_CASE("differential: exact-prefix pool with a large capacity and no TTL pres
   const Config cfg{"exact-large", opts(40, 1000000, 0), 1, false, false};
   for (std::uint32_t seed = 11; seed <= 13; ++seed)
     run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: wide fan-out (child tables grow and shrink)") {
+  Pool::Options o = opts(300, 400, 0);
+  const Config cfg{"exact-wide", o, 1, false, false, 200};
+  for (std::uint32_t seed = 51; seed <= 52; ++seed)
+    run(cfg, seed, 3000);
+  o.match = MatchMode::common_prefix;
+  const Config common{"common-wide", o, 2, true, false, 200};
+  for (std::uint32_t seed = 53; seed <= 54; ++seed)
+    run(common, seed, 3000);
 }
 
 TEST_CASE("differential: namespaces, per-entry TTLs, keep-one-token, min match, byte budget") {

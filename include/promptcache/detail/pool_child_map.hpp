@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <utility>
 
@@ -114,6 +115,14 @@ class PoolChildMap {
     }
     slots_[hole] = Slot{};
     --size_;
+    // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
+    // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
+    if (capacity_ > 16 && size_ * 8 <= capacity_) {
+      std::size_t smaller = 2;
+      while (smaller < 4 * size_)
+        smaller *= 2;
+      rebuild(smaller);
+    }
   }
 
   /// Calls f(node) for every child, in table order.
@@ -145,6 +154,20 @@ class PoolChildMap {
     const auto x = static_cast<std::uint64_t>(static_cast<U>(key));
     // Fibonacci hashing: the high bits of the product are well mixed.
     return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void rebuild(std::size_t new_capacity) noexcept {
+    std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[new_capacity]);
+    if (!table) return;
+    PoolChildMap other;
+    other.slots_ = std::move(table);
+    other.capacity_ = new_capacity;
+    other.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+    }
+    other.size_ = size_;
+    swap(other);
   }
 
   void place(Token key, Node* node) noexcept {
