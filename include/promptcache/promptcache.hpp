@@ -6,4 +6,5 @@
 
 #include "promptcache/block_hash.hpp"
 #include "promptcache/cursor.hpp"
+#include "promptcache/kv_index.hpp"
 #include "promptcache/version.hpp"

@@ -361,8 +361,10 @@ namespace promptcache::detail {
 /// A freed node has count 0 and keeps the next free index in its parent field.
 class KvNodeStore {
  public:
+  /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
+  /// Just the root, with bitsets for 64 slots. O(1).
   KvNodeStore() { reset(); }
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
@@ -373,17 +375,24 @@ class KvNodeStore {
     return kv_mix64(parent_path ^ child_tokens);
   }
 
+  /// Path hash of node `n` (its key in the edge table). O(1).
   [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  /// Tokens hash of node `n`'s block. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
     return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
   }
+  /// Number of slots holding node `n`; 0 for a free node. O(1).
   [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
     return static_cast<std::uint32_t>(row(n)[2] >> 32U);
   }
+  /// Holder bitset of node `n`: mask_words() words. Invalidated by fit_slots. O(1).
   [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
+  /// Words per holder bitset. O(1).
   [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
 
+  /// True when `slot` holds node `n`. O(1).
   [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
     return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
   }
@@ -401,6 +410,7 @@ class KvNodeStore {
     return static_cast<std::uint32_t>(r[2] >> 32U);
   }
 
+  /// Hints the CPU to load node `n`'s row. O(1).
   void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     __builtin_prefetch(row(n));
@@ -452,15 +462,31 @@ class KvNodeStore {
   /// Widens the holder bitsets so that slot indices below `slots` fit.
   /// O(nodes) when it grows (every 64 slots); strong guarantee.
   void ensure_slots(std::size_t slots) {
-    const std::size_t want = std::max<std::size_t>(1U, (slots + 63U) / 64U);
-    if (want <= mask_words_) return;
+    if (words_for(slots) > mask_words_) fit_slots(slots);
+  }
+
+  /// Sets the bitset width to exactly what slot indices below `slots` need,
+  /// growing or shrinking; no node may hold a bit beyond the new width.
+  /// O(nodes) when the width changes; strong guarantee.
+  void fit_slots(std::size_t slots) {
+    const std::size_t want = words_for(slots);
+    if (want == mask_words_) return;
     const std::size_t new_stride = 3U + want;
+    const std::size_t keep = std::min(stride_, new_stride);
     std::vector<std::uint64_t> next(rows() * new_stride, 0U);
     for (std::size_t n = 0; n < rows(); ++n)
-      std::copy_n(words_.data() + n * stride_, stride_, next.data() + n * new_stride);
+      std::copy_n(words_.data() + n * stride_, keep, next.data() + n * new_stride);
     words_.swap(next);
     mask_words_ = want;
     stride_ = new_stride;
+  }
+
+  /// Moves holder bit `from` of `n` to `to` (which must be clear); the count
+  /// is unchanged.
+  void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + from / 64U] &= ~(std::uint64_t{1} << (from % 64U));
+    r[3U + to / 64U] |= std::uint64_t{1} << (to % 64U);
   }
 
   /// Live nodes, the root excluded. O(1).
@@ -481,6 +507,10 @@ class KvNodeStore {
   }
 
  private:
+  [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
+    return std::max<std::size_t>(1U, (slots + 63U) / 64U);
+  }
+
   [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
     return words_.data() + static_cast<std::size_t>(n) * stride_;
   }
@@ -522,21 +552,24 @@ class KvNodeStore {
 /// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
 /// only that worker's descendants, not every child of a shared node.
 struct KvHold {
-  std::uint64_t block_hash = 0;
-  std::uint32_t node = 0;
-  std::uint32_t slot = 0;
-  std::uint32_t parent = kv_npos;
-  std::uint32_t first_child = kv_npos;
-  std::uint32_t next = kv_npos;  ///< next sibling; next free hold when freed
-  std::uint32_t prev = kv_npos;  ///< previous sibling
+  std::uint64_t block_hash = 0;         ///< the worker's name for the block
+  std::uint32_t node = 0;               ///< the tree node held
+  std::uint32_t slot = 0;               ///< the worker slot holding it
+  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
+  std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
+  std::uint32_t prev = kv_npos;         ///< previous sibling
 };
 
 /// Pool of holds with a free list and intrusive sibling lists.
 class KvHoldStore {
  public:
+  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
   [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
+  /// Hold `h`. O(1).
   [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
 
+  /// Hints the CPU to load hold `h`. O(1).
   void prefetch(std::uint32_t h) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     __builtin_prefetch(&holds_[h]);
@@ -601,7 +634,9 @@ class KvHoldStore {
   }
 
   /// Holds in use (sentinels included). O(1).
-  [[nodiscard]] std::size_t live() const noexcept { return live_; }
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return holds_.capacity() * sizeof(KvHold);
@@ -753,8 +788,10 @@ struct KvIndexCounters {
 
 /// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
 /// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
-/// removal drops. Node memory is 8 * (3 + W) bytes per tree node, plus about
-/// 64 bytes per (worker, block) and per node in the flat hash tables.
+/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
+/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
+/// 32-byte hold plus its slot in the worker's name table. Everything is held in
+/// index-addressed pools, so an index is an ordinary copyable value.
 class KvIndex {
  public:
   /// An empty index (just the root). O(1).
@@ -786,7 +823,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    reserve_for_store(blocks.size());
+    reserve_for_store(slot, blocks.size());
     r.status = store_blocks(slot, parent_hash, blocks, r);
     finish(slot, event_id, r);
     return r;
@@ -827,7 +864,7 @@ class KvIndex {
       KvEventStatus st = KvEventStatus::applied;
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
-          reserve_for_store(s->blocks.size());
+          reserve_for_store(tmp, s->blocks.size());
           st = store_blocks(tmp, s->parent_hash, s->blocks, r);
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           remove_blocks(tmp, rm->block_hashes, r);
@@ -840,22 +877,25 @@ class KvIndex {
       }
       if (st != KvEventStatus::applied) {
         drop_slot(tmp);
+        trim_masks();
         res.failed_event = i;
         res.failure = st;
         return res;
       }
     }
-    const std::uint32_t old = slot_table_.find(worker.worker_id, worker.dp_rank);
-    if (old != detail::kv_npos) {
-      slot_table_.update(worker.worker_id, worker.dp_rank, tmp);
-      drop_slot(old);
+    std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot != detail::kv_npos) {
+      clear_slot(slot);
+      adopt(slot, tmp);
     } else {
+      slot = tmp;
       slot_table_.insert(worker.worker_id, worker.dp_rank, tmp);  // capacity reserved by new_slot
     }
-    slots_[tmp].cursor = CursorState<>::live(last_event_id);
+    slots_[slot].cursor = CursorState<>::live(last_event_id);
     ++counters_.workers_replaced;
+    trim_masks();
     res.ok = true;
-    res.blocks = slots_[tmp].blocks;
+    res.blocks = slots_[slot].blocks;
     return res;
   }
 
@@ -877,6 +917,7 @@ class KvIndex {
     if (slot == detail::kv_npos) return false;
     slot_table_.erase(worker.worker_id, worker.dp_rank);
     drop_slot(slot);
+    trim_masks();
     return true;
   }
 
@@ -1021,9 +1062,9 @@ class KvIndex {
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() +
-           hold_table_.memory_bytes() + slot_table_.memory_bytes() +
-           slots_.capacity() * sizeof(Slot) + free_slots_.capacity() * sizeof(std::uint32_t);
+    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
+           free_slots_.capacity() * sizeof(std::uint32_t);
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -1047,7 +1088,7 @@ class KvIndex {
           ++blocks;
           if (!nodes_.is_live(x.node) || !nodes_.test(x.node, slot)) return false;
           if (nodes_.parent(x.node) != holds_[x.parent].node) return false;
-          if (hold_table_.find(x.block_hash, slot) != h) return false;
+          if (s.names.find(x.block_hash, 0) != h) return false;
           ++seen_count[x.node];
         }
         std::uint32_t prev_sib = detail::kv_npos;
@@ -1060,7 +1101,10 @@ class KvIndex {
       if (blocks != s.blocks) return false;
     }
     if (holds_seen != holds_.live()) return false;
-    if (hold_table_.size() + slot_table_.size() != holds_.live()) return false;
+    std::size_t names = 0;
+    for (const Slot& s : slots_)
+      names += s.names.size();
+    if (names + slot_table_.size() != holds_.live()) return false;
     std::size_t live_nodes = 0;
     for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
       if (nodes_.count(n) == 0U) continue;
@@ -1081,7 +1125,16 @@ class KvIndex {
   }
 
  private:
+  struct NameHash {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
+      return detail::kv_mix64(key);
+    }
+  };
+
+  // One worker rank. Its block names get a table of their own: an event
+  // touches one worker only, so its lookups stay in a small, warm table.
   struct Slot {
+    detail::KvPackedTable<NameHash> names;  // block hash -> hold
     KvWorker worker;
     CursorState<> cursor;
     std::uint32_t sentinel = detail::kv_npos;
@@ -1110,11 +1163,11 @@ class KvIndex {
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed.
-  void reserve_for_store(std::size_t blocks) {
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
     nodes_.reserve_extra(blocks);
     holds_.reserve_extra(blocks);
     edges_.reserve_extra(blocks);
-    hold_table_.reserve_extra(blocks);
+    slots_[slot].names.reserve_extra(blocks);
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight.
@@ -1134,8 +1187,11 @@ class KvIndex {
     free_slots_.reserve(slots_.size() + 1U);
     std::uint32_t slot;
     if (!free_slots_.empty()) {
-      slot = free_slots_.back();
+      // The lowest free index keeps the holder bitsets as narrow as possible.
+      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
+      slot = *lowest;
       nodes_.ensure_slots(std::size_t{slot} + 1U);
+      *lowest = free_slots_.back();
       free_slots_.pop_back();
     } else {
       if (slots_.size() >= detail::kv_npos - 1U)
@@ -1152,12 +1208,71 @@ class KvIndex {
     return slot;
   }
 
+  [[nodiscard]] std::size_t names_memory() const noexcept {
+    std::size_t n = 0;
+    for (const Slot& s : slots_)
+      n += s.names.memory_bytes();
+    return n;
+  }
+
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
     clear_slot(slot);
     holds_.release(slots_[slot].sentinel);
-    slots_[slot] = Slot{};
+    slots_[slot].names.clear();
+    slots_[slot].worker = KvWorker{};
+    slots_[slot].cursor = CursorState<>{};
+    slots_[slot].sentinel = detail::kv_npos;
+    slots_[slot].blocks = 0;
+    slots_[slot].live = false;
     free_slots_.push_back(slot);  // capacity reserved by new_slot
+  }
+
+  // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
+  // replaced worker keeps its slot index and the bitsets need not grow for
+  // good. O(blocks of the view).
+  void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
+    Slot& dst = slots_[into];
+    Slot& src = slots_[tmp];
+    holds_.release(dst.sentinel);  // childless after clear_slot
+    const std::uint32_t sentinel = src.sentinel;
+    holds_[sentinel].slot = into;
+    // Pre-order walk of the hold tree without a stack (parent links).
+    std::uint32_t h = holds_[sentinel].first_child;
+    while (h != detail::kv_npos) {
+      nodes_.move_bit(holds_[h].node, tmp, into);
+      holds_[h].slot = into;
+      if (holds_[h].first_child != detail::kv_npos) {
+        h = holds_[h].first_child;
+        continue;
+      }
+      while (h != sentinel && holds_[h].next == detail::kv_npos)
+        h = holds_[h].parent;
+      h = h == sentinel ? detail::kv_npos : holds_[h].next;
+    }
+    dst.names = std::move(src.names);
+    dst.sentinel = sentinel;
+    dst.blocks = src.blocks;
+    src.names.clear();
+    src.worker = KvWorker{};
+    src.cursor = CursorState<>{};
+    src.sentinel = detail::kv_npos;
+    src.blocks = 0;
+    src.live = false;
+    free_slots_.push_back(tmp);  // capacity reserved by new_slot
+  }
+
+  // Narrows the holder bitsets to the highest live slot. Optional, so a failed
+  // allocation just keeps the current width.
+  void trim_masks() noexcept {
+    std::size_t top = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) top = i + 1U;
+    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
+    try {
+      nodes_.fit_slots(top);
+    } catch (...) {
+    }
   }
 
   // Classifies the event id; false when the event must not be applied.
@@ -1204,17 +1319,19 @@ class KvIndex {
   // every hold it added is undone, so the tree is unchanged.
   KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                              std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
+    auto& names = slots_[slot].names;
     std::uint32_t cur_hold = slots_[slot].sentinel;
     if (parent_hash) {
-      cur_hold = hold_table_.find(*parent_hash, slot);
+      cur_hold = names.find(*parent_hash, 0);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
     std::uint32_t cur_node = holds_[cur_hold].node;
     std::size_t added = 0;
     // Path hashes follow from the tokens hashes alone, so the probes of a whole
     // chunk are issued up front and their cache misses overlap.
-    constexpr std::size_t chunk = 16;
+    constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
     std::uint64_t path = nodes_.path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
@@ -1222,18 +1339,29 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
         edges_.prefetch(path, 0);
-        hold_table_.prefetch(blocks[base + j].block_hash, slot);
+        names.prefetch(blocks[base + j].block_hash, 0);
+      }
+      // Nodes that already exist (a prefix other workers hold) are found in a
+      // first pass so that their rows are on the way before they are written.
+      std::size_t walked = 0;
+      for (std::uint32_t at = cur_node; walked < m; ++walked) {
+        at = edges_.find(paths[walked], at);
+        if (at == detail::kv_npos) break;
+        found[walked] = at;
+        nodes_.prefetch(at);
       }
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
-        std::uint32_t child = edges_.find(paths[j], cur_node);
+        // Past the walk the parent is new (or the walk's first miss), so the
+        // node cannot exist yet.
+        std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
           child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
           edges_.insert(paths[j], cur_node, child);
           fresh_node = true;
         }
-        const std::uint32_t existing = hold_table_.find(b.block_hash, slot);
+        const std::uint32_t existing = names.find(b.block_hash, 0);
         if (existing != detail::kv_npos) {
           if (holds_[existing].node == child) {  // re-store of a held block
             ++r.blocks_already_held;
@@ -1243,7 +1371,7 @@ class KvIndex {
           }
         } else if (!nodes_.test(child, slot)) {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-          hold_table_.insert(b.block_hash, slot, h);
+          names.insert(b.block_hash, 0, h);
           nodes_.set(child, slot);
           ++slots_[slot].blocks;
           ++added;
@@ -1277,13 +1405,15 @@ class KvIndex {
                      KvEventResult& r) noexcept {
     // A software pipeline over chunks: each stage prefetches what the next
     // one reads (name slot, hold, node row, edge slot), so the misses overlap.
-    constexpr std::size_t chunk = 16;
+    auto& names = slots_[slot].names;
+    constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      for (std::size_t j = 0; j < m; ++j) hold_table_.prefetch(block_hashes[base + j], slot);
+      for (std::size_t j = 0; j < m; ++j)
+        names.prefetch(block_hashes[base + j], 0);
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = hold_table_.find(block_hashes[base + j], slot);
+        hs[j] = names.find(block_hashes[base + j], 0);
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
@@ -1293,7 +1423,7 @@ class KvIndex {
       for (std::size_t j = 0; j < m; ++j) {
         // Found again: an earlier name of this event may have cascaded it away.
         const std::uint32_t h =
-            hs[j] == detail::kv_npos ? hs[j] : hold_table_.find(block_hashes[base + j], slot);
+            hs[j] == detail::kv_npos ? hs[j] : names.find(block_hashes[base + j], 0);
         if (h == detail::kv_npos) {
           ++r.blocks_not_held;
           continue;
@@ -1334,7 +1464,7 @@ class KvIndex {
   // worker holds it any more.
   void release_hold(std::uint32_t h) noexcept {
     const detail::KvHold x = holds_[h];
-    hold_table_.erase(x.block_hash, x.slot);
+    slots_[x.slot].names.erase(x.block_hash, 0);
     --slots_[x.slot].blocks;
     if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
     holds_.release(h);
@@ -1349,7 +1479,6 @@ class KvIndex {
   detail::KvNodeStore nodes_;
   detail::KvHoldStore holds_;
   detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
-  detail::KvPackedTable<PairHash> hold_table_;  // (block hash, slot) -> hold
   detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;

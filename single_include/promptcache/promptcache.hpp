@@ -677,6 +677,1377 @@ class CursorState {
 }  // namespace promptcache
 #endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
 // ---- end promptcache/cursor.hpp ----
+// ---- begin promptcache/kv_index.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
+// promptcache: kv_index.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A radix-tree index of which worker holds which KV-cache blocks, fed by the
+// KV event stream of every worker (blocks stored, blocks removed, cache
+// cleared), for cache-aware routing: for a request's block hashes it answers,
+// per worker, how many leading blocks that worker already holds.
+//
+// The tree is keyed by the blocks' tokens hashes (the local block hashes of
+// block_hash.hpp; any well-mixed 64-bit hashes work) along the path from the
+// root, so equal prefixes from different workers share nodes. Each worker names
+// its blocks with its own 64-bit block hashes, used by its later events.
+// Every event passes through a CursorState per (worker, dp rank): stale events
+// are dropped and lost events are reported instead of silently diverging.
+//
+// Not thread-safe for writers; const member functions may run concurrently
+// with each other (find_matches keeps its scratch space on the stack).
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin promptcache/detail/kv_index_store.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+// promptcache: detail/kv_index_store.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Node and hold pools of kv_index.hpp. Both hand out 32-bit indices from a
+// vector with a free list instead of pointers: freed slots are reused without
+// calling the allocator, the structures are half the size of pointer-based
+// ones, and nothing dangles when a vector grows.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+// ---- begin promptcache/detail/kv_index_table.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+// promptcache: detail/kv_index_table.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The flat hash table behind kv_index.hpp. The index does two lookups per
+// block operation (tree edge, worker's block name), so both live in one
+// open-addressing table type with 16-byte entries: no allocation per insert,
+// one cache line per probe in the common case, and prefetchable slots.
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// "No index" marker for the 32-bit slot / node / hold indices of the index.
+inline constexpr std::uint32_t kv_npos = std::numeric_limits<std::uint32_t>::max();
+
+/// Murmur3's 64-bit finalizer: a bijection on 64-bit values, so distinct
+/// inputs never collide (the index relies on this for its path hashes).
+[[nodiscard]] constexpr std::uint64_t kv_mix64(std::uint64_t k) noexcept {
+  k ^= k >> 33U;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33U;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33U;
+  return k;
+}
+
+/// Open-addressing hash table (linear probing, backward-shift deletion, no
+/// tombstones) mapping a (64-bit key, 32-bit tag) pair to a 32-bit value.
+/// `Hash::hash(key, tag)` gives the 64-bit hash; the table stores no hash, so it
+/// must be cheap. Values must not be kv_npos (it marks empty slots). Capacity is
+/// a power of two, grown at load 1/2 and shrunk below load 1/8, so memory follows
+/// the live entries.
+template <class Hash>
+class KvPackedTable {
+ public:
+  /// One slot: 16 bytes.
+  struct Entry {
+    std::uint64_t key;
+    std::uint32_t tag;
+    std::uint32_t value;
+  };
+
+  /// The value stored for (key, tag), or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find(std::uint64_t key, std::uint32_t tag) const noexcept {
+    if (slots_.empty()) return kv_npos;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return kv_npos;
+      if (e.key == key && e.tag == tag) return e.value;
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Hints the CPU to load the first slot that find(key, tag) will read. O(1).
+  void prefetch(std::uint64_t key, std::uint32_t tag) const noexcept {
+    if (slots_.empty()) return;
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[static_cast<std::size_t>(Hash::hash(key, tag)) & mask_]);
+#endif
+  }
+
+  /// Inserts (key, tag) -> value; the pair must not be present. Amortized O(1);
+  /// may rehash (invalidates nothing outside the table).
+  void insert(std::uint64_t key, std::uint32_t tag, std::uint32_t value) {
+    if ((size_ + 1U) * 2U > slots_.size()) rehash(slots_.empty() ? 16U : slots_.size() * 2U);
+    place(Entry{key, tag, value});
+    ++size_;
+  }
+
+  /// Replaces the value of a present (key, tag); false when absent. O(1) expected.
+  bool update(std::uint64_t key, std::uint32_t tag, std::uint32_t value) noexcept {
+    if (slots_.empty()) return false;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.key == key && e.tag == tag) {
+        e.value = value;
+        return true;
+      }
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Makes the next `extra` inserts rehash-free. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    const std::size_t need = (size_ + extra) * 2U;
+    if (need <= slots_.size()) return;
+    std::size_t cap = slots_.empty() ? 16U : slots_.size();
+    while (cap < need)
+      cap *= 2U;
+    rehash(cap);
+  }
+
+  /// Removes (key, tag); returns false when it was absent. Amortized O(1).
+  bool erase(std::uint64_t key, std::uint32_t tag) noexcept {
+    if (slots_.empty()) return false;
+    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.key == key && e.tag == tag) break;
+      i = (i + 1U) & mask_;
+    }
+    // Backward shift: pull later entries of the probe run into the hole when
+    // the hole lies between their home slot and their current slot.
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1U) & mask_;
+      const Entry& e = slots_[j];
+      if (e.value == kv_npos) break;
+      const std::size_t home = static_cast<std::size_t>(Hash::hash(e.key, e.tag)) & mask_;
+      if (((j - home) & mask_) >= ((j - i) & mask_)) {
+        slots_[i] = e;
+        i = j;
+      }
+    }
+    slots_[i].value = kv_npos;
+    --size_;
+    if (slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    return true;
+  }
+
+  /// Number of entries. O(1).
+  [[nodiscard]] std::size_t size() const noexcept {
+    return size_;
+  }
+  /// Bytes held by the slot array. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(Entry);
+  }
+  /// Drops every entry and releases the slot array. O(capacity).
+  void clear() noexcept {
+    std::vector<Entry>().swap(slots_);
+    size_ = 0;
+    mask_ = 0;
+  }
+
+ private:
+  void place(const Entry& entry) noexcept {
+    std::size_t i = static_cast<std::size_t>(Hash::hash(entry.key, entry.tag)) & mask_;
+    while (slots_[i].value != kv_npos)
+      i = (i + 1U) & mask_;
+    slots_[i] = entry;
+  }
+
+  void rehash(std::size_t new_capacity) {
+    if (new_capacity > (std::size_t{1} << 40U)) throw std::length_error("kv index table too large");
+    std::vector<Entry> old(new_capacity, Entry{0, 0, kv_npos});
+    old.swap(slots_);
+    mask_ = new_capacity - 1U;
+    for (const Entry& e : old)
+      if (e.value != kv_npos) place(e);
+  }
+
+  // Shrinking is an optimisation: when the smaller array cannot be allocated
+  // the table keeps its current one, so erase stays noexcept.
+  void shrink_noexcept() noexcept {
+    try {
+      rehash(slots_.size() / 2U);
+    } catch (...) {
+    }
+  }
+
+  std::vector<Entry> slots_;
+  std::size_t size_ = 0;
+  std::size_t mask_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+// ---- end promptcache/detail/kv_index_table.hpp ----
+
+namespace promptcache::detail {
+
+/// Tree nodes, stored as fixed-stride rows of 64-bit words so that one node's
+/// hashes, count and holder bitset share a cache line (4 words = 32 bytes with
+/// up to 64 worker slots):
+///   [0] path hash (identifies the root-to-node path, keys the edge table)
+///   [1] tokens hash of the node's block
+///   [2] parent index (low 32 bits) | holder count (high 32 bits)
+///   [3..] bitset over worker slots: which slots hold this node
+/// Node 0 is the root; it is never freed and its holder fields are unused.
+/// A freed node has count 0 and keeps the next free index in its parent field.
+class KvNodeStore {
+ public:
+  /// Path hash of the root (any constant; the paths below it derive from it).
+  static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
+
+  /// Just the root, with bitsets for 64 slots. O(1).
+  KvNodeStore() { reset(); }
+
+  /// Path hash of `child_tokens` below a node with path hash `parent_path`.
+  /// For a fixed parent this is a bijection of the tokens hash, so two children
+  /// of one node never share a path hash.
+  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
+                                                          std::uint64_t child_tokens) noexcept {
+    return kv_mix64(parent_path ^ child_tokens);
+  }
+
+  /// Path hash of node `n` (its key in the edge table). O(1).
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  /// Tokens hash of node `n`'s block. O(1).
+  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Parent of node `n` (next free node for a freed one). O(1).
+  [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
+  }
+  /// Number of slots holding node `n`; 0 for a free node. O(1).
+  [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
+  }
+  /// Holder bitset of node `n`: mask_words() words. Invalidated by fit_slots. O(1).
+  [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
+  /// Words per holder bitset. O(1).
+  [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
+
+  /// True when `slot` holds node `n`. O(1).
+  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
+    return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
+  }
+  /// Marks `slot` as a holder of `n`; the bit must be clear.
+  void set(std::uint32_t n, std::uint32_t slot) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + slot / 64U] |= std::uint64_t{1} << (slot % 64U);
+    r[2] += std::uint64_t{1} << 32U;
+  }
+  /// Clears holder `slot` of `n` (the bit must be set); returns the new count.
+  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + slot / 64U] &= ~(std::uint64_t{1} << (slot % 64U));
+    r[2] -= std::uint64_t{1} << 32U;
+    return static_cast<std::uint32_t>(r[2] >> 32U);
+  }
+
+  /// Hints the CPU to load node `n`'s row. O(1).
+  void prefetch(std::uint32_t n) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(row(n));
+#else
+    (void)n;
+#endif
+  }
+
+  /// Makes room for `extra` more nodes without reallocating during the next
+  /// `extra` allocate() calls. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    const std::size_t need = (rows() + extra - free_count_) * stride_;
+    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+  }
+
+  /// A new node (holder count 0, no holders). Call reserve_extra first to make
+  /// it noexcept.
+  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
+    std::uint32_t n;
+    if (free_head_ != kv_npos) {
+      n = free_head_;
+      free_head_ = parent(n);
+      --free_count_;
+    } else {
+      if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      n = static_cast<std::uint32_t>(rows());
+      words_.resize(words_.size() + stride_, 0U);
+    }
+    std::uint64_t* r = row(n);
+    r[0] = path;
+    r[1] = tokens;
+    r[2] = parent_node;
+    std::fill(r + 3, r + stride_, std::uint64_t{0});
+    ++live_;
+    return n;
+  }
+
+  /// Returns node `n` (holder count 0) to the free list. When no node is left
+  /// the storage itself is released, so an emptied index gives memory back.
+  void release(std::uint32_t n) noexcept {
+    row(n)[2] = free_head_;
+    free_head_ = n;
+    ++free_count_;
+    --live_;
+    if (live_ == 0U) shrink_to_root();
+  }
+
+  /// Widens the holder bitsets so that slot indices below `slots` fit.
+  /// O(nodes) when it grows (every 64 slots); strong guarantee.
+  void ensure_slots(std::size_t slots) {
+    if (words_for(slots) > mask_words_) fit_slots(slots);
+  }
+
+  /// Sets the bitset width to exactly what slot indices below `slots` need,
+  /// growing or shrinking; no node may hold a bit beyond the new width.
+  /// O(nodes) when the width changes; strong guarantee.
+  void fit_slots(std::size_t slots) {
+    const std::size_t want = words_for(slots);
+    if (want == mask_words_) return;
+    const std::size_t new_stride = 3U + want;
+    const std::size_t keep = std::min(stride_, new_stride);
+    std::vector<std::uint64_t> next(rows() * new_stride, 0U);
+    for (std::size_t n = 0; n < rows(); ++n)
+      std::copy_n(words_.data() + n * stride_, keep, next.data() + n * new_stride);
+    words_.swap(next);
+    mask_words_ = want;
+    stride_ = new_stride;
+  }
+
+  /// Moves holder bit `from` of `n` to `to` (which must be clear); the count
+  /// is unchanged.
+  void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
+    std::uint64_t* r = row(n);
+    r[3U + from / 64U] &= ~(std::uint64_t{1} << (from % 64U));
+    r[3U + to / 64U] |= std::uint64_t{1} << (to % 64U);
+  }
+
+  /// Live nodes, the root excluded. O(1).
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
+  /// Rows allocated (live + free + root). O(1).
+  [[nodiscard]] std::size_t rows() const noexcept {
+    return words_.size() / stride_;
+  }
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return words_.capacity() * 8U;
+  }
+  /// True when `n` is a live non-root node (for invariant checks). O(1).
+  [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
+    return n != 0U && n < rows() && count(n) != 0U;
+  }
+
+ private:
+  [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
+    return std::max<std::size_t>(1U, (slots + 63U) / 64U);
+  }
+
+  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride_;
+  }
+  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride_;
+  }
+
+  void reset() {
+    words_.assign(stride_, 0U);
+    words_[0] = root_path_hash;
+    words_[2] = kv_npos;
+    free_head_ = kv_npos;
+    free_count_ = 0;
+    live_ = 0;
+  }
+
+  void shrink_to_root() noexcept {
+    try {
+      std::vector<std::uint64_t> fresh(stride_, 0U);
+      words_.swap(fresh);
+      words_[0] = root_path_hash;
+      words_[2] = kv_npos;
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    } catch (...) {  // keep the old rows; they are all free and still valid
+    }
+  }
+
+  std::vector<std::uint64_t> words_;
+  std::size_t mask_words_ = 1;
+  std::size_t stride_ = 4;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+/// One worker slot's hold on one node, named by the worker's block hash. The
+/// holds of a slot form a tree mirroring the part of the node tree it holds
+/// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
+/// only that worker's descendants, not every child of a shared node.
+struct KvHold {
+  std::uint64_t block_hash = 0;         ///< the worker's name for the block
+  std::uint32_t node = 0;               ///< the tree node held
+  std::uint32_t slot = 0;               ///< the worker slot holding it
+  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
+  std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
+  std::uint32_t prev = kv_npos;         ///< previous sibling
+};
+
+/// Pool of holds with a free list and intrusive sibling lists.
+class KvHoldStore {
+ public:
+  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
+  [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
+  /// Hold `h`. O(1).
+  [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
+
+  /// Hints the CPU to load hold `h`. O(1).
+  void prefetch(std::uint32_t h) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&holds_[h]);
+#else
+    (void)h;
+#endif
+  }
+
+  /// Makes the next `extra` allocate() calls non-allocating. Strong guarantee.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    const std::size_t need = holds_.size() + extra - free_count_;
+    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+  }
+
+  /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
+  std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node, std::uint32_t slot,
+                         std::uint32_t parent) {
+    std::uint32_t h;
+    if (free_head_ != kv_npos) {
+      h = free_head_;
+      free_head_ = holds_[h].next;
+      --free_count_;
+    } else {
+      if (holds_.size() >= kv_npos - 1U) throw std::length_error("kv index: too many blocks");
+      h = static_cast<std::uint32_t>(holds_.size());
+      holds_.emplace_back();
+    }
+    KvHold& x = holds_[h];
+    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
+    if (parent != kv_npos) {
+      KvHold& p = holds_[parent];
+      x.next = p.first_child;
+      if (x.next != kv_npos) holds_[x.next].prev = h;
+      p.first_child = h;
+    }
+    ++live_;
+    return h;
+  }
+
+  /// Unlinks hold `h` (which must have no children) and frees it.
+  void release(std::uint32_t h) noexcept {
+    KvHold& x = holds_[h];
+    if (x.parent != kv_npos) {
+      if (x.prev == kv_npos)
+        holds_[x.parent].first_child = x.next;
+      else
+        holds_[x.prev].next = x.next;
+      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
+    }
+    x.next = free_head_;
+    x.parent = kv_npos;
+    x.first_child = kv_npos;
+    free_head_ = h;
+    ++free_count_;
+    --live_;
+    if (live_ == 0U) {
+      std::vector<KvHold>().swap(holds_);
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    }
+  }
+
+  /// Holds in use (sentinels included). O(1).
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return holds_.capacity() * sizeof(KvHold);
+  }
+
+ private:
+  std::vector<KvHold> holds_;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+// ---- end promptcache/detail/kv_index_store.hpp ----
+
+namespace promptcache {
+
+/// One KV event publisher: a worker process and one of its data-parallel ranks.
+/// Ranks of one worker are independent streams with independent caches.
+struct KvWorker {
+  std::uint64_t worker_id = 0;  ///< The worker (engine instance) id.
+  std::uint32_t dp_rank = 0;    ///< Data-parallel rank within the worker.
+  /// Memberwise comparison. O(1).
+  friend constexpr auto operator<=>(const KvWorker&, const KvWorker&) = default;
+};
+
+/// One block of a Stored event.
+struct KvBlock {
+  std::uint64_t block_hash = 0;   ///< The engine's own name for the block (used by later events).
+  std::uint64_t tokens_hash = 0;  ///< Hash of the block's tokens (block_hash.hpp local hash).
+  /// Memberwise equality. O(1).
+  friend constexpr bool operator==(const KvBlock&, const KvBlock&) = default;
+};
+
+/// Payloads of KV events.
+namespace kv_event {
+
+/// Blocks were stored as a chain: blocks[0] is a child of `parent_hash` (or of
+/// the root when absent), each next block a child of the previous one.
+struct Stored {
+  std::optional<std::uint64_t> parent_hash;  ///< Block hash of the parent, by the same worker.
+  std::vector<KvBlock> blocks;               ///< The chain, root side first.
+  /// Memberwise equality. O(blocks).
+  friend bool operator==(const Stored&, const Stored&) = default;
+};
+
+/// Blocks were evicted (named by the worker's block hashes).
+struct Removed {
+  std::vector<std::uint64_t> block_hashes;  ///< Evicted blocks.
+  /// Memberwise equality. O(blocks).
+  friend bool operator==(const Removed&, const Removed&) = default;
+};
+
+/// The worker dropped its whole cache.
+struct Cleared {
+  /// Always equal. O(1).
+  friend constexpr bool operator==(const Cleared&, const Cleared&) = default;
+};
+
+}  // namespace kv_event
+
+/// The payload of one KV event: exactly one of Stored, Removed, Cleared.
+using KvEventData = std::variant<kv_event::Stored, kv_event::Removed, kv_event::Cleared>;
+
+/// One KV event of one publisher; ids run 0, 1, 2, ... per (worker, dp rank).
+struct KvEvent {
+  std::uint64_t event_id = 0;  ///< Position in the publisher's stream.
+  KvEventData data;            ///< What happened.
+  /// Memberwise equality. O(size of the payload).
+  friend bool operator==(const KvEvent&, const KvEvent&) = default;
+};
+
+/// What happened to one event.
+enum class KvEventStatus : std::uint8_t {
+  applied,           ///< Applied; the worker's cursor advanced to the event id.
+  stale,             ///< Id not newer than the last applied one: dropped, nothing changed.
+  gap,               ///< Events were lost: not applied, nothing changed (cursor too); resync
+                     ///< with replace_worker (only under KvGapPolicy::report).
+  parent_not_found,  ///< Stored under a parent the worker does not hold: the tree is unchanged,
+                     ///< the id is consumed (the cursor advances); the view may have diverged.
+  block_conflict,    ///< Stored would give one of the worker's block hashes a second tree position,
+                     ///< or one position a second name: tree unchanged, id consumed.
+};
+
+/// What an event that reveals a gap does.
+enum class KvGapPolicy : std::uint8_t {
+  report,           ///< Reject the event and report the gap; the caller resyncs from a dump.
+  reset_and_apply,  ///< Degraded mode for publishers without replay: drop the worker's view,
+                    ///< then apply the event and continue from its id.
+};
+
+/// Construction options of KvIndex.
+struct KvIndexOptions {
+  KvGapPolicy on_gap = KvGapPolicy::report;  ///< See KvGapPolicy.
+};
+
+/// The outcome of applying one event: its status, what the cursor saw, and
+/// block counts.
+struct KvEventResult {
+  KvEventStatus status = KvEventStatus::applied;  ///< What happened.
+  CursorObservation<> observation{};              ///< The cursor's view of the event id.
+  bool view_reset = false;              ///< reset_and_apply: a gap dropped the worker's view first.
+  std::size_t blocks_stored = 0;        ///< Stored: blocks newly held by the worker.
+  std::size_t blocks_already_held = 0;  ///< Stored: blocks it already held (idempotent).
+  std::size_t blocks_removed = 0;       ///< Removed: named blocks that were dropped.
+  std::size_t blocks_cascaded = 0;      ///< Removed / Cleared / reset: descendants and other blocks
+                                        ///< dropped along with them.
+  std::size_t blocks_not_held = 0;      ///< Removed: named blocks the worker did not hold (no-op),
+                                        ///< including ones an earlier name of this event cascaded.
+
+  /// True when the event was applied. O(1).
+  [[nodiscard]] bool ok() const noexcept { return status == KvEventStatus::applied; }
+  /// The gap the cursor saw (also set when reset_and_apply applied past it). O(1).
+  [[nodiscard]] std::optional<cursor::Gap<std::uint64_t>> gap() const noexcept {
+    if (const auto* g = std::get_if<cursor::Gap<std::uint64_t>>(&observation)) return *g;
+    return std::nullopt;
+  }
+};
+
+/// The outcome of replace_worker.
+struct KvReplaceResult {
+  bool ok = false;               ///< True when the worker's view was replaced.
+  std::size_t failed_event = 0;  ///< !ok: index in the dump of the event that could not apply.
+  KvEventStatus failure = KvEventStatus::applied;  ///< !ok: why (parent_not_found/block_conflict).
+  std::size_t blocks = 0;                          ///< ok: blocks the worker holds now.
+};
+
+/// How many leading blocks of a query one worker holds.
+struct KvWorkerMatch {
+  KvWorker worker;         ///< The worker rank.
+  std::size_t blocks = 0;  ///< Leading blocks held (>= 1).
+  /// Memberwise comparison. O(1).
+  friend constexpr auto operator<=>(const KvWorkerMatch&, const KvWorkerMatch&) = default;
+};
+
+/// Event counters since construction.
+struct KvIndexCounters {
+  std::uint64_t events_applied = 0;    ///< Events with status applied.
+  std::uint64_t events_stale = 0;      ///< Stale events dropped.
+  std::uint64_t gaps = 0;              ///< Events that revealed a gap (reported or reset).
+  std::uint64_t parent_not_found = 0;  ///< Stored events whose parent was not held.
+  std::uint64_t block_conflicts = 0;   ///< Stored events rejected as block conflicts.
+  std::uint64_t views_reset = 0;       ///< Worker views dropped by reset_and_apply.
+  std::uint64_t workers_replaced = 0;  ///< Successful replace_worker calls.
+  /// Memberwise equality. O(1).
+  friend constexpr bool operator==(const KvIndexCounters&, const KvIndexCounters&) = default;
+};
+
+/// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
+/// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
+/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
+/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
+/// 32-byte hold plus its slot in the worker's name table. Everything is held in
+/// index-addressed pools, so an index is an ordinary copyable value.
+class KvIndex {
+ public:
+  /// An empty index (just the root). O(1).
+  KvIndex() : KvIndex(KvIndexOptions{}) {}
+  /// An empty index with `options`. O(1).
+  explicit KvIndex(KvIndexOptions options) : options_(options) {}
+
+  /// Applies one event of `worker` (creating the worker on its first event).
+  /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
+  /// Never throws on bad input; on std::bad_alloc the event is not applied and
+  /// the index stays valid.
+  KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
+    return std::visit(
+        [&](const auto& data) -> KvEventResult {
+          using T = std::decay_t<decltype(data)>;
+          if constexpr (std::is_same_v<T, kv_event::Stored>)
+            return store(worker, event.event_id, data.parent_hash, data.blocks);
+          else if constexpr (std::is_same_v<T, kv_event::Removed>)
+            return remove(worker, event.event_id, data.block_hashes);
+          else
+            return clear(worker, event.event_id);
+        },
+        event.data);
+  }
+
+  /// Applies a Stored event without building a KvEvent. Same rules as apply().
+  KvEventResult store(const KvWorker& worker, std::uint64_t event_id,
+                      std::optional<std::uint64_t> parent_hash, std::span<const KvBlock> blocks) {
+    const std::uint32_t slot = slot_for(worker);
+    KvEventResult r;
+    if (!admit(slot, event_id, r)) return r;
+    reserve_for_store(slot, blocks.size());
+    r.status = store_blocks(slot, parent_hash, blocks, r);
+    finish(slot, event_id, r);
+    return r;
+  }
+
+  /// Applies a Removed event without building a KvEvent. Same rules as apply().
+  KvEventResult remove(const KvWorker& worker, std::uint64_t event_id,
+                       std::span<const std::uint64_t> block_hashes) {
+    const std::uint32_t slot = slot_for(worker);
+    KvEventResult r;
+    if (!admit(slot, event_id, r)) return r;
+    remove_blocks(slot, block_hashes, r);
+    finish(slot, event_id, r);
+    return r;
+  }
+
+  /// Applies a Cleared event without building a KvEvent. Same rules as apply().
+  KvEventResult clear(const KvWorker& worker, std::uint64_t event_id) {
+    const std::uint32_t slot = slot_for(worker);
+    KvEventResult r;
+    if (!admit(slot, event_id, r)) return r;
+    r.blocks_cascaded += clear_slot(slot);
+    finish(slot, event_id, r);
+    return r;
+  }
+
+  /// Replaces everything known about `worker` in one step with the view that
+  /// `dump` rebuilds (its events apply in order, ids ignored) and sets its
+  /// cursor to live(last_event_id). If an event of the dump cannot apply, the
+  /// old view (and cursor) stays untouched and the result says which event
+  /// failed. O(blocks of the old view + blocks of the dump).
+  KvReplaceResult replace_worker(const KvWorker& worker, std::span<const KvEvent> dump,
+                                 std::uint64_t last_event_id) {
+    KvReplaceResult res;
+    const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
+    for (std::size_t i = 0; i < dump.size(); ++i) {
+      KvEventResult r;
+      KvEventStatus st = KvEventStatus::applied;
+      try {
+        if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
+          reserve_for_store(tmp, s->blocks.size());
+          st = store_blocks(tmp, s->parent_hash, s->blocks, r);
+        } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
+          remove_blocks(tmp, rm->block_hashes, r);
+        } else {
+          clear_slot(tmp);
+        }
+      } catch (...) {
+        drop_slot(tmp);
+        throw;
+      }
+      if (st != KvEventStatus::applied) {
+        drop_slot(tmp);
+        trim_masks();
+        res.failed_event = i;
+        res.failure = st;
+        return res;
+      }
+    }
+    std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot != detail::kv_npos) {
+      clear_slot(slot);
+      adopt(slot, tmp);
+    } else {
+      slot = tmp;
+      slot_table_.insert(worker.worker_id, worker.dp_rank, tmp);  // capacity reserved by new_slot
+    }
+    slots_[slot].cursor = CursorState<>::live(last_event_id);
+    ++counters_.workers_replaced;
+    trim_masks();
+    res.ok = true;
+    res.blocks = slots_[slot].blocks;
+    return res;
+  }
+
+  /// Drops every dp rank of `worker_id` with all its blocks and cursors;
+  /// returns how many ranks were dropped. O(ranks known + blocks dropped).
+  std::size_t remove_worker(std::uint64_t worker_id) {
+    std::vector<KvWorker> ranks;
+    for (const Slot& s : slots_)
+      if (s.live && s.worker.worker_id == worker_id) ranks.push_back(s.worker);
+    for (const KvWorker& w : ranks)
+      remove_worker(w);
+    return ranks.size();
+  }
+
+  /// Drops one dp rank with its blocks and cursor; false if unknown.
+  /// O(blocks dropped).
+  bool remove_worker(const KvWorker& worker) noexcept {
+    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot == detail::kv_npos) return false;
+    slot_table_.erase(worker.worker_id, worker.dp_rank);
+    drop_slot(slot);
+    trim_masks();
+    return true;
+  }
+
+  /// Events (Stored only, ids 0, 1, ...) that rebuild `worker`'s view when given
+  /// to replace_worker or applied to an empty index; empty for an unknown
+  /// worker. O(blocks held).
+  [[nodiscard]] std::vector<KvEvent> dump(const KvWorker& worker) const {
+    std::vector<KvEvent> out;
+    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot == detail::kv_npos) return out;
+    const std::uint32_t sentinel = slots_[slot].sentinel;
+    std::vector<std::uint32_t> starts;  // holds that begin a Stored event
+    for (std::uint32_t c = holds_[sentinel].first_child; c != detail::kv_npos; c = holds_[c].next)
+      starts.push_back(c);
+    while (!starts.empty()) {
+      std::uint32_t h = starts.back();
+      starts.pop_back();
+      kv_event::Stored ev;
+      const std::uint32_t p = holds_[h].parent;
+      if (p != sentinel) ev.parent_hash = holds_[p].block_hash;
+      // Follow first children as one chain; siblings start later events.
+      while (h != detail::kv_npos) {
+        ev.blocks.push_back(KvBlock{holds_[h].block_hash, nodes_.tokens_hash(holds_[h].node)});
+        const std::uint32_t first = holds_[h].first_child;
+        if (first != detail::kv_npos)
+          for (std::uint32_t c = holds_[first].next; c != detail::kv_npos; c = holds_[c].next)
+            starts.push_back(c);
+        h = first;
+      }
+      out.push_back(KvEvent{out.size(), std::move(ev)});
+    }
+    return out;
+  }
+
+  /// Per worker rank holding at least the first block, the number of leading
+  /// blocks of `tokens_hashes` it holds, in unspecified order. With
+  /// `early_exit`, the walk stops once a single worker remains and that worker
+  /// gets the depth reached so far. O(matched blocks * W + result size).
+  [[nodiscard]] std::vector<KvWorkerMatch> find_matches(
+      std::span<const std::uint64_t> tokens_hashes, bool early_exit = false) const {
+    std::vector<KvWorkerMatch> out;
+    find_matches(tokens_hashes, early_exit, out);
+    return out;
+  }
+
+  /// As find_matches above, writing into `out` (cleared first) so a caller can
+  /// reuse its capacity.
+  void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
+                    std::vector<KvWorkerMatch>& out) const {
+    out.clear();
+    constexpr std::size_t chunk = 32;
+    std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
+    std::uint64_t path = detail::KvNodeStore::root_path_hash;
+    std::uint32_t cur = 0;                 // last node reached (root at first)
+    std::uint32_t prev = detail::kv_npos;  // last node accounted for
+    std::size_t depth = 0;
+    const std::size_t words = nodes_.mask_words();
+    for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      // The path hashes depend on the query only, so every edge probe of the
+      // chunk can be issued before the walk needs it.
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvNodeStore::child_path(path, tokens_hashes[base + j]);
+        paths[j] = path;
+        edges_.prefetch(path, 0);
+      }
+      std::size_t got = 0;
+      for (; got < m; ++got) {
+        const std::uint32_t child = edges_.find(paths[got], cur);
+        if (child == detail::kv_npos) break;
+        nodes_.prefetch(child);
+        found[got] = child;
+        cur = child;
+      }
+      bool stop = got < m;
+      for (std::size_t j = 0; j < got; ++j) {
+        const std::uint32_t child = found[j];
+        const std::uint32_t c = nodes_.count(child);
+        // A child's holders are a subset of its parent's, so equal counts mean
+        // equal sets and only a drop in count needs the bitsets.
+        if (prev != detail::kv_npos && c < nodes_.count(prev)) {
+          const std::uint64_t* a = nodes_.mask(prev);
+          const std::uint64_t* b = nodes_.mask(child);
+          for (std::size_t w = 0; w < words; ++w)
+            emit(a[w] & ~b[w], w, depth, out);
+        }
+        prev = child;
+        ++depth;
+        if (early_exit && c == 1U) {
+          stop = true;
+          break;
+        }
+      }
+      if (stop) break;
+    }
+    if (prev != detail::kv_npos) {
+      const std::uint64_t* a = nodes_.mask(prev);
+      for (std::size_t w = 0; w < words; ++w)
+        emit(a[w], w, depth, out);
+    }
+  }
+
+  /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
+  [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
+    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot == detail::kv_npos) return std::nullopt;
+    return slots_[slot].cursor;
+  }
+
+  /// Blocks `worker` holds (0 for an unknown worker). O(1).
+  [[nodiscard]] std::size_t block_count(const KvWorker& worker) const noexcept {
+    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    return slot == detail::kv_npos ? 0U : slots_[slot].blocks;
+  }
+
+  /// True when `worker` is known (has sent an event or been replaced). O(1).
+  [[nodiscard]] bool contains(const KvWorker& worker) const noexcept {
+    return slot_table_.find(worker.worker_id, worker.dp_rank) != detail::kv_npos;
+  }
+
+  /// Known worker ranks, in unspecified order. O(slots).
+  [[nodiscard]] std::vector<KvWorker> workers() const {
+    std::vector<KvWorker> out;
+    for (const Slot& s : slots_)
+      if (s.live) out.push_back(s.worker);
+    return out;
+  }
+
+  /// Number of known worker ranks. O(1).
+  [[nodiscard]] std::size_t worker_count() const noexcept { return slot_table_.size(); }
+  /// Tree nodes other than the root; 0 means the tree is back to its root. O(1).
+  [[nodiscard]] std::size_t node_count() const noexcept { return nodes_.live(); }
+  /// (worker, block) pairs held over all workers. O(1).
+  [[nodiscard]] std::size_t total_blocks() const noexcept {
+    return holds_.live() - slot_table_.size();  // minus one sentinel per worker
+  }
+  /// Event counters since construction. O(1).
+  [[nodiscard]] const KvIndexCounters& counters() const noexcept { return counters_; }
+  /// The options given at construction. O(1).
+  [[nodiscard]] const KvIndexOptions& options() const noexcept { return options_; }
+
+  /// Approximate heap bytes held (container capacities). O(1).
+  [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
+    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
+           free_slots_.capacity() * sizeof(std::uint32_t);
+  }
+
+  /// Checks every internal invariant (holder bits and counts, the subset rule
+  /// parent/child, hold trees, hash tables). O(everything); for tests.
+  [[nodiscard]] bool check_invariants() const {
+    std::size_t holds_seen = 0;
+    std::vector<std::uint32_t> seen_count(nodes_.rows(), 0U);
+    for (std::uint32_t slot = 0; slot < slots_.size(); ++slot) {
+      const Slot& s = slots_[slot];
+      if (!s.live) continue;
+      if (slot_table_.find(s.worker.worker_id, s.worker.dp_rank) != slot) return false;
+      std::size_t blocks = 0;
+      std::vector<std::uint32_t> stack{s.sentinel};
+      while (!stack.empty()) {
+        const std::uint32_t h = stack.back();
+        stack.pop_back();
+        ++holds_seen;
+        const detail::KvHold& x = holds_[h];
+        if (x.slot != slot) return false;
+        if (h != s.sentinel) {
+          ++blocks;
+          if (!nodes_.is_live(x.node) || !nodes_.test(x.node, slot)) return false;
+          if (nodes_.parent(x.node) != holds_[x.parent].node) return false;
+          if (s.names.find(x.block_hash, 0) != h) return false;
+          ++seen_count[x.node];
+        }
+        std::uint32_t prev_sib = detail::kv_npos;
+        for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
+          if (holds_[c].parent != h || holds_[c].prev != prev_sib) return false;
+          prev_sib = c;
+          stack.push_back(c);
+        }
+      }
+      if (blocks != s.blocks) return false;
+    }
+    if (holds_seen != holds_.live()) return false;
+    std::size_t names = 0;
+    for (const Slot& s : slots_)
+      names += s.names.size();
+    if (names + slot_table_.size() != holds_.live()) return false;
+    std::size_t live_nodes = 0;
+    for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
+      if (nodes_.count(n) == 0U) continue;
+      ++live_nodes;
+      std::uint32_t bits = 0;
+      for (std::size_t w = 0; w < nodes_.mask_words(); ++w) {
+        bits += static_cast<std::uint32_t>(std::popcount(nodes_.mask(n)[w]));
+        const std::uint32_t p = nodes_.parent(n);
+        if (p != 0U && (nodes_.mask(n)[w] & ~nodes_.mask(p)[w]) != 0U) return false;
+      }
+      if (bits != nodes_.count(n) || bits != seen_count[n]) return false;
+      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
+      if (nodes_.path_hash(n) != detail::KvNodeStore::child_path(nodes_.path_hash(nodes_.parent(n)),
+                                                                 nodes_.tokens_hash(n)))
+        return false;
+    }
+    return live_nodes == nodes_.live() && edges_.size() == live_nodes;
+  }
+
+ private:
+  struct NameHash {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
+      return detail::kv_mix64(key);
+    }
+  };
+
+  // One worker rank. Its block names get a table of their own: an event
+  // touches one worker only, so its lookups stay in a small, warm table.
+  struct Slot {
+    detail::KvPackedTable<NameHash> names;  // block hash -> hold
+    KvWorker worker;
+    CursorState<> cursor;
+    std::uint32_t sentinel = detail::kv_npos;
+    std::size_t blocks = 0;
+    bool live = false;
+  };
+
+  struct EdgeHash {
+    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
+  };
+  struct PairHash {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t tag) noexcept {
+      return detail::kv_mix64(key ^ (std::uint64_t{tag} * 0x9e3779b97f4a7c15ULL));
+    }
+  };
+
+  // Appends the workers of the set bits of mask word `word` with `depth`.
+  void emit(std::uint64_t bits, std::size_t word, std::size_t depth,
+            std::vector<KvWorkerMatch>& out) const {
+    while (bits != 0U) {
+      const std::size_t slot = word * 64U + static_cast<std::size_t>(std::countr_zero(bits));
+      out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
+      bits &= bits - 1U;
+    }
+  }
+
+  // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
+  // std::bad_alloc can only come before anything changed.
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
+    nodes_.reserve_extra(blocks);
+    holds_.reserve_extra(blocks);
+    edges_.reserve_extra(blocks);
+    slots_[slot].names.reserve_extra(blocks);
+  }
+
+  // The slot of `worker`, created (with an initial cursor) on first sight.
+  std::uint32_t slot_for(const KvWorker& worker) {
+    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    if (slot != detail::kv_npos) return slot;
+    const std::uint32_t fresh = new_slot(worker);
+    slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    return fresh;
+  }
+
+  // A live slot with a sentinel hold, not yet in the slot table (whose
+  // capacity for one more entry is reserved).
+  std::uint32_t new_slot(const KvWorker& worker) {
+    slot_table_.reserve_extra(1);
+    holds_.reserve_extra(1);
+    free_slots_.reserve(slots_.size() + 1U);
+    std::uint32_t slot;
+    if (!free_slots_.empty()) {
+      // The lowest free index keeps the holder bitsets as narrow as possible.
+      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
+      slot = *lowest;
+      nodes_.ensure_slots(std::size_t{slot} + 1U);
+      *lowest = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      if (slots_.size() >= detail::kv_npos - 1U)
+        throw std::length_error("kv index: too many workers");
+      nodes_.ensure_slots(slots_.size() + 1U);
+      slots_.emplace_back();
+      slot = static_cast<std::uint32_t>(slots_.size() - 1U);
+    }
+    Slot& s = slots_[slot];
+    s = Slot{};
+    s.worker = worker;
+    s.live = true;
+    s.sentinel = holds_.allocate(0, 0, slot, detail::kv_npos);
+    return slot;
+  }
+
+  [[nodiscard]] std::size_t names_memory() const noexcept {
+    std::size_t n = 0;
+    for (const Slot& s : slots_)
+      n += s.names.memory_bytes();
+    return n;
+  }
+
+  // Drops every block of `slot`, its sentinel, and frees the slot.
+  void drop_slot(std::uint32_t slot) noexcept {
+    clear_slot(slot);
+    holds_.release(slots_[slot].sentinel);
+    slots_[slot].names.clear();
+    slots_[slot].worker = KvWorker{};
+    slots_[slot].cursor = CursorState<>{};
+    slots_[slot].sentinel = detail::kv_npos;
+    slots_[slot].blocks = 0;
+    slots_[slot].live = false;
+    free_slots_.push_back(slot);  // capacity reserved by new_slot
+  }
+
+  // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
+  // replaced worker keeps its slot index and the bitsets need not grow for
+  // good. O(blocks of the view).
+  void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
+    Slot& dst = slots_[into];
+    Slot& src = slots_[tmp];
+    holds_.release(dst.sentinel);  // childless after clear_slot
+    const std::uint32_t sentinel = src.sentinel;
+    holds_[sentinel].slot = into;
+    // Pre-order walk of the hold tree without a stack (parent links).
+    std::uint32_t h = holds_[sentinel].first_child;
+    while (h != detail::kv_npos) {
+      nodes_.move_bit(holds_[h].node, tmp, into);
+      holds_[h].slot = into;
+      if (holds_[h].first_child != detail::kv_npos) {
+        h = holds_[h].first_child;
+        continue;
+      }
+      while (h != sentinel && holds_[h].next == detail::kv_npos)
+        h = holds_[h].parent;
+      h = h == sentinel ? detail::kv_npos : holds_[h].next;
+    }
+    dst.names = std::move(src.names);
+    dst.sentinel = sentinel;
+    dst.blocks = src.blocks;
+    src.names.clear();
+    src.worker = KvWorker{};
+    src.cursor = CursorState<>{};
+    src.sentinel = detail::kv_npos;
+    src.blocks = 0;
+    src.live = false;
+    free_slots_.push_back(tmp);  // capacity reserved by new_slot
+  }
+
+  // Narrows the holder bitsets to the highest live slot. Optional, so a failed
+  // allocation just keeps the current width.
+  void trim_masks() noexcept {
+    std::size_t top = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) top = i + 1U;
+    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
+    try {
+      nodes_.fit_slots(top);
+    } catch (...) {
+    }
+  }
+
+  // Classifies the event id; false when the event must not be applied.
+  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) {
+    Slot& s = slots_[slot];
+    r.observation = s.cursor.observe(event_id);
+    if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
+      ++counters_.events_stale;
+      r.status = KvEventStatus::stale;
+      return false;
+    }
+    if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
+      ++counters_.gaps;
+      if (options_.on_gap == KvGapPolicy::report) {
+        r.status = KvEventStatus::gap;
+        return false;
+      }
+      r.blocks_cascaded += clear_slot(slot);
+      r.view_reset = true;
+      ++counters_.views_reset;
+    }
+    return true;
+  }
+
+  void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
+    slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    switch (r.status) {
+      case KvEventStatus::applied:
+        ++counters_.events_applied;
+        break;
+      case KvEventStatus::parent_not_found:
+        ++counters_.parent_not_found;
+        break;
+      case KvEventStatus::block_conflict:
+        ++counters_.block_conflicts;
+        break;
+      case KvEventStatus::stale:
+      case KvEventStatus::gap:
+        break;
+    }
+  }
+
+  // Stores the chain (capacity reserved by reserve_for_store). On a conflict
+  // every hold it added is undone, so the tree is unchanged.
+  KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                             std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
+    auto& names = slots_[slot].names;
+    std::uint32_t cur_hold = slots_[slot].sentinel;
+    if (parent_hash) {
+      cur_hold = names.find(*parent_hash, 0);
+      if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
+    }
+    std::uint32_t cur_node = holds_[cur_hold].node;
+    std::size_t added = 0;
+    // Path hashes follow from the tokens hashes alone, so the probes of a whole
+    // chunk are issued up front and their cache misses overlap.
+    constexpr std::size_t chunk = 64;
+    std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
+    std::uint64_t path = nodes_.path_hash(cur_node);
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+        edges_.prefetch(path, 0);
+        names.prefetch(blocks[base + j].block_hash, 0);
+      }
+      // Nodes that already exist (a prefix other workers hold) are found in a
+      // first pass so that their rows are on the way before they are written.
+      std::size_t walked = 0;
+      for (std::uint32_t at = cur_node; walked < m; ++walked) {
+        at = edges_.find(paths[walked], at);
+        if (at == detail::kv_npos) break;
+        found[walked] = at;
+        nodes_.prefetch(at);
+      }
+      for (std::size_t j = 0; j < m; ++j) {
+        const KvBlock& b = blocks[base + j];
+        // Past the walk the parent is new (or the walk's first miss), so the
+        // node cannot exist yet.
+        std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
+        bool fresh_node = false;
+        if (child == detail::kv_npos) {
+          child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
+          edges_.insert(paths[j], cur_node, child);
+          fresh_node = true;
+        }
+        const std::uint32_t existing = names.find(b.block_hash, 0);
+        if (existing != detail::kv_npos) {
+          if (holds_[existing].node == child) {  // re-store of a held block
+            ++r.blocks_already_held;
+            cur_hold = existing;
+            cur_node = child;
+            continue;
+          }
+        } else if (!nodes_.test(child, slot)) {
+          const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
+          names.insert(b.block_hash, 0, h);
+          nodes_.set(child, slot);
+          ++slots_[slot].blocks;
+          ++added;
+          cur_hold = h;
+          cur_node = child;
+          continue;
+        }
+        // Conflict: the name is held elsewhere, or the position under another name.
+        if (fresh_node) free_node(child);
+        undo_chain(cur_hold, added);
+        r.blocks_already_held = 0;
+        return KvEventStatus::block_conflict;
+      }
+    }
+    r.blocks_stored = added;
+    return KvEventStatus::applied;
+  }
+
+  // Undoes the `added` holds of a store. After the first new hold every later
+  // one is new too (a worker holding a node holds its parent), so they form a
+  // chain ending at `h`.
+  void undo_chain(std::uint32_t h, std::size_t added) noexcept {
+    for (std::size_t i = 0; i < added; ++i) {
+      const std::uint32_t parent = holds_[h].parent;
+      release_hold(h);
+      h = parent;
+    }
+  }
+
+  void remove_blocks(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
+                     KvEventResult& r) noexcept {
+    // A software pipeline over chunks: each stage prefetches what the next
+    // one reads (name slot, hold, node row, edge slot), so the misses overlap.
+    auto& names = slots_[slot].names;
+    constexpr std::size_t chunk = 32;
+    std::uint32_t hs[chunk];
+    for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, block_hashes.size() - base);
+      for (std::size_t j = 0; j < m; ++j)
+        names.prefetch(block_hashes[base + j], 0);
+      for (std::size_t j = 0; j < m; ++j) {
+        hs[j] = names.find(block_hashes[base + j], 0);
+        if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
+      }
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos) nodes_.prefetch(holds_[hs[j]].node);
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
+      for (std::size_t j = 0; j < m; ++j) {
+        // Found again: an earlier name of this event may have cascaded it away.
+        const std::uint32_t h =
+            hs[j] == detail::kv_npos ? hs[j] : names.find(block_hashes[base + j], 0);
+        if (h == detail::kv_npos) {
+          ++r.blocks_not_held;
+          continue;
+        }
+        ++r.blocks_removed;
+        r.blocks_cascaded += remove_subtree(h) - 1U;
+      }
+    }
+  }
+
+  // Drops every block of `slot`; returns how many.
+  std::size_t clear_slot(std::uint32_t slot) noexcept {
+    const std::uint32_t sentinel = slots_[slot].sentinel;
+    std::size_t n = 0;
+    while (holds_[sentinel].first_child != detail::kv_npos)
+      n += remove_subtree(holds_[sentinel].first_child);
+    return n;
+  }
+
+  // Releases hold `top` and all its descendants, leaves first, without
+  // recursion (chains can be thousands of blocks long). Returns how many.
+  std::size_t remove_subtree(std::uint32_t top) noexcept {
+    std::size_t n = 0;
+    std::uint32_t h = top;
+    for (;;) {
+      while (holds_[h].first_child != detail::kv_npos)
+        h = holds_[h].first_child;
+      const std::uint32_t up = holds_[h].parent;
+      const bool last = h == top;
+      release_hold(h);
+      ++n;
+      if (last) return n;
+      h = up;
+    }
+  }
+
+  // Releases a childless hold: its name, its holder bit, and the node when no
+  // worker holds it any more.
+  void release_hold(std::uint32_t h) noexcept {
+    const detail::KvHold x = holds_[h];
+    slots_[x.slot].names.erase(x.block_hash, 0);
+    --slots_[x.slot].blocks;
+    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
+    holds_.release(h);
+  }
+
+  void free_node(std::uint32_t n) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n));
+    nodes_.release(n);
+  }
+
+  KvIndexOptions options_;
+  detail::KvNodeStore nodes_;
+  detail::KvHoldStore holds_;
+  detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
+  detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_slots_;
+  KvIndexCounters counters_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
+// ---- end promptcache/kv_index.hpp ----
 // ---- begin promptcache/version.hpp ----
 #ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
 #define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
