@@ -122,18 +122,18 @@ class PromptCachePool {
 
   /// One stored prefix. Immutable once stored; shared with every hit that returned it.
   struct Entry {
-    std::vector<Token> ids;          ///< The prefix's token ids (never empty).
-    std::vector<LayerCache> caches;  ///< Per-layer state after processing `ids`.
-    std::size_t fed_images = 0;      ///< Images already spliced into `caches`.
-    std::size_t fed_audios = 0;      ///< Audio clips already spliced into `caches`.
+    std::vector<Token> ids{};          ///< The prefix's token ids (never empty).
+    std::vector<LayerCache> caches{};  ///< Per-layer state after processing `ids`.
+    std::size_t fed_images = 0;        ///< Images already spliced into `caches`.
+    std::size_t fed_audios = 0;        ///< Audio clips already spliced into `caches`.
     bool pinned =
         false;  ///< Pinned when this snapshot was stored (pin()/unpin() don't rewrite it).
   };
 
   /// A lookup result: a snapshot of the entry and how many query tokens it covers.
   struct Hit {
-    std::shared_ptr<const Entry> entry;  ///< Snapshot; stays valid after eviction.
-    std::size_t matched = 0;             ///< Leading query tokens the entry's state covers.
+    std::shared_ptr<const Entry> entry{};  ///< Snapshot; stays valid after eviction.
+    std::size_t matched = 0;               ///< Leading query tokens the entry's state covers.
     /// Tokens to cut from the entry's state before resuming (0 in exact-prefix mode).
     [[nodiscard]] std::size_t trim() const noexcept { return entry->ids.size() - matched; }
   };
@@ -151,11 +151,11 @@ class PromptCachePool {
 
   /// Per-insert options for insert().
   struct InsertOptions {
-    bool pinned = false;          ///< Exempt from LRU, byte and TTL eviction.
-    std::optional<duration> ttl;  ///< Idle TTL of this entry (default: Options::ttl).
-    namespace_id ns = 0;          ///< Namespace; entries of other namespaces never interact.
-    std::size_t fed_images = 0;   ///< Stored as Entry::fed_images.
-    std::size_t fed_audios = 0;   ///< Stored as Entry::fed_audios.
+    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
+    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
+    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
   };
 
   /// Seed-style constructor (exact-prefix mode, no byte budget).
