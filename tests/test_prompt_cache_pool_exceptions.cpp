@@ -154,11 +154,13 @@ void seed_pool(Pool& pool) {
 // Runs `scenario` with the k-th allocation failing, for k = 0, 1, ... until it succeeds;
 // after each failure the pool must be exactly as before. Returns how many runs failed.
 template <class Scenario>
-int fail_every_allocation(Scenario scenario) {
+int fail_every_allocation(Scenario scenario,
+                          promptcache::MatchMode mode = promptcache::MatchMode::exact_prefix) {
   int failures = 0;
   for (long k = 0; k < 1000; ++k) {
     ManualClock clock;
     Pool::Options o;
+    o.match = mode;
     o.max_entries = 5;
     o.min_cacheable_tokens = 0;
     o.max_bytes = 1000;
@@ -261,6 +263,38 @@ TEST_CASE("strong guarantee: first entry of a new namespace and a new TTL class"
     pool.insert(std::move(ids), std::move(c), o);
   });
   CHECK(n >= 4);
+}
+
+TEST_CASE("strong guarantee in common-prefix mode: leaf, split, extension, new namespace") {
+  constexpr auto common = promptcache::MatchMode::common_prefix;
+  CHECK(fail_every_allocation(
+            [](Pool& pool) {
+              Ids ids{6, 6};
+              std::vector<Layer> c{Layer(9)};
+              pool.insert(std::move(ids), std::move(c));
+            },
+            common) >= 2);
+  CHECK(fail_every_allocation(
+            [](Pool& pool) {
+              Ids ids{1, 2, 3, 7, 7};
+              std::vector<Layer> c{Layer(9)};
+              pool.insert(std::move(ids), std::move(c));
+            },
+            common) >= 3);
+  CHECK(fail_every_allocation(
+            [](Pool& pool) {
+              Ids ids{1, 2, 3, 4, 5, 6, 7};
+              std::vector<Layer> c{Layer(9)};
+              pool.insert(std::move(ids), std::move(c));
+            },
+            common) >= 2);
+  CHECK(fail_every_allocation(
+            [](Pool& pool) {
+              Ids ids{5, 5, 5, 5, 5};
+              std::vector<Layer> c{Layer(9)};
+              pool.insert(std::move(ids), std::move(c), in_ns(42));
+            },
+            common) >= 3);
 }
 
 TEST_CASE("strong guarantee: a throwing LayerCache copy or size functor changes nothing") {

@@ -306,7 +306,7 @@ class PromptCachePool {
       s->last_used = clock_.now();
       s->seq = ++seq_;
       list_push_back(s);
-      if (options_.match == MatchMode::common_prefix) raise_best(s);
+      if (options_.match == MatchMode::common_prefix) propagate(s->node);
       enforce_budgets();
       release_retired();
     }
@@ -388,6 +388,17 @@ class PromptCachePool {
           require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
           require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
         });
+        if (options_.match == MatchMode::common_prefix) {
+          require(n->heap.size() == n->children.size(), "heap size");
+          for (std::size_t i = 0; i < n->heap.size(); ++i) {
+            const HeapItem& it = n->heap[i];
+            require(it.node->parent == n && it.node->heap_pos == i, "heap links");
+            require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
+            require(i == 0 || !item_better(it, n->heap[(i - 1) / 2]), "heap order");
+          }
+        } else {
+          require(n->heap.empty(), "heap outside common-prefix mode");
+        }
         if (n == root) return;
         require(n->slot || n->children.size() >= 2, "unmerged or empty node");
         const Entry* o = n->owner;
@@ -462,6 +473,14 @@ class PromptCachePool {
     bool pinned = false;
   };
 
+  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
+  // the (mostly cached) heap array instead of chasing two pointers per comparison.
+  struct HeapItem {
+    std::size_t len;
+    std::uint64_t seq;
+    Node* node;
+  };
+
   struct Node {
     Node* parent = nullptr;
     const Token* label = nullptr;  // points into owner->ids
@@ -471,6 +490,8 @@ class PromptCachePool {
     Token first{};                 // label[0], kept here so teardown never reads freed ids
     std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
     Slot* best = nullptr;          // common-prefix mode: shortest, then most recent slot below
+    std::vector<HeapItem> heap;    // common-prefix mode: children as a binary heap by best
+    std::size_t heap_pos = 0;      // index in the parent's heap
     detail::PoolChildMap<Token, Node> children;
   };
 
@@ -625,24 +646,91 @@ class PromptCachePool {
       list_unlink(s);
       list_push_back(s);
     }
-    if (options_.match == MatchMode::common_prefix) raise_best(s);
+    if (options_.match == MatchMode::common_prefix) propagate(s->node);
   }
 
-  // s just became the most recent: it wins every ancestor whose best is not shorter.
-  void raise_best(Slot* s) noexcept {
-    const std::size_t len = s->len;
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != nullptr && y->best != s && y->best->len < len) break;
-      y->best = s;
+  // ---- common-prefix aggregates ---------------------------------------------------------
+  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
+  // children in a binary heap ordered by their best, so any change costs O(log fan-out) per
+  // level up to the root, removals included.
+
+  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
+    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
+  }
+
+  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+
+  // Restores the heap order around position i (the item there changed its key).
+  static void heap_fix(Node* p, std::size_t i) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const HeapItem c = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / 2;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    const std::size_t n = h.size();
+    while (true) {
+      const std::size_t l = 2 * i + 1;
+      if (l >= n) break;
+      const std::size_t r = l + 1;
+      const std::size_t b = (r < n && item_better(h[r], h[l])) ? r : l;
+      if (!item_better(h[b], c)) break;
+      h[i] = h[b];
+      h[i].node->heap_pos = i;
+      i = b;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
+  }
+
+  // Child c's best (or its key) changed: refresh its item and reposition it.
+  static void heap_update(Node* p, Node* c) noexcept {
+    p->heap[c->heap_pos] = item_of(c);
+    heap_fix(p, c->heap_pos);
+  }
+
+  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
+  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    now->heap_pos = before->heap_pos;
+    p->heap[now->heap_pos] = item_of(now);
+  }
+
+  // Adds child c; requires reserved capacity (phase 1 of insert).
+  static void heap_push(Node* p, Node* c) noexcept {
+    p->heap.push_back(item_of(c));
+    c->heap_pos = p->heap.size() - 1;
+    heap_fix(p, c->heap_pos);
+  }
+
+  static void heap_erase(Node* p, Node* c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const std::size_t i = c->heap_pos;
+    const HeapItem last = h.back();
+    h.pop_back();
+    if (last.node != c) {
+      h[i] = last;
+      last.node->heap_pos = i;
+      heap_fix(p, i);
     }
   }
 
-  void recompute_best(Node* y) noexcept {
+  static Slot* compute_best(const Node* y) noexcept {
     Slot* b = y->slot.get();
-    y->children.for_each([&](Node* c) {
-      if (b == nullptr || better(c->best, b)) b = c->best;
-    });
-    y->best = b;
+    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
+      b = y->heap[0].node->best;
+    }
+    return b;
+  }
+
+  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
+  static void propagate(Node* x) noexcept {
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      y->best = compute_best(y);
+      heap_update(y->parent, y);
+    }
   }
 
   Slot* lru_victim() const noexcept {
@@ -745,13 +833,16 @@ class PromptCachePool {
     count_removal(why);
     retire(std::move(n->slot));
 
+    const bool common = options_.match == MatchMode::common_prefix;
     Node* x = n;
     while (x->parent != nullptr && !x->slot && x->children.empty()) {
       Node* p = x->parent;
       p->children.erase(x->first);
+      if (common) heap_erase(p, x);
       delete x;
       x = p;
     }
+    Node* lowest = x;  // the deepest node whose subtree lost the entry
     if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
       Node* c = x->children.any();
       Node* p = x->parent;
@@ -760,19 +851,20 @@ class PromptCachePool {
       c->first = x->first;
       c->parent = p;
       p->children.replace(x->first, c);
+      if (common) heap_substitute(p, x, c);
       x->children = detail::PoolChildMap<Token, Node>{};
       delete x;
       x = p;
+      lowest = c;
     }
-    const bool common = options_.match == MatchMode::common_prefix;
     for (Node* y = x; y->parent != nullptr; y = y->parent) {
       if (y->owner == old) {
         const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
         y->owner = o;
         y->label = o->ids.data() + (y->depth - y->label_len);
       }
-      if (common && y->best == s) recompute_best(y);
     }
+    if (common) propagate(lowest);
     if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
       roots_.erase(s->ns);  // an empty tenant costs nothing
     }
@@ -790,6 +882,7 @@ class PromptCachePool {
     };
     root->children.for_each(push);
     root->children = detail::PoolChildMap<Token, Node>{};
+    root->heap.clear();
     while (stack != nullptr) {
       Node* x = stack;
       stack = x->parent;
@@ -881,6 +974,7 @@ class PromptCachePool {
     if (ttl_class == classes_.size()) {
       classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
     }
+    const bool common_mode = options_.match == MatchMode::common_prefix;
     auto slot = std::make_unique<Slot>();
     std::unique_ptr<Node> leaf, mid;
     bool created_root = false;
@@ -888,6 +982,7 @@ class PromptCachePool {
       if (where == Where::new_root) {
         auto root = std::make_unique<Node>();
         root->children.reserve(1);
+        if (common_mode) root->heap.reserve(1);
         node = root.get();
         roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
         created_root = true;
@@ -895,10 +990,14 @@ class PromptCachePool {
         where = Where::new_leaf;
       } else if (where == Where::new_leaf) {
         node->children.reserve(1);
+        if (common_mode && node->heap.size() == node->heap.capacity()) {
+          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
+        }
       }
       if (where == Where::split) {
         mid = std::make_unique<Node>();
         mid->children.reserve(pos + common == n ? 1 : 2);
+        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
       }
       if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
         leaf = std::make_unique<Node>();
@@ -939,13 +1038,20 @@ class PromptCachePool {
       child->first = child->label[0];
       child->parent = m;
       m->children.insert_reserved(child->first, child);
-      m->best = child->best;
+      if (common_mode) {
+        m->best = child->best;  // same key: m takes child's place in node's heap as is
+        heap_substitute(node, child, m);
+        m->heap.push_back(item_of(child));  // reserved
+        child->heap_pos = 0;
+      }
       node = m;
       pos = m->depth;
       target = m;
     }
+    Node* new_leaf = nullptr;
     if (leaf) {
       Node* l = leaf.release();
+      new_leaf = l;
       l->parent = node;
       l->label = e->ids.data() + pos;
       l->label_len = n - pos;
@@ -984,14 +1090,15 @@ class PromptCachePool {
           y->label = e->ids.data() + (y->depth - y->label_len);
         }
       }
-      if (options_.match == MatchMode::common_prefix) {
-        for (Node* y = target; y->parent != nullptr && y->best == replaced.get(); y = y->parent) {
-          y->best = s;
-        }
-      }
       retire(std::move(replaced));
     }
-    if (options_.match == MatchMode::common_prefix) raise_best(s);
+    if (common_mode) {
+      if (new_leaf != nullptr) {
+        new_leaf->best = s;
+        heap_push(new_leaf->parent, new_leaf);
+      }
+      propagate(target);
+    }
 
     InsertResult result = InsertResult::inserted;
     if (exact != nullptr) {
