@@ -586,3 +586,53 @@ TEST_CASE("long stores and queries across internal chunk boundaries", "[kv_index
   CHECK(index.block_count(B) == 70);
   CHECK(index.check_invariants());
 }
+
+TEST_CASE("a moved-from index is empty and usable", "[kv_index]") {
+  KvIndex index(KvIndexOptions{KvGapPolicy::reset_and_apply});
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  REQUIRE(index.apply(B, stored(0, {1, 4})).ok());
+  SECTION("move construction") {
+    KvIndex moved = std::move(index);
+    CHECK(matches(moved, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}, {B, 1}});
+    CHECK(moved.check_invariants());
+  }
+  SECTION("move assignment") {
+    KvIndex moved;
+    REQUIRE(moved.apply(C, stored(0, {9})).ok());
+    moved = std::move(index);
+    CHECK(matches(moved, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}, {B, 1}});
+    CHECK(matches(moved, {9}).empty());
+    CHECK(moved.check_invariants());
+  }
+  // NOLINTBEGIN(bugprone-use-after-move): the moved-from state is the point.
+  CHECK(index.check_invariants());
+  CHECK(index.worker_count() == 0);
+  CHECK(index.node_count() == 0);
+  CHECK(index.total_blocks() == 0);
+  CHECK(index.find_matches(Hashes{1, 2}).empty());
+  REQUIRE(index.apply(A, stored(0, {1, 2})).ok());
+  REQUIRE(index.apply(A, stored(1, {5}, 1002)).ok());
+  CHECK(matches(index, {1, 2, 5}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(index.node_count() == 3);
+  CHECK(index.total_blocks() == 3);
+  CHECK(index.check_invariants());
+  CHECK(index.remove_worker(A));
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+  // NOLINTEND(bugprone-use-after-move)
+}
+
+TEST_CASE("copy assignment replaces the whole index", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
+  KvIndex other;
+  for (std::uint32_t w = 0; w < 70; ++w)  // wider bitsets than `index`
+    REQUIRE(other.apply(KvWorker{100 + w, 0}, stored(0, {1, 7 + w})).ok());
+  other = index;
+  CHECK(other.check_invariants());
+  CHECK(matches(other, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
+  CHECK(other.worker_count() == 1);
+  index = index;  // self-assignment keeps everything
+  CHECK(index.check_invariants());
+  CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
+}

@@ -174,10 +174,50 @@ struct KvIndexCounters {
 /// index-addressed pools, so an index is an ordinary copyable value.
 class KvIndex {
  public:
-  /// An empty index (just the root). O(1).
-  KvIndex() : KvIndex(KvIndexOptions{}) {}
-  /// An empty index with `options`. O(1).
-  explicit KvIndex(KvIndexOptions options) : options_(options) {}
+  /// An empty index (just the root). O(1), allocates nothing.
+  KvIndex() noexcept : KvIndex(KvIndexOptions{}) {}
+  /// An empty index with `options`. O(1), allocates nothing.
+  explicit KvIndex(KvIndexOptions options) noexcept : options_(options) {}
+
+  /// A deep copy. O(size of `other`).
+  KvIndex(const KvIndex& other) = default;
+  /// Takes over `other`'s contents; `other` is left empty (with its options),
+  /// ready for reuse. O(1).
+  KvIndex(KvIndex&& other) noexcept : options_(other.options_) { swap(other); }
+  /// Replaces the contents with a copy of `other`. Strong guarantee: on
+  /// std::bad_alloc this index is unchanged. O(size of both).
+  KvIndex& operator=(const KvIndex& other) {
+    if (this != &other) {
+      KvIndex copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s contents; `other` is left empty (with its options).
+  /// O(size of this index, which is released).
+  KvIndex& operator=(KvIndex&& other) noexcept {
+    if (this != &other) {
+      KvIndex taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+  ~KvIndex() = default;
+
+  /// Exchanges the contents (options included) with `other`. O(1), noexcept.
+  void swap(KvIndex& other) noexcept {
+    using std::swap;
+    swap(options_, other.options_);
+    swap(nodes_, other.nodes_);
+    swap(holds_, other.holds_);
+    swap(edges_, other.edges_);
+    swap(slot_table_, other.slot_table_);
+    swap(slots_, other.slots_);
+    swap(free_slots_, other.free_slots_);
+    swap(counters_, other.counters_);
+  }
+  /// Exchanges the contents of `a` and `b`. O(1), noexcept.
+  friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
 
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.

@@ -25,14 +25,17 @@ namespace promptcache::detail {
 ///   [2] parent index (low 32 bits) | holder count (high 32 bits)
 ///   [3..] bitset over worker slots: which slots hold this node
 /// Node 0 is the root; it is never freed and its holder fields are unused.
+/// While no other node exists there are no rows at all (the root's only field
+/// in use, its path hash, is a constant), so an empty store owns no memory and
+/// constructing or emptying one cannot throw.
 /// A freed node has count 0 and keeps the next free index in its parent field.
 class KvNodeStore {
  public:
   /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
-  /// Just the root, with bitsets for 64 slots. O(1).
-  KvNodeStore() { reset(); }
+  /// Just the root, with bitsets for 64 slots. O(1), no allocation.
+  KvNodeStore() noexcept = default;
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
   /// For a fixed parent this is a bijection of the tokens hash, so two children
@@ -43,7 +46,9 @@ class KvNodeStore {
   }
 
   /// Path hash of node `n` (its key in the edge table). O(1).
-  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
+    return n == 0U ? root_path_hash : row(n)[0];
+  }
   /// Tokens hash of node `n`'s block. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
   /// Parent of node `n` (next free node for a freed one). O(1).
@@ -90,7 +95,8 @@ class KvNodeStore {
   /// `extra` allocate() calls. Strong guarantee.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
-    const std::size_t need = (rows() + extra - free_count_) * stride_;
+    // The first node also brings the root's row.
+    const std::size_t need = (std::max<std::size_t>(rows(), 1U) + extra - free_count_) * stride_;
     if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
   }
 
@@ -104,6 +110,11 @@ class KvNodeStore {
       --free_count_;
     } else {
       if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      if (words_.empty()) {  // the root's row first; its parent is "none"
+        words_.assign(stride_, 0U);
+        words_[0] = root_path_hash;
+        words_[2] = kv_npos;
+      }
       n = static_cast<std::uint32_t>(rows());
       words_.resize(words_.size() + stride_, 0U);
     }
@@ -123,7 +134,11 @@ class KvNodeStore {
     free_head_ = n;
     ++free_count_;
     --live_;
-    if (live_ == 0U) shrink_to_root();
+    if (live_ == 0U) {
+      std::vector<std::uint64_t>().swap(words_);
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    }
   }
 
   /// Widens the holder bitsets so that slot indices below `slots` fit.
@@ -183,27 +198,6 @@ class KvNodeStore {
   }
   [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
     return words_.data() + static_cast<std::size_t>(n) * stride_;
-  }
-
-  void reset() {
-    words_.assign(stride_, 0U);
-    words_[0] = root_path_hash;
-    words_[2] = kv_npos;
-    free_head_ = kv_npos;
-    free_count_ = 0;
-    live_ = 0;
-  }
-
-  void shrink_to_root() noexcept {
-    try {
-      std::vector<std::uint64_t> fresh(stride_, 0U);
-      words_.swap(fresh);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
-      free_head_ = kv_npos;
-      free_count_ = 0;
-    } catch (...) {  // keep the old rows; they are all free and still valid
-    }
   }
 
   std::vector<std::uint64_t> words_;
