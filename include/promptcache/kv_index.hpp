@@ -213,7 +213,6 @@ class KvIndex {
     swap(edges_, other.edges_);
     swap(slot_table_, other.slot_table_);
     swap(slots_, other.slots_);
-    swap(free_slots_, other.free_slots_);
     swap(counters_, other.counters_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
@@ -293,6 +292,7 @@ class KvIndex {
         }
       } catch (...) {
         drop_slot(tmp);
+        trim_masks();
         throw;
       }
       if (st != KvEventStatus::applied) {
@@ -483,8 +483,7 @@ class KvIndex {
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
     return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
-           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
-           free_slots_.capacity() * sizeof(std::uint32_t);
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -600,25 +599,21 @@ class KvIndex {
   }
 
   // A live slot with a sentinel hold, not yet in the slot table (whose
-  // capacity for one more entry is reserved).
+  // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
     slot_table_.reserve_extra(1);
     holds_.reserve_extra(1);
-    free_slots_.reserve(slots_.size() + 1U);
-    std::uint32_t slot;
-    if (!free_slots_.empty()) {
-      // The lowest free index keeps the holder bitsets as narrow as possible.
-      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
-      slot = *lowest;
-      nodes_.ensure_slots(std::size_t{slot} + 1U);
-      *lowest = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
+    // The lowest free index keeps the holder bitsets as narrow as possible.
+    std::uint32_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].live)
+      ++slot;
+    if (slot == slots_.size()) {
       if (slots_.size() >= detail::kv_npos - 1U)
         throw std::length_error("kv index: too many workers");
       nodes_.ensure_slots(slots_.size() + 1U);
       slots_.emplace_back();
-      slot = static_cast<std::uint32_t>(slots_.size() - 1U);
+    } else {
+      nodes_.ensure_slots(std::size_t{slot} + 1U);
     }
     Slot& s = slots_[slot];
     s = Slot{};
@@ -645,7 +640,6 @@ class KvIndex {
     slots_[slot].sentinel = detail::kv_npos;
     slots_[slot].blocks = 0;
     slots_[slot].live = false;
-    free_slots_.push_back(slot);  // capacity reserved by new_slot
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
@@ -679,7 +673,6 @@ class KvIndex {
     src.sentinel = detail::kv_npos;
     src.blocks = 0;
     src.live = false;
-    free_slots_.push_back(tmp);  // capacity reserved by new_slot
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
@@ -900,8 +893,7 @@ class KvIndex {
   detail::KvHoldStore holds_;
   detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
   detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
-  std::vector<Slot> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  std::vector<Slot> slots_;                     // indexed by slot; free ones are not live
   KvIndexCounters counters_;
 };
 

@@ -1,0 +1,247 @@
+// Exception safety of KvIndex: every allocation an operation makes is made to
+// fail in turn (a replaced global operator new throws on the k-th call while
+// armed); after each failure the index must be valid and, where the header
+// promises the strong guarantee, exactly as before.
+#include <promptcache/kv_index.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "catch.hpp"
+
+// GCC sees the malloc/free pair through the replaced operators and warns about
+// a mismatch that is exactly the point of the replacement.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+namespace {
+long g_countdown = -1;  // -1: disarmed; 0: the next allocation throws
+long g_allocations = 0;
+
+void* counted_allocation(std::size_t n) {
+  if (g_countdown == 0) {
+    g_countdown = -1;
+    throw std::bad_alloc();
+  }
+  if (g_countdown > 0) --g_countdown;
+  ++g_allocations;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+// Every non-aligned form, so the sanitizers' own operators never pair with ours.
+void* operator new(std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+using promptcache::KvBlock;
+using promptcache::KvEvent;
+using promptcache::KvEventStatus;
+using promptcache::KvGapPolicy;
+using promptcache::KvIndex;
+using promptcache::KvIndexOptions;
+using promptcache::KvWorker;
+using promptcache::KvWorkerMatch;
+namespace kv_event = promptcache::kv_event;
+using Hashes = std::vector<std::uint64_t>;
+
+KvEvent stored(std::uint64_t id, const Hashes& tokens, std::optional<std::uint64_t> parent = {}) {
+  std::vector<KvBlock> blocks;
+  for (const std::uint64_t t : tokens)
+    blocks.push_back(KvBlock{t + 1000, t});
+  return KvEvent{id, kv_event::Stored{parent, std::move(blocks)}};
+}
+
+const KvWorker A{1, 0};
+const KvWorker B{2, 0};
+const KvWorker C{3, 7};
+const KvWorker Fresh{99, 0};
+
+// Everything observable about an index.
+struct Snapshot {
+  std::vector<std::tuple<KvWorker, std::vector<KvEvent>, std::optional<std::uint64_t>, std::size_t>>
+      workers;
+  std::vector<std::vector<KvWorkerMatch>> matches;
+  std::size_t nodes = 0;
+  std::size_t blocks = 0;
+  promptcache::KvIndexCounters counters;
+  bool operator==(const Snapshot&) const = default;
+};
+
+const std::vector<Hashes>& queries() {
+  static const std::vector<Hashes> q{{1, 2, 3, 4, 5, 6}, {1, 2, 8, 9}, {1, 7},           {5, 6},
+                                     {20, 21, 22},       {30},         {1, 2, 3, 40, 41}};
+  return q;
+}
+
+Snapshot snapshot(const KvIndex& index) {
+  Snapshot s;
+  auto ws = index.workers();
+  std::sort(ws.begin(), ws.end());
+  for (const KvWorker& w : ws) {
+    const auto cur = index.cursor(w);
+    s.workers.emplace_back(w, index.dump(w), cur ? cur->last_applied_id() : std::nullopt,
+                           index.block_count(w));
+  }
+  for (const Hashes& q : queries()) {
+    auto m = index.find_matches(q);
+    std::sort(m.begin(), m.end());
+    s.matches.push_back(std::move(m));
+  }
+  s.nodes = index.node_count();
+  s.blocks = index.total_blocks();
+  s.counters = index.counters();
+  return s;
+}
+
+// `extra_workers` more worker ranks with no blocks (3 + 61 = 64 fills the
+// first bitset word).
+KvIndex base_index(KvGapPolicy policy, std::uint32_t extra_workers = 0) {
+  KvIndex index(KvIndexOptions{policy});
+  for (std::uint32_t w = 0; w < extra_workers; ++w)
+    REQUIRE(index.apply(KvWorker{500 + w, 0}, stored(0, {})).ok());
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  REQUIRE(index.apply(A, stored(1, {8, 9}, 1002)).ok());
+  REQUIRE(index.apply(B, stored(0, {1, 2, 3})).ok());
+  REQUIRE(index.apply(B, stored(1, {5, 6})).ok());
+  REQUIRE(index.apply(C, stored(4, {20, 21})).ok());
+  return index;
+}
+
+bool g_expectations_met = true;
+// What an operation expects of its own results; not a Catch assertion, which
+// would swallow the exception the test is about.
+void expect(bool met) {
+  g_expectations_met = g_expectations_met && met;
+}
+
+// Runs `op` on a copy of the base index with allocation k failing, for k = 0,
+// 1, ... until it succeeds. After each failure the index must satisfy its
+// invariants and be exactly as before. The successful run must leave the same
+// state as a run without any failure. Returns how many runs failed.
+template <class Op>
+int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers = 0) {
+  const KvIndex base = base_index(policy, extra_workers);
+  KvIndex clean = base;
+  op(clean);
+  const Snapshot want = snapshot(clean);
+  const Snapshot before = snapshot(base);
+  int failures = 0;
+  for (long k = 0; k < 1000; ++k) {
+    KvIndex index = base;
+    bool threw = false;
+    g_expectations_met = true;
+    g_countdown = k;
+    try {
+      op(index);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    g_countdown = -1;
+    INFO("allocation " << k << " failed");
+    REQUIRE(index.check_invariants());
+    if (!threw) {
+      CHECK(g_expectations_met);
+      CHECK(snapshot(index) == want);
+      return failures;
+    }
+    ++failures;
+    CHECK(snapshot(index) == before);
+  }
+  FAIL("operation never succeeded");
+  return failures;
+}
+
+}  // namespace
+
+TEST_CASE("operator new replacement is active", "[kv_index]") {
+  const long before = g_allocations;
+  auto* p = new int(3);
+  delete p;
+  CHECK(g_allocations == before + 1);
+}
+
+TEST_CASE("remove, clear and gap reports never allocate", "[kv_index]") {
+  const KvEvent removal{2, kv_event::Removed{{1002, 77}}};
+  const KvEvent clearing{2, kv_event::Cleared{}};
+  const KvEvent beyond_gap = stored(9, {1});
+  CHECK(fail_every_allocation(KvGapPolicy::report, [&](KvIndex& index) {
+          expect(index.apply(A, removal).ok());
+          expect(index.apply(B, clearing).ok());
+          expect(index.apply(C, beyond_gap).status == KvEventStatus::gap);
+        }) == 0);
+}
+
+TEST_CASE("remove_worker never throws, also on a copy", "[kv_index]") {
+  // A copy's vectors have exactly their size as capacity: removing a worker
+  // from it must still not need an allocation.
+  CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
+          expect(index.remove_worker(B));
+          expect(index.remove_worker(C));
+        }) == 0);
+}
+
+TEST_CASE("replace_worker: strong guarantee", "[kv_index]") {
+  SECTION("a known worker") {
+    CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
+            const std::vector<KvEvent> dump{stored(0, {1, 2, 50}), stored(1, {51}, 1050)};
+            expect(index.replace_worker(A, dump, 10).ok);
+          }) >= 1);
+  }
+  SECTION("an unknown worker") {
+    CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
+            expect(index.replace_worker(Fresh, std::vector<KvEvent>{stored(0, {1, 2, 3})}, 4).ok);
+          }) >= 1);
+  }
+}
+
+TEST_CASE("copy assignment: strong guarantee", "[kv_index]") {
+  KvIndex source = base_index(KvGapPolicy::report);
+  REQUIRE(source.apply(Fresh, stored(0, {60, 61, 62})).ok());
+  CHECK(fail_every_allocation(KvGapPolicy::report, [&](KvIndex& index) { index = source; }) >= 1);
+}
