@@ -206,6 +206,35 @@ TEST_CASE("operator new replacement is active", "[kv_index]") {
   CHECK(g_allocations == before + 1);
 }
 
+TEST_CASE("store: strong guarantee", "[kv_index]") {
+  SECTION("below a shared prefix") {
+    CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
+            expect(index.apply(B, stored(2, {40, 41, 42}, 1003)).ok());
+          }) >= 1);
+  }
+  SECTION("a long chain") {
+    Hashes chain;
+    for (std::uint64_t i = 0; i < 300; ++i)
+      chain.push_back(100 + i);
+    CHECK(fail_every_allocation(KvGapPolicy::report, [&](KvIndex& index) {
+            expect(index.apply(C, stored(5, chain)).ok());
+          }) >= 1);
+  }
+  SECTION("the first event of a new worker") {
+    CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
+            expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
+          }) >= 1);
+  }
+  SECTION("a new worker whose slot widens the bitsets") {
+    CHECK(fail_every_allocation(
+              KvGapPolicy::report,
+              [](KvIndex& index) {
+                expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
+              },
+              61) >= 1);
+  }
+}
+
 TEST_CASE("remove, clear and gap reports never allocate", "[kv_index]") {
   const KvEvent removal{2, kv_event::Removed{{1002, 77}}};
   const KvEvent clearing{2, kv_event::Cleared{}};

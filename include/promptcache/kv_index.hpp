@@ -239,10 +239,16 @@ class KvIndex {
   /// Applies a Stored event without building a KvEvent. Same rules as apply().
   KvEventResult store(const KvWorker& worker, std::uint64_t event_id,
                       std::optional<std::uint64_t> parent_hash, std::span<const KvBlock> blocks) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    reserve_for_store(slot, blocks.size());
+    try {
+      reserve_for_store(slot, blocks.size());
+    } catch (...) {
+      if (created) remove_worker(worker);  // a new worker's first event did not apply
+      throw;
+    }
     r.status = store_blocks(slot, parent_hash, blocks, r);
     finish(slot, event_id, r);
     return r;
@@ -251,7 +257,8 @@ class KvIndex {
   /// Applies a Removed event without building a KvEvent. Same rules as apply().
   KvEventResult remove(const KvWorker& worker, std::uint64_t event_id,
                        std::span<const std::uint64_t> block_hashes) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
     remove_blocks(slot, block_hashes, r);
@@ -261,7 +268,8 @@ class KvIndex {
 
   /// Applies a Cleared event without building a KvEvent. Same rules as apply().
   KvEventResult clear(const KvWorker& worker, std::uint64_t event_id) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
     r.blocks_cascaded += clear_slot(slot);
@@ -589,12 +597,14 @@ class KvIndex {
     slots_[slot].names.reserve_extra(blocks);
   }
 
-  // The slot of `worker`, created (with an initial cursor) on first sight.
-  std::uint32_t slot_for(const KvWorker& worker) {
+  // The slot of `worker`, created (with an initial cursor) on first sight;
+  // `created` says which. Strong guarantee.
+  std::uint32_t slot_for(const KvWorker& worker, bool& created) {
     const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
     slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    created = true;
     return fresh;
   }
 
