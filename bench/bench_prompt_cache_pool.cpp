@@ -123,6 +123,24 @@ TEST_CASE("PromptCachePool inserts", "[pool][benchmark]") {
     });
   };
 
+  Pool common_chat(f.options(promptcache::MatchMode::common_prefix));
+  f.fill(common_chat);
+  std::vector<Ids> common_current = f.entries;
+  std::size_t common_turn = 0;
+  BENCHMARK_ADVANCED("extend a lineage by a 16-token turn, common-prefix mode, N=4096 L=1024+")
+  (Catch::Benchmark::Chronometer meter) {
+    std::vector<Ids> next_turn;
+    for (int i = 0; i < meter.runs(); ++i) {
+      Ids& ids = common_current[common_turn++ % kEntries];
+      for (Token t = 0; t < 16; ++t)
+        ids.push_back(t + 7);
+      next_turn.push_back(ids);
+    }
+    meter.measure([&](int i) {
+      return common_chat.insert(std::move(next_turn[static_cast<std::size_t>(i)]), {Layer{1}});
+    });
+  };
+
   BENCHMARK_ADVANCED("update equal ids, N=4096 L=1024")
   (Catch::Benchmark::Chronometer meter) {
     std::vector<Ids> same;
