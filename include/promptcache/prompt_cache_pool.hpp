@@ -394,7 +394,7 @@ class PromptCachePool {
             const HeapItem& it = n->heap[i];
             require(it.node->parent == n && it.node->heap_pos == i, "heap links");
             require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
-            require(i == 0 || !item_better(it, n->heap[(i - 1) / 2]), "heap order");
+            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
           }
         } else {
           require(n->heap.empty(), "heap outside common-prefix mode");
@@ -660,12 +660,14 @@ class PromptCachePool {
 
   static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
 
-  // Restores the heap order around position i (the item there changed its key).
+  // Restores the heap order around position i (the item there changed its key). A 4-ary
+  // heap: a touch only sifts up, and half as many levels as a binary heap.
+  static constexpr std::size_t kArity = 4;
   static void heap_fix(Node* p, std::size_t i) noexcept {
     std::vector<HeapItem>& h = p->heap;
     const HeapItem c = h[i];
     while (i > 0) {
-      const std::size_t up = (i - 1) / 2;
+      const std::size_t up = (i - 1) / kArity;
       if (!item_better(c, h[up])) break;
       h[i] = h[up];
       h[i].node->heap_pos = i;
@@ -673,10 +675,13 @@ class PromptCachePool {
     }
     const std::size_t n = h.size();
     while (true) {
-      const std::size_t l = 2 * i + 1;
-      if (l >= n) break;
-      const std::size_t r = l + 1;
-      const std::size_t b = (r < n && item_better(h[r], h[l])) ? r : l;
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t b = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (item_better(h[k], h[b])) b = k;
+      }
       if (!item_better(h[b], c)) break;
       h[i] = h[b];
       h[i].node->heap_pos = i;
