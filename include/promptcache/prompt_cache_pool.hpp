@@ -111,8 +111,8 @@ class PromptCachePool {
   /// Pool configuration; fixed at construction.
   struct Options {
     std::size_t max_entries = 16;  ///< LRU-evict unpinned entries beyond this count.
-    duration ttl =
-        std::chrono::minutes(5);           ///< Idle TTL of unpinned entries (<= 0: at next check).
+    /// Idle TTL of unpinned entries (<= 0: they expire at the next check).
+    duration ttl = std::chrono::minutes(5);
     std::size_t min_cacheable_tokens = 8;  ///< Shorter ids are stored only to extend a lineage.
     MatchMode match = MatchMode::exact_prefix;  ///< Exact-prefix (seed) or common-prefix lookups.
     bool keep_one_token = false;       ///< Cap a hit at query length - 1 (engine needs one token).
@@ -126,8 +126,8 @@ class PromptCachePool {
     std::vector<LayerCache> caches{};  ///< Per-layer state after processing `ids`.
     std::size_t fed_images = 0;        ///< Images already spliced into `caches`.
     std::size_t fed_audios = 0;        ///< Audio clips already spliced into `caches`.
-    bool pinned =
-        false;  ///< Pinned when this snapshot was stored (pin()/unpin() don't rewrite it).
+    /// Pinned when this snapshot was stored (pin()/unpin() don't rewrite snapshots).
+    bool pinned = false;
   };
 
   /// A lookup result: a snapshot of the entry and how many query tokens it covers.
@@ -144,8 +144,7 @@ class PromptCachePool {
     extended,            ///< Replaced a stored entry whose ids are a proper prefix (same lineage).
     updated,             ///< Replaced the stored entry with identical ids.
     rejected_empty,      ///< Empty ids; nothing changed.
-    rejected_too_short,  ///< Shorter than min_cacheable_tokens and extends nothing; nothing
-                         ///< changed.
+    rejected_too_short,  ///< Below min_cacheable_tokens, extends nothing; nothing changed.
     rejected_too_large,  ///< Alone larger than max_bytes; nothing changed.
   };
 
@@ -195,7 +194,8 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired); invalidates nothing a caller holds.
+  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
+  /// recency); invalidates nothing a caller holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
     expire(now);
