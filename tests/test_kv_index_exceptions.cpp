@@ -165,8 +165,10 @@ void expect(bool met) {
 // invariants and be exactly as before. The successful run must leave the same
 // state as a run without any failure. Returns how many runs failed.
 template <class Op>
-int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers = 0) {
-  const KvIndex base = base_index(policy, extra_workers);
+int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers = 0,
+                          void (*setup)(KvIndex&) = nullptr) {
+  KvIndex base = base_index(policy, extra_workers);
+  if (setup != nullptr) setup(base);
   KvIndex clean = base;
   op(clean);
   const Snapshot want = snapshot(clean);
@@ -273,4 +275,28 @@ TEST_CASE("copy assignment: strong guarantee", "[kv_index]") {
   KvIndex source = base_index(KvGapPolicy::report);
   REQUIRE(source.apply(Fresh, stored(0, {60, 61, 62})).ok());
   CHECK(fail_every_allocation(KvGapPolicy::report, [&](KvIndex& index) { index = source; }) >= 1);
+}
+
+TEST_CASE("degraded mode: a gap's reset happens only with the event", "[kv_index]") {
+  // The view is dropped and the event applied in one step: a failed
+  // allocation leaves the old view, cursor and counters.
+  SECTION("a store that needs new nodes after the reset") {
+    CHECK(fail_every_allocation(KvGapPolicy::reset_and_apply, [](KvIndex& index) {
+            const auto r = index.apply(A, stored(7, {70, 71, 72, 73}));
+            expect(r.ok() && r.view_reset);
+          }) >= 1);
+  }
+  SECTION("a store into the emptied tree") {
+    CHECK(fail_every_allocation(
+              KvGapPolicy::reset_and_apply,
+              [](KvIndex& index) {
+                const auto r = index.apply(B, stored(5, {1, 2, 3}));
+                expect(r.ok() && r.view_reset);
+              },
+              0,
+              [](KvIndex& index) {  // B alone holds blocks
+                REQUIRE(index.remove_worker(A));
+                REQUIRE(index.remove_worker(C));
+              }) >= 1);
+  }
 }

@@ -171,7 +171,15 @@ struct KvIndexCounters {
 /// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
 /// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
 /// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value.
+/// index-addressed pools, so an index is an ordinary copyable value. Freed
+/// nodes and holds go to free lists that the next stores reuse; the pools
+/// themselves shrink only when they empty, so memory is bounded by the peak
+/// number of live blocks (tables shrink as their load drops).
+///
+/// Exception safety: apply / store / remove / clear, replace_worker and copy
+/// assignment give the strong guarantee (on std::bad_alloc the index is
+/// unchanged); remove_worker(KvWorker), moves and swap never throw; the
+/// const queries allocate only their results.
 class KvIndex {
  public:
   /// An empty index (just the root). O(1), allocates nothing.
@@ -220,8 +228,10 @@ class KvIndex {
 
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
-  /// Never throws on bad input; on std::bad_alloc the event is not applied and
-  /// the index stays valid.
+  /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
+  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// not even under reset_and_apply; only a Stored event or a new worker's
+  /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {
@@ -249,6 +259,9 @@ class KvIndex {
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
     }
+    // Only now, with room reserved, may a gap drop the view; dropping it
+    // keeps capacity, so the reservation holds.
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
     finish(slot, event_id, r);
     return r;
@@ -261,6 +274,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
     remove_blocks(slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
@@ -272,7 +286,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot);
+    r.blocks_cascaded += clear_slot(slot);  // also what a gap's reset would drop
     finish(slot, event_id, r);
     return r;
   }
@@ -698,8 +712,11 @@ class KvIndex {
     }
   }
 
-  // Classifies the event id; false when the event must not be applied.
-  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) {
+  // Classifies the event id; false when the event must not be applied. A gap
+  // under reset_and_apply sets r.view_reset: the caller drops the view once
+  // nothing can fail any more. Changes nothing but the counters of rejected
+  // events.
+  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
     Slot& s = slots_[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
@@ -708,20 +725,22 @@ class KvIndex {
       return false;
     }
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
-      ++counters_.gaps;
       if (options_.on_gap == KvGapPolicy::report) {
+        ++counters_.gaps;
         r.status = KvEventStatus::gap;
         return false;
       }
-      r.blocks_cascaded += clear_slot(slot);
       r.view_reset = true;
-      ++counters_.views_reset;
     }
     return true;
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
     slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    if (r.view_reset) {
+      ++counters_.gaps;
+      ++counters_.views_reset;
+    }
     switch (r.status) {
       case KvEventStatus::applied:
         ++counters_.events_applied;
@@ -857,18 +876,19 @@ class KvIndex {
     }
   }
 
-  // Drops every block of `slot`; returns how many.
-  std::size_t clear_slot(std::uint32_t slot) noexcept {
+  // Drops every block of `slot`; returns how many. With shrink false the
+  // tables and pools keep their capacity (reservations stay valid).
+  std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
     const std::uint32_t sentinel = slots_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(holds_[sentinel].first_child);
+      n += remove_subtree(holds_[sentinel].first_child, shrink);
     return n;
   }
 
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t top) noexcept {
+  std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
     std::size_t n = 0;
     std::uint32_t h = top;
     for (;;) {
@@ -876,7 +896,7 @@ class KvIndex {
         h = holds_[h].first_child;
       const std::uint32_t up = holds_[h].parent;
       const bool last = h == top;
-      release_hold(h);
+      release_hold(h, shrink);
       ++n;
       if (last) return n;
       h = up;
@@ -885,17 +905,17 @@ class KvIndex {
 
   // Releases a childless hold: its name, its holder bit, and the node when no
   // worker holds it any more.
-  void release_hold(std::uint32_t h) noexcept {
+  void release_hold(std::uint32_t h, bool shrink = true) noexcept {
     const detail::KvHold x = holds_[h];
-    slots_[x.slot].names.erase(x.block_hash, 0);
+    slots_[x.slot].names.erase(x.block_hash, 0, shrink);
     --slots_[x.slot].blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
+    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
-  void free_node(std::uint32_t n) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n));
-    nodes_.release(n);
+  void free_node(std::uint32_t n, bool shrink = true) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    nodes_.release(n, shrink);
   }
 
   KvIndexOptions options_;

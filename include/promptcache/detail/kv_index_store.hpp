@@ -128,13 +128,14 @@ class KvNodeStore {
   }
 
   /// Returns node `n` (holder count 0) to the free list. When no node is left
-  /// the storage itself is released, so an emptied index gives memory back.
-  void release(std::uint32_t n) noexcept {
+  /// the storage itself is released, so an emptied index gives memory back,
+  /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
+  void release(std::uint32_t n, bool shrink = true) noexcept {
     row(n)[2] = free_head_;
     free_head_ = n;
     ++free_count_;
     --live_;
-    if (live_ == 0U) {
+    if (shrink && live_ == 0U) {
       std::vector<std::uint64_t>().swap(words_);
       free_head_ = kv_npos;
       free_count_ = 0;

@@ -99,7 +99,9 @@ class KvPackedTable {
   }
 
   /// Removes (key, tag); returns false when it was absent. Amortized O(1).
-  bool erase(std::uint64_t key, std::uint32_t tag) noexcept {
+  /// Below load 1/8 the array shrinks, unless `shrink` is false (then earlier
+  /// reserve_extra guarantees still hold).
+  bool erase(std::uint64_t key, std::uint32_t tag, bool shrink = true) noexcept {
     if (slots_.empty()) return false;
     std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
     for (;;) {
@@ -123,7 +125,7 @@ class KvPackedTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    if (shrink && slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
     return true;
   }
 
