@@ -632,7 +632,8 @@ TEST_CASE("copy assignment replaces the whole index", "[kv_index]") {
   CHECK(other.check_invariants());
   CHECK(matches(other, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
   CHECK(other.worker_count() == 1);
-  index = index;  // self-assignment keeps everything
+  const KvIndex& same = index;
+  index = same;  // self-assignment keeps everything
   CHECK(index.check_invariants());
   CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
 }

@@ -210,7 +210,6 @@ class KvIndex {
     }
     return *this;
   }
-  ~KvIndex() = default;
 
   /// Exchanges the contents (options included) with `other`. O(1), noexcept.
   void swap(KvIndex& other) noexcept {
