@@ -637,3 +637,28 @@ TEST_CASE("copy assignment replaces the whole index", "[kv_index]") {
   CHECK(index.check_invariants());
   CHECK(matches(index, {1, 2, 3}) == std::vector<KvWorkerMatch>{{A, 3}});
 }
+
+TEST_CASE("degraded mode: a reset that stores nothing frees like a Cleared event", "[kv_index]") {
+  Hashes tokens;
+  for (std::uint64_t i = 0; i < 3000; ++i)
+    tokens.push_back(i * 7919U + 3U);
+  KvIndex index(KvIndexOptions{KvGapPolicy::reset_and_apply});
+  REQUIRE(index.apply(A, stored(0, tokens)).ok());
+  KvIndex cleared_twin(KvIndexOptions{KvGapPolicy::reset_and_apply});
+  REQUIRE(cleared_twin.apply(A, stored(0, tokens)).ok());
+  REQUIRE(cleared_twin.apply(A, cleared(1)).ok());
+  SECTION("the event's parent went with the view") {
+    const KvEventResult r = index.apply(A, stored(5, {1}, tokens[10] + 1000));
+    CHECK(r.view_reset);
+    CHECK(r.status == KvEventStatus::parent_not_found);
+  }
+  SECTION("an empty Stored event") {
+    const KvEventResult r = index.apply(A, stored(5, {}));
+    CHECK(r.view_reset);
+    CHECK(r.ok());
+  }
+  CHECK(index.node_count() == 0);
+  CHECK(index.total_blocks() == 0);
+  CHECK(index.check_invariants());
+  CHECK(index.approximate_memory_bytes() <= cleared_twin.approximate_memory_bytes());
+}

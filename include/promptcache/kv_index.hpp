@@ -253,7 +253,9 @@ class KvIndex {
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
     try {
-      reserve_for_store(slot, blocks.size());
+      // A reset frees the worker's holds and names before the store, so they
+      // need room only beyond what it frees.
+      reserve_for_store(slot, blocks.size(), r.view_reset ? slots_[slot].blocks : 0U);
     } catch (...) {
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
@@ -262,6 +264,11 @@ class KvIndex {
     // keeps capacity, so the reservation holds.
     if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
+    if (r.view_reset) {  // give back what the reset freed but kept for the store
+      nodes_.shrink_if_empty();
+      edges_.shrink_to_load();
+      slots_[slot].names.shrink_to_load();
+    }
     finish(slot, event_id, r);
     return r;
   }
@@ -602,12 +609,14 @@ class KvIndex {
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
-  // std::bad_alloc can only come before anything changed.
-  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
+  // std::bad_alloc can only come before anything changed. `freed`: holds (and
+  // names) of the slot that a no-shrink clear_slot frees before the store.
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
     nodes_.reserve_extra(blocks);
-    holds_.reserve_extra(blocks);
     edges_.reserve_extra(blocks);
-    slots_[slot].names.reserve_extra(blocks);
+    const std::size_t own = blocks > freed ? blocks - freed : 0U;
+    holds_.reserve_extra(own);
+    slots_[slot].names.reserve_extra(own);
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;

@@ -135,11 +135,15 @@ class KvNodeStore {
     free_head_ = n;
     ++free_count_;
     --live_;
-    if (shrink && live_ == 0U) {
-      std::vector<std::uint64_t>().swap(words_);
-      free_head_ = kv_npos;
-      free_count_ = 0;
-    }
+    if (shrink) shrink_if_empty();
+  }
+
+  /// Releases the storage when no node but the root is live. O(1).
+  void shrink_if_empty() noexcept {
+    if (live_ != 0U) return;
+    std::vector<std::uint64_t>().swap(words_);
+    free_head_ = kv_npos;
+    free_count_ = 0;
   }
 
   /// Widens the holder bitsets so that slot indices below `slots` fit.

@@ -129,6 +129,21 @@ class KvPackedTable {
     return true;
   }
 
+  /// Shrinks the slot array as erase would have (halving while the load is
+  /// below 1/8; released when empty). Keeps the current array when a smaller
+  /// one cannot be allocated. O(capacity).
+  void shrink_to_load() noexcept {
+    if (size_ == 0U) {
+      clear();
+      return;
+    }
+    while (slots_.size() > 16U && size_ * 8U < slots_.size()) {
+      const std::size_t before = slots_.size();
+      shrink_noexcept();
+      if (slots_.size() == before) return;
+    }
+  }
+
   /// Number of entries. O(1).
   [[nodiscard]] std::size_t size() const noexcept {
     return size_;
