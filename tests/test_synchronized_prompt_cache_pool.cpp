@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -99,6 +100,82 @@ TEST_CASE("synchronized pool: a hit stays usable while other threads evict it") 
   t.join();
   CHECK(hit->entry->ids == Ids{1, 2});
   CHECK(hit->entry->caches[0].digest == digest(Ids{1, 2}));
+}
+
+namespace {
+
+// A LayerCache whose destructor and size functor call back into the pool: if either ran under
+// the pool's lock, the callback would deadlock (std::mutex is not recursive).
+struct Reentrant;
+struct ReentrantBytes {
+  std::size_t operator()(const Reentrant& r) const;
+};
+using ReentrantPool =
+    promptcache::SynchronizedPromptCachePool<Reentrant, std::uint32_t, ManualClock, ReentrantBytes>;
+ReentrantPool* g_reentrant_pool = nullptr;
+int g_callbacks = 0;
+
+struct Reentrant {
+  bool armed = false;
+  Reentrant() = default;
+  explicit Reentrant(bool a) : armed(a) {}
+  Reentrant(const Reentrant&) = default;
+  Reentrant(Reentrant&& o) noexcept : armed(std::exchange(o.armed, false)) {}
+  Reentrant& operator=(const Reentrant&) = default;
+  Reentrant& operator=(Reentrant&&) noexcept = default;
+  ~Reentrant() {
+    if (armed && g_reentrant_pool != nullptr) {
+      (void)g_reentrant_pool->size();
+      ++g_callbacks;
+    }
+  }
+};
+
+std::size_t ReentrantBytes::operator()(const Reentrant&) const {
+  if (g_reentrant_pool != nullptr) (void)g_reentrant_pool->size();
+  return 1;
+}
+
+}  // namespace
+
+TEST_CASE("synchronized pool: size functor and LayerCache destructors run without the lock") {
+  ManualClock clock;
+  ReentrantPool::Options o;
+  o.max_entries = 1;
+  o.min_cacheable_tokens = 0;
+  o.max_bytes = 10;
+  o.ttl = 5s;
+  ReentrantPool pool(o, clock);
+  g_reentrant_pool = &pool;
+  g_callbacks = 0;
+  {
+    std::vector<Reentrant> a;
+    a.emplace_back(true);
+    pool.insert({1}, std::move(a));
+  }
+  {
+    std::vector<Reentrant> b;
+    b.emplace_back(true);
+    pool.insert({2}, std::move(b));  // LRU-evicts [1]: its destructor runs after unlocking
+  }
+  CHECK(g_callbacks == 1);
+  {
+    std::vector<Reentrant> c;
+    c.emplace_back(true);
+    pool.insert({2}, std::move(c));  // update: the replaced snapshot dies after unlocking
+  }
+  CHECK(g_callbacks == 2);
+  clock.advance(6s);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{2}));  // TTL eviction inside a lookup
+  CHECK(g_callbacks == 3);
+  {
+    std::vector<Reentrant> d;
+    d.emplace_back(true);
+    pool.insert({3}, std::move(d));
+  }
+  CHECK(pool.erase(Ids{3}));
+  CHECK(g_callbacks == 4);
+  g_reentrant_pool = nullptr;
 }
 
 namespace {
