@@ -1,0 +1,112 @@
+// block_hash.hpp's promise that the span overloads never allocate (issue 5:
+// "local block hashes of a token span into a caller's buffer (no
+// allocation)"), checked by counting every call of the replaced global
+// operator new.
+#include <promptcache/block_hash.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <span>
+#include <vector>
+
+#include "catch.hpp"
+
+// GCC sees the malloc/free pair through the replaced operators and warns about
+// a mismatch that is exactly the point of the replacement.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+namespace {
+long g_allocations = 0;
+
+void* counted_allocation(std::size_t n) {
+  ++g_allocations;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_allocation(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+
+namespace {
+using u32 = std::uint32_t;
+using u64 = std::uint64_t;
+}  // namespace
+
+TEST_CASE("operator new replacement is active", "[block_hash]") {
+  const long before = g_allocations;
+  auto* p = new int(3);
+  delete p;
+  CHECK(g_allocations == before + 1);
+}
+
+TEST_CASE("the span overloads do not allocate", "[block_hash]") {
+  std::vector<u32> tokens(4096);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<u32>(i * 2654435761U);
+  std::vector<u64> out(4096);
+  std::vector<u64> media(32);  // the most a block may carry without a scratch vector
+  for (std::size_t i = 0; i < media.size(); ++i)
+    media[i] = 1000 - i;
+  const std::vector<std::span<const u64>> per_block{{}, media, {}, media};
+  const u64 seed = promptcache::block_hash_seed("lora", "salt");
+
+  // Block sizes on both sides of xxh3's seed-only limit (60 tokens) and of
+  // the 2 KiB encoding buffer (512 tokens), with and without media / Eagle.
+  for (const std::size_t block_size : {std::size_t{1}, std::size_t{16}, std::size_t{60},
+                                       std::size_t{64}, std::size_t{512}, std::size_t{1000}}) {
+    for (const bool eagle : {false, true}) {
+      for (const bool with_media : {false, true}) {
+        CAPTURE(block_size, eagle, with_media);
+        promptcache::BlockHashOptions options{.seed = seed, .eagle = eagle};
+        if (with_media) options.media = per_block;
+        const long before = g_allocations;
+        const std::size_t n = promptcache::local_block_hashes(tokens, block_size, out, options);
+        promptcache::detail::local_block_hashes<false>(tokens, block_size, out, options);
+        promptcache::sequence_hashes(std::span<const u64>(out).first(n), out, u64{42});
+        CHECK(g_allocations == before);
+        CHECK(n > 0);
+      }
+    }
+  }
+}
