@@ -40,9 +40,9 @@ class KvPackedTable {
  public:
   /// One slot: 16 bytes.
   struct Entry {
-    std::uint64_t key;
-    std::uint32_t tag;
-    std::uint32_t value;
+    std::uint64_t key;    ///< First half of the lookup key.
+    std::uint32_t tag;    ///< Second half of the lookup key.
+    std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
   };
 
   /// The value stored for (key, tag), or kv_npos. O(1) expected.
