@@ -7,4 +7,7 @@
 #include "promptcache/block_hash.hpp"
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_index.hpp"
+#include "promptcache/manual_clock.hpp"
+#include "promptcache/prompt_cache_pool.hpp"
+#include "promptcache/synchronized_prompt_cache_pool.hpp"
 #include "promptcache/version.hpp"

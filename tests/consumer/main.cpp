@@ -2,15 +2,58 @@
 // project would after installing or vendoring promptcache.
 #include <promptcache/promptcache.hpp>
 
+#include <cstdint>
 #include <cstdio>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+struct Layer {
+  int id = 0;
+};
+
+bool cursor_works() {
+  const auto state = promptcache::CursorState<>::initial().advance_to(0);
+  return std::holds_alternative<promptcache::cursor::Contiguous<std::uint64_t>>(state.observe(1));
+}
+
+bool pool_works() {
+  auto pool = promptcache::PromptCachePool<Layer>::with_defaults();
+  std::vector<std::uint32_t> prompt(32);
+  std::iota(prompt.begin(), prompt.end(), 1U);
+  pool.insert_or_update(prompt, {Layer{1}, Layer{2}}, 0, 0, false);
+  prompt.push_back(99);
+  const auto hit = pool.find_longest_prefix(prompt);
+  return hit && hit->matched == 32 && hit->entry->caches.size() == 2;
+}
+
+bool hash_and_index_work() {
+  std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto local = promptcache::local_block_hashes(tokens, 4);
+  const auto seq = promptcache::sequence_hashes(local);
+  // Dynamo's published values for these two blocks.
+  if (local.size() != 2 || local[0] != 14643705804678351452ULL || seq[1] != 4945711292740353085ULL)
+    return false;
+
+  promptcache::KvIndex index;
+  promptcache::kv_event::Stored stored;
+  for (std::size_t i = 0; i < local.size(); ++i)
+    stored.blocks.push_back({seq[i], local[i]});
+  const promptcache::KvWorker worker{7, 0};
+  if (!index.apply(worker, {0, stored}).ok()) return false;
+  const auto matches = index.find_matches(local);
+  return matches.size() == 1 && matches[0].worker == worker && matches[0].blocks == 2;
+}
+
+}  // namespace
 
 int main() {
-  auto state = promptcache::CursorState<>::initial();
-  state = state.advance_to(0);
-  const bool contiguous =
-      std::holds_alternative<promptcache::cursor::Contiguous<std::uint64_t>>(state.observe(1));
-
-  std::printf("promptcache %d.%d.%d: cursor %s\n", PROMPTCACHE_VERSION_MAJOR,
-              PROMPTCACHE_VERSION_MINOR, PROMPTCACHE_VERSION_PATCH, contiguous ? "ok" : "broken");
-  return contiguous ? 0 : 1;
+  const bool ok_cursor = cursor_works();
+  const bool ok_pool = pool_works();
+  const bool ok_index = hash_and_index_work();
+  std::printf("promptcache %d.%d.%d: cursor %s, pool %s, block hash + index %s\n",
+              PROMPTCACHE_VERSION_MAJOR, PROMPTCACHE_VERSION_MINOR, PROMPTCACHE_VERSION_PATCH,
+              ok_cursor ? "ok" : "broken", ok_pool ? "ok" : "broken", ok_index ? "ok" : "broken");
+  return ok_cursor && ok_pool && ok_index ? 0 : 1;
 }
