@@ -380,6 +380,7 @@ class BlockHasher {
   /// Blocks with up to this many media hashes sort them without allocating.
   static constexpr std::size_t inline_media = 32;
 
+  /// A hasher for `seed`; the secret is derived lazily. O(1).
   explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
 
   /// xxh3 of `len` bytes at `data` with the seed. O(len).

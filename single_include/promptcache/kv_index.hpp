@@ -211,9 +211,9 @@ class KvPackedTable {
  public:
   /// One slot: 16 bytes.
   struct Entry {
-    std::uint64_t key;
-    std::uint32_t tag;
-    std::uint32_t value;
+    std::uint64_t key;    ///< First half of the lookup key.
+    std::uint32_t tag;    ///< Second half of the lookup key.
+    std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
   };
 
   /// The value stored for (key, tag), or kv_npos. O(1) expected.
@@ -270,7 +270,9 @@ class KvPackedTable {
   }
 
   /// Removes (key, tag); returns false when it was absent. Amortized O(1).
-  bool erase(std::uint64_t key, std::uint32_t tag) noexcept {
+  /// Below load 1/8 the array shrinks, unless `shrink` is false (then earlier
+  /// reserve_extra guarantees still hold).
+  bool erase(std::uint64_t key, std::uint32_t tag, bool shrink = true) noexcept {
     if (slots_.empty()) return false;
     std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
     for (;;) {
@@ -294,8 +296,23 @@ class KvPackedTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    if (shrink && slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
     return true;
+  }
+
+  /// Shrinks the slot array as erase would have (halving while the load is
+  /// below 1/8; released when empty). Keeps the current array when a smaller
+  /// one cannot be allocated. O(capacity).
+  void shrink_to_load() noexcept {
+    if (size_ == 0U) {
+      clear();
+      return;
+    }
+    while (slots_.size() > 16U && size_ * 8U < slots_.size()) {
+      const std::size_t before = slots_.size();
+      shrink_noexcept();
+      if (slots_.size() == before) return;
+    }
   }
 
   /// Number of entries. O(1).
@@ -358,14 +375,17 @@ namespace promptcache::detail {
 ///   [2] parent index (low 32 bits) | holder count (high 32 bits)
 ///   [3..] bitset over worker slots: which slots hold this node
 /// Node 0 is the root; it is never freed and its holder fields are unused.
+/// While no other node exists there are no rows at all (the root's only field
+/// in use, its path hash, is a constant), so an empty store owns no memory and
+/// constructing or emptying one cannot throw.
 /// A freed node has count 0 and keeps the next free index in its parent field.
 class KvNodeStore {
  public:
   /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
-  /// Just the root, with bitsets for 64 slots. O(1).
-  KvNodeStore() { reset(); }
+  /// Just the root, with bitsets for 64 slots. O(1), no allocation.
+  KvNodeStore() noexcept = default;
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
   /// For a fixed parent this is a bijection of the tokens hash, so two children
@@ -376,7 +396,9 @@ class KvNodeStore {
   }
 
   /// Path hash of node `n` (its key in the edge table). O(1).
-  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
+    return n == 0U ? root_path_hash : row(n)[0];
+  }
   /// Tokens hash of node `n`'s block. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
   /// Parent of node `n` (next free node for a freed one). O(1).
@@ -423,7 +445,8 @@ class KvNodeStore {
   /// `extra` allocate() calls. Strong guarantee.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
-    const std::size_t need = (rows() + extra - free_count_) * stride_;
+    // The first node also brings the root's row.
+    const std::size_t need = (std::max<std::size_t>(rows(), 1U) + extra - free_count_) * stride_;
     if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
   }
 
@@ -437,6 +460,11 @@ class KvNodeStore {
       --free_count_;
     } else {
       if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      if (words_.empty()) {  // the root's row first; its parent is "none"
+        words_.assign(stride_, 0U);
+        words_[0] = root_path_hash;
+        words_[2] = kv_npos;
+      }
       n = static_cast<std::uint32_t>(rows());
       words_.resize(words_.size() + stride_, 0U);
     }
@@ -450,13 +478,22 @@ class KvNodeStore {
   }
 
   /// Returns node `n` (holder count 0) to the free list. When no node is left
-  /// the storage itself is released, so an emptied index gives memory back.
-  void release(std::uint32_t n) noexcept {
+  /// the storage itself is released, so an emptied index gives memory back,
+  /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
+  void release(std::uint32_t n, bool shrink = true) noexcept {
     row(n)[2] = free_head_;
     free_head_ = n;
     ++free_count_;
     --live_;
-    if (live_ == 0U) shrink_to_root();
+    if (shrink) shrink_if_empty();
+  }
+
+  /// Releases the storage when no node but the root is live. O(1).
+  void shrink_if_empty() noexcept {
+    if (live_ != 0U) return;
+    std::vector<std::uint64_t>().swap(words_);
+    free_head_ = kv_npos;
+    free_count_ = 0;
   }
 
   /// Widens the holder bitsets so that slot indices below `slots` fit.
@@ -516,27 +553,6 @@ class KvNodeStore {
   }
   [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
     return words_.data() + static_cast<std::size_t>(n) * stride_;
-  }
-
-  void reset() {
-    words_.assign(stride_, 0U);
-    words_[0] = root_path_hash;
-    words_[2] = kv_npos;
-    free_head_ = kv_npos;
-    free_count_ = 0;
-    live_ = 0;
-  }
-
-  void shrink_to_root() noexcept {
-    try {
-      std::vector<std::uint64_t> fresh(stride_, 0U);
-      words_.swap(fresh);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
-      free_head_ = kv_npos;
-      free_count_ = 0;
-    } catch (...) {  // keep the old rows; they are all free and still valid
-    }
   }
 
   std::vector<std::uint64_t> words_;
@@ -791,18 +807,66 @@ struct KvIndexCounters {
 /// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
 /// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
 /// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value.
+/// index-addressed pools, so an index is an ordinary copyable value. Freed
+/// nodes and holds go to free lists that the next stores reuse; the pools
+/// themselves shrink only when they empty, so memory is bounded by the peak
+/// number of live blocks (tables shrink as their load drops).
+///
+/// Exception safety: apply / store / remove / clear, replace_worker and copy
+/// assignment give the strong guarantee (on std::bad_alloc the index is
+/// unchanged); remove_worker(KvWorker), moves and swap never throw; the
+/// const queries allocate only their results.
 class KvIndex {
  public:
-  /// An empty index (just the root). O(1).
-  KvIndex() : KvIndex(KvIndexOptions{}) {}
-  /// An empty index with `options`. O(1).
-  explicit KvIndex(KvIndexOptions options) : options_(options) {}
+  /// An empty index (just the root). O(1), allocates nothing.
+  KvIndex() noexcept : KvIndex(KvIndexOptions{}) {}
+  /// An empty index with `options`. O(1), allocates nothing.
+  explicit KvIndex(KvIndexOptions options) noexcept : options_(options) {}
+
+  /// A deep copy. O(size of `other`).
+  KvIndex(const KvIndex& other) = default;
+  /// Takes over `other`'s contents; `other` is left empty (with its options),
+  /// ready for reuse. O(1).
+  KvIndex(KvIndex&& other) noexcept : options_(other.options_) { swap(other); }
+  /// Replaces the contents with a copy of `other`. Strong guarantee: on
+  /// std::bad_alloc this index is unchanged. O(size of both).
+  KvIndex& operator=(const KvIndex& other) {
+    if (this != &other) {
+      KvIndex copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s contents; `other` is left empty (with its options).
+  /// O(size of this index, which is released).
+  KvIndex& operator=(KvIndex&& other) noexcept {
+    if (this != &other) {
+      KvIndex taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+
+  /// Exchanges the contents (options included) with `other`. O(1), noexcept.
+  void swap(KvIndex& other) noexcept {
+    using std::swap;
+    swap(options_, other.options_);
+    swap(nodes_, other.nodes_);
+    swap(holds_, other.holds_);
+    swap(edges_, other.edges_);
+    swap(slot_table_, other.slot_table_);
+    swap(slots_, other.slots_);
+    swap(counters_, other.counters_);
+  }
+  /// Exchanges the contents of `a` and `b`. O(1), noexcept.
+  friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
 
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
-  /// Never throws on bad input; on std::bad_alloc the event is not applied and
-  /// the index stays valid.
+  /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
+  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// not even under reset_and_apply; only a Stored event or a new worker's
+  /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {
@@ -820,11 +884,27 @@ class KvIndex {
   /// Applies a Stored event without building a KvEvent. Same rules as apply().
   KvEventResult store(const KvWorker& worker, std::uint64_t event_id,
                       std::optional<std::uint64_t> parent_hash, std::span<const KvBlock> blocks) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    reserve_for_store(slot, blocks.size());
+    try {
+      // A reset frees the worker's holds and names before the store, so they
+      // need room only beyond what it frees.
+      reserve_for_store(slot, blocks.size(), r.view_reset ? slots_[slot].blocks : 0U);
+    } catch (...) {
+      if (created) remove_worker(worker);  // a new worker's first event did not apply
+      throw;
+    }
+    // Only now, with room reserved, may a gap drop the view; dropping it
+    // keeps capacity, so the reservation holds.
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
+    if (r.view_reset) {  // give back what the reset freed but kept for the store
+      nodes_.shrink_if_empty();
+      edges_.shrink_to_load();
+      slots_[slot].names.shrink_to_load();
+    }
     finish(slot, event_id, r);
     return r;
   }
@@ -832,9 +912,11 @@ class KvIndex {
   /// Applies a Removed event without building a KvEvent. Same rules as apply().
   KvEventResult remove(const KvWorker& worker, std::uint64_t event_id,
                        std::span<const std::uint64_t> block_hashes) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
     remove_blocks(slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
@@ -842,10 +924,11 @@ class KvIndex {
 
   /// Applies a Cleared event without building a KvEvent. Same rules as apply().
   KvEventResult clear(const KvWorker& worker, std::uint64_t event_id) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot);
+    r.blocks_cascaded += clear_slot(slot);  // also what a gap's reset would drop
     finish(slot, event_id, r);
     return r;
   }
@@ -873,6 +956,7 @@ class KvIndex {
         }
       } catch (...) {
         drop_slot(tmp);
+        trim_masks();
         throw;
       }
       if (st != KvEventStatus::applied) {
@@ -1063,8 +1147,7 @@ class KvIndex {
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
     return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
-           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
-           free_slots_.capacity() * sizeof(std::uint32_t);
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -1162,43 +1245,43 @@ class KvIndex {
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
-  // std::bad_alloc can only come before anything changed.
-  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
+  // std::bad_alloc can only come before anything changed. `freed`: holds (and
+  // names) of the slot that a no-shrink clear_slot frees before the store.
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
     nodes_.reserve_extra(blocks);
-    holds_.reserve_extra(blocks);
     edges_.reserve_extra(blocks);
-    slots_[slot].names.reserve_extra(blocks);
+    const std::size_t own = blocks > freed ? blocks - freed : 0U;
+    holds_.reserve_extra(own);
+    slots_[slot].names.reserve_extra(own);
   }
 
-  // The slot of `worker`, created (with an initial cursor) on first sight.
-  std::uint32_t slot_for(const KvWorker& worker) {
+  // The slot of `worker`, created (with an initial cursor) on first sight;
+  // `created` says which. Strong guarantee.
+  std::uint32_t slot_for(const KvWorker& worker, bool& created) {
     const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
     slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    created = true;
     return fresh;
   }
 
   // A live slot with a sentinel hold, not yet in the slot table (whose
-  // capacity for one more entry is reserved).
+  // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
     slot_table_.reserve_extra(1);
     holds_.reserve_extra(1);
-    free_slots_.reserve(slots_.size() + 1U);
-    std::uint32_t slot;
-    if (!free_slots_.empty()) {
-      // The lowest free index keeps the holder bitsets as narrow as possible.
-      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
-      slot = *lowest;
-      nodes_.ensure_slots(std::size_t{slot} + 1U);
-      *lowest = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
+    // The lowest free index keeps the holder bitsets as narrow as possible.
+    std::uint32_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].live)
+      ++slot;
+    if (slot == slots_.size()) {
       if (slots_.size() >= detail::kv_npos - 1U)
         throw std::length_error("kv index: too many workers");
       nodes_.ensure_slots(slots_.size() + 1U);
       slots_.emplace_back();
-      slot = static_cast<std::uint32_t>(slots_.size() - 1U);
+    } else {
+      nodes_.ensure_slots(std::size_t{slot} + 1U);
     }
     Slot& s = slots_[slot];
     s = Slot{};
@@ -1225,7 +1308,6 @@ class KvIndex {
     slots_[slot].sentinel = detail::kv_npos;
     slots_[slot].blocks = 0;
     slots_[slot].live = false;
-    free_slots_.push_back(slot);  // capacity reserved by new_slot
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
@@ -1259,7 +1341,6 @@ class KvIndex {
     src.sentinel = detail::kv_npos;
     src.blocks = 0;
     src.live = false;
-    free_slots_.push_back(tmp);  // capacity reserved by new_slot
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
@@ -1275,8 +1356,11 @@ class KvIndex {
     }
   }
 
-  // Classifies the event id; false when the event must not be applied.
-  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) {
+  // Classifies the event id; false when the event must not be applied. A gap
+  // under reset_and_apply sets r.view_reset: the caller drops the view once
+  // nothing can fail any more. Changes nothing but the counters of rejected
+  // events.
+  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
     Slot& s = slots_[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
@@ -1285,20 +1369,22 @@ class KvIndex {
       return false;
     }
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
-      ++counters_.gaps;
       if (options_.on_gap == KvGapPolicy::report) {
+        ++counters_.gaps;
         r.status = KvEventStatus::gap;
         return false;
       }
-      r.blocks_cascaded += clear_slot(slot);
       r.view_reset = true;
-      ++counters_.views_reset;
     }
     return true;
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
     slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    if (r.view_reset) {
+      ++counters_.gaps;
+      ++counters_.views_reset;
+    }
     switch (r.status) {
       case KvEventStatus::applied:
         ++counters_.events_applied;
@@ -1434,18 +1520,19 @@ class KvIndex {
     }
   }
 
-  // Drops every block of `slot`; returns how many.
-  std::size_t clear_slot(std::uint32_t slot) noexcept {
+  // Drops every block of `slot`; returns how many. With shrink false the
+  // tables and pools keep their capacity (reservations stay valid).
+  std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
     const std::uint32_t sentinel = slots_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(holds_[sentinel].first_child);
+      n += remove_subtree(holds_[sentinel].first_child, shrink);
     return n;
   }
 
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t top) noexcept {
+  std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
     std::size_t n = 0;
     std::uint32_t h = top;
     for (;;) {
@@ -1453,7 +1540,7 @@ class KvIndex {
         h = holds_[h].first_child;
       const std::uint32_t up = holds_[h].parent;
       const bool last = h == top;
-      release_hold(h);
+      release_hold(h, shrink);
       ++n;
       if (last) return n;
       h = up;
@@ -1462,17 +1549,17 @@ class KvIndex {
 
   // Releases a childless hold: its name, its holder bit, and the node when no
   // worker holds it any more.
-  void release_hold(std::uint32_t h) noexcept {
+  void release_hold(std::uint32_t h, bool shrink = true) noexcept {
     const detail::KvHold x = holds_[h];
-    slots_[x.slot].names.erase(x.block_hash, 0);
+    slots_[x.slot].names.erase(x.block_hash, 0, shrink);
     --slots_[x.slot].blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
+    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
-  void free_node(std::uint32_t n) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n));
-    nodes_.release(n);
+  void free_node(std::uint32_t n, bool shrink = true) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    nodes_.release(n, shrink);
   }
 
   KvIndexOptions options_;
@@ -1480,8 +1567,7 @@ class KvIndex {
   detail::KvHoldStore holds_;
   detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
   detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
-  std::vector<Slot> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  std::vector<Slot> slots_;                     // indexed by slot; free ones are not live
   KvIndexCounters counters_;
 };
 

@@ -53,6 +53,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <utility>
 
@@ -154,6 +155,14 @@ class PoolChildMap {
     }
     slots_[hole] = Slot{};
     --size_;
+    // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
+    // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
+    if (capacity_ > 16 && size_ * 8 <= capacity_) {
+      std::size_t smaller = 2;
+      while (smaller < 4 * size_)
+        smaller *= 2;
+      rebuild(smaller);
+    }
   }
 
   /// Calls f(node) for every child, in table order.
@@ -185,6 +194,20 @@ class PoolChildMap {
     const auto x = static_cast<std::uint64_t>(static_cast<U>(key));
     // Fibonacci hashing: the high bits of the product are well mixed.
     return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void rebuild(std::size_t new_capacity) noexcept {
+    std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[new_capacity]);
+    if (!table) return;
+    PoolChildMap other;
+    other.slots_ = std::move(table);
+    other.capacity_ = new_capacity;
+    other.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+    }
+    other.size_ = size_;
+    swap(other);
   }
 
   void place(Token key, Node* node) noexcept {
@@ -283,8 +306,8 @@ class PromptCachePool {
   /// Pool configuration; fixed at construction.
   struct Options {
     std::size_t max_entries = 16;  ///< LRU-evict unpinned entries beyond this count.
-    duration ttl =
-        std::chrono::minutes(5);           ///< Idle TTL of unpinned entries (<= 0: at next check).
+    /// Idle TTL of unpinned entries (<= 0: they expire at the next check).
+    duration ttl = std::chrono::minutes(5);
     std::size_t min_cacheable_tokens = 8;  ///< Shorter ids are stored only to extend a lineage.
     MatchMode match = MatchMode::exact_prefix;  ///< Exact-prefix (seed) or common-prefix lookups.
     bool keep_one_token = false;       ///< Cap a hit at query length - 1 (engine needs one token).
@@ -294,18 +317,18 @@ class PromptCachePool {
 
   /// One stored prefix. Immutable once stored; shared with every hit that returned it.
   struct Entry {
-    std::vector<Token> ids;          ///< The prefix's token ids (never empty).
-    std::vector<LayerCache> caches;  ///< Per-layer state after processing `ids`.
-    std::size_t fed_images = 0;      ///< Images already spliced into `caches`.
-    std::size_t fed_audios = 0;      ///< Audio clips already spliced into `caches`.
-    bool pinned =
-        false;  ///< Pinned when this snapshot was stored (pin()/unpin() don't rewrite it).
+    std::vector<Token> ids{};          ///< The prefix's token ids (never empty).
+    std::vector<LayerCache> caches{};  ///< Per-layer state after processing `ids`.
+    std::size_t fed_images = 0;        ///< Images already spliced into `caches`.
+    std::size_t fed_audios = 0;        ///< Audio clips already spliced into `caches`.
+    /// Pinned when this snapshot was stored (pin()/unpin() don't rewrite snapshots).
+    bool pinned = false;
   };
 
   /// A lookup result: a snapshot of the entry and how many query tokens it covers.
   struct Hit {
-    std::shared_ptr<const Entry> entry;  ///< Snapshot; stays valid after eviction.
-    std::size_t matched = 0;             ///< Leading query tokens the entry's state covers.
+    std::shared_ptr<const Entry> entry{};  ///< Snapshot; stays valid after eviction.
+    std::size_t matched = 0;               ///< Leading query tokens the entry's state covers.
     /// Tokens to cut from the entry's state before resuming (0 in exact-prefix mode).
     [[nodiscard]] std::size_t trim() const noexcept { return entry->ids.size() - matched; }
   };
@@ -316,18 +339,17 @@ class PromptCachePool {
     extended,            ///< Replaced a stored entry whose ids are a proper prefix (same lineage).
     updated,             ///< Replaced the stored entry with identical ids.
     rejected_empty,      ///< Empty ids; nothing changed.
-    rejected_too_short,  ///< Shorter than min_cacheable_tokens and extends nothing; nothing
-                         ///< changed.
+    rejected_too_short,  ///< Below min_cacheable_tokens, extends nothing; nothing changed.
     rejected_too_large,  ///< Alone larger than max_bytes; nothing changed.
   };
 
   /// Per-insert options for insert().
   struct InsertOptions {
-    bool pinned = false;          ///< Exempt from LRU, byte and TTL eviction.
-    std::optional<duration> ttl;  ///< Idle TTL of this entry (default: Options::ttl).
-    namespace_id ns = 0;          ///< Namespace; entries of other namespaces never interact.
-    std::size_t fed_images = 0;   ///< Stored as Entry::fed_images.
-    std::size_t fed_audios = 0;   ///< Stored as Entry::fed_audios.
+    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
+    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
+    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
   };
 
   /// Seed-style constructor (exact-prefix mode, no byte budget).
@@ -357,7 +379,7 @@ class PromptCachePool {
   ~PromptCachePool() {
     for (auto& [ns, root] : roots_)
       drop_tree(root.get());
-    release_retired();
+    free_retired(std::exchange(retired_, nullptr));
   }
 
   /// The options the pool was built with.
@@ -367,7 +389,8 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired); invalidates nothing a caller holds.
+  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
+  /// recency); invalidates nothing a caller holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
     expire(now);
@@ -402,8 +425,12 @@ class PromptCachePool {
   /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
   /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
   /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
-  /// and max_bytes (the new entry too, if nothing else is evictable). Strong exception
-  /// guarantee: if anything throws, the pool is unchanged. O(|ids| + |caches| + evicted).
+  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
+  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// common-prefix mode an extension also retires every other unpinned strict prefix of the
+  /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
+  /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
+  /// unchanged. O(|ids| + |caches| + evicted).
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = entry_bytes(caches);
@@ -474,7 +501,7 @@ class PromptCachePool {
       s->last_used = clock_.now();
       s->seq = ++seq_;
       list_push_back(s);
-      if (options_.match == MatchMode::common_prefix) raise_best(s);
+      if (options_.match == MatchMode::common_prefix) propagate(s->node);
       enforce_budgets();
       release_retired();
     }
@@ -556,6 +583,17 @@ class PromptCachePool {
           require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
           require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
         });
+        if (options_.match == MatchMode::common_prefix) {
+          require(n->heap.size() == n->children.size(), "heap size");
+          for (std::size_t i = 0; i < n->heap.size(); ++i) {
+            const HeapItem& it = n->heap[i];
+            require(it.node->parent == n && it.node->heap_pos == i, "heap links");
+            require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
+            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
+          }
+        } else {
+          require(n->heap.empty(), "heap outside common-prefix mode");
+        }
         if (n == root) return;
         require(n->slot || n->children.size() >= 2, "unmerged or empty node");
         const Entry* o = n->owner;
@@ -623,10 +661,19 @@ class PromptCachePool {
     Slot* next = nullptr;  // ... and the retired chain once removed
     time_point last_used{};
     std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
+    std::size_t len = 0;    // entry->ids.size(), kept here to spare a dereference
     std::size_t ttl_class = 0;
     std::size_t bytes = 0;
     namespace_id ns = 0;
     bool pinned = false;
+  };
+
+  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
+  // the (mostly cached) heap array instead of chasing two pointers per comparison.
+  struct HeapItem {
+    std::size_t len;
+    std::uint64_t seq;
+    Node* node;
   };
 
   struct Node {
@@ -638,6 +685,8 @@ class PromptCachePool {
     Token first{};                 // label[0], kept here so teardown never reads freed ids
     std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
     Slot* best = nullptr;          // common-prefix mode: shortest, then most recent slot below
+    std::vector<HeapItem> heap;    // common-prefix mode: children as a binary heap by best
+    std::size_t heap_pos = 0;      // index in the parent's heap
     detail::PoolChildMap<Token, Node> children;
   };
 
@@ -674,17 +723,32 @@ class PromptCachePool {
     return std::memcmp(a, b, n * sizeof(Token)) == 0;
   }
 
+  // Length of the common prefix of a[0, n) and b[0, n). memcmp only says "differs", so the
+  // mismatch is narrowed down through shrinking blocks: every token is read about once, in
+  // memcmp-sized strides, whether the edge matches fully or diverges deep inside.
   static std::size_t common_length(const Token* a, const Token* b, std::size_t n) noexcept {
-    if (equal_tokens(a, b, n)) return n;
     std::size_t i = 0;
-    while (a[i] == b[i])
+    for (const std::size_t block : {std::size_t{1024}, std::size_t{128}}) {
+      while (n - i >= block && equal_tokens(a + i, b + i, block))
+        i += block;
+    }
+    // Within the last 128 tokens: 8 at a time without a call (the loop vectorizes).
+    using U = std::make_unsigned_t<Token>;
+    while (n - i >= 8) {
+      U diff = 0;
+      for (std::size_t j = 0; j < 8; ++j) {
+        diff = static_cast<U>(diff | (static_cast<U>(a[i + j]) ^ static_cast<U>(b[i + j])));
+      }
+      if (diff != 0) break;
+      i += 8;
+    }
+    while (i < n && a[i] == b[i])
       ++i;
     return i;
   }
 
   static bool better(const Slot* a, const Slot* b) noexcept {
-    const std::size_t la = a->entry->ids.size(), lb = b->entry->ids.size();
-    return la < lb || (la == lb && a->seq > b->seq);
+    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
   }
 
   Node* root_of(namespace_id ns) const noexcept {
@@ -724,7 +788,7 @@ class PromptCachePool {
       pos = c->depth;
       if (c->slot) m.slot = c->slot.get();
     }
-    if (m.slot != nullptr) m.matched = m.slot->entry->ids.size();
+    if (m.slot != nullptr) m.matched = m.slot->len;
     return m;
   }
 
@@ -777,24 +841,96 @@ class PromptCachePool {
       list_unlink(s);
       list_push_back(s);
     }
-    if (options_.match == MatchMode::common_prefix) raise_best(s);
+    if (options_.match == MatchMode::common_prefix) propagate(s->node);
   }
 
-  // s just became the most recent: it wins every ancestor whose best is not shorter.
-  void raise_best(Slot* s) noexcept {
-    const std::size_t len = s->entry->ids.size();
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != nullptr && y->best != s && y->best->entry->ids.size() < len) break;
-      y->best = s;
+  // ---- common-prefix aggregates ---------------------------------------------------------
+  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
+  // children in a binary heap ordered by their best, so any change costs O(log fan-out) per
+  // level up to the root, removals included.
+
+  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
+    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
+  }
+
+  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+
+  // Restores the heap order around position i (the item there changed its key). A 4-ary
+  // heap: a touch only sifts up, and half as many levels as a binary heap.
+  static constexpr std::size_t kArity = 4;
+  static void heap_fix(Node* p, std::size_t i) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const HeapItem c = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    const std::size_t n = h.size();
+    while (true) {
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t b = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (item_better(h[k], h[b])) b = k;
+      }
+      if (!item_better(h[b], c)) break;
+      h[i] = h[b];
+      h[i].node->heap_pos = i;
+      i = b;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
+  }
+
+  // Child c's best (or its key) changed: refresh its item and reposition it.
+  static void heap_update(Node* p, Node* c) noexcept {
+    p->heap[c->heap_pos] = item_of(c);
+    heap_fix(p, c->heap_pos);
+  }
+
+  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
+  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    now->heap_pos = before->heap_pos;
+    p->heap[now->heap_pos] = item_of(now);
+  }
+
+  // Adds child c; requires reserved capacity (phase 1 of insert).
+  static void heap_push(Node* p, Node* c) noexcept {
+    p->heap.push_back(item_of(c));
+    c->heap_pos = p->heap.size() - 1;
+    heap_fix(p, c->heap_pos);
+  }
+
+  static void heap_erase(Node* p, Node* c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const std::size_t i = c->heap_pos;
+    const HeapItem last = h.back();
+    h.pop_back();
+    if (last.node != c) {
+      h[i] = last;
+      last.node->heap_pos = i;
+      heap_fix(p, i);
     }
   }
 
-  void recompute_best(Node* y) noexcept {
+  static Slot* compute_best(const Node* y) noexcept {
     Slot* b = y->slot.get();
-    y->children.for_each([&](Node* c) {
-      if (b == nullptr || better(c->best, b)) b = c->best;
-    });
-    y->best = b;
+    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
+      b = y->heap[0].node->best;
+    }
+    return b;
+  }
+
+  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
+  static void propagate(Node* x) noexcept {
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      y->best = compute_best(y);
+      heap_update(y->parent, y);
+    }
   }
 
   Slot* lru_victim() const noexcept {
@@ -897,13 +1033,16 @@ class PromptCachePool {
     count_removal(why);
     retire(std::move(n->slot));
 
+    const bool common = options_.match == MatchMode::common_prefix;
     Node* x = n;
     while (x->parent != nullptr && !x->slot && x->children.empty()) {
       Node* p = x->parent;
       p->children.erase(x->first);
+      if (common) heap_erase(p, x);
       delete x;
       x = p;
     }
+    Node* lowest = x;  // the deepest node whose subtree lost the entry
     if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
       Node* c = x->children.any();
       Node* p = x->parent;
@@ -912,19 +1051,20 @@ class PromptCachePool {
       c->first = x->first;
       c->parent = p;
       p->children.replace(x->first, c);
+      if (common) heap_substitute(p, x, c);
       x->children = detail::PoolChildMap<Token, Node>{};
       delete x;
       x = p;
+      lowest = c;
     }
-    const bool common = options_.match == MatchMode::common_prefix;
     for (Node* y = x; y->parent != nullptr; y = y->parent) {
       if (y->owner == old) {
         const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
         y->owner = o;
         y->label = o->ids.data() + (y->depth - y->label_len);
       }
-      if (common && y->best == s) recompute_best(y);
     }
+    if (common) propagate(lowest);
     if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
       roots_.erase(s->ns);  // an empty tenant costs nothing
     }
@@ -942,6 +1082,7 @@ class PromptCachePool {
     };
     root->children.for_each(push);
     root->children = detail::PoolChildMap<Token, Node>{};
+    root->heap.clear();
     while (stack != nullptr) {
       Node* x = stack;
       stack = x->parent;
@@ -1033,6 +1174,7 @@ class PromptCachePool {
     if (ttl_class == classes_.size()) {
       classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
     }
+    const bool common_mode = options_.match == MatchMode::common_prefix;
     auto slot = std::make_unique<Slot>();
     std::unique_ptr<Node> leaf, mid;
     bool created_root = false;
@@ -1040,6 +1182,7 @@ class PromptCachePool {
       if (where == Where::new_root) {
         auto root = std::make_unique<Node>();
         root->children.reserve(1);
+        if (common_mode) root->heap.reserve(1);
         node = root.get();
         roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
         created_root = true;
@@ -1047,10 +1190,14 @@ class PromptCachePool {
         where = Where::new_leaf;
       } else if (where == Where::new_leaf) {
         node->children.reserve(1);
+        if (common_mode && node->heap.size() == node->heap.capacity()) {
+          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
+        }
       }
       if (where == Where::split) {
         mid = std::make_unique<Node>();
         mid->children.reserve(pos + common == n ? 1 : 2);
+        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
       }
       if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
         leaf = std::make_unique<Node>();
@@ -1069,6 +1216,7 @@ class PromptCachePool {
     entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
     s->entry = std::move(entry);
     s->ttl_class = ttl_class;
+    s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
     s->last_used = now;
@@ -1090,13 +1238,20 @@ class PromptCachePool {
       child->first = child->label[0];
       child->parent = m;
       m->children.insert_reserved(child->first, child);
-      m->best = child->best;
+      if (common_mode) {
+        m->best = child->best;  // same key: m takes child's place in node's heap as is
+        heap_substitute(node, child, m);
+        m->heap.push_back(item_of(child));  // reserved
+        child->heap_pos = 0;
+      }
       node = m;
       pos = m->depth;
       target = m;
     }
+    Node* new_leaf = nullptr;
     if (leaf) {
       Node* l = leaf.release();
+      new_leaf = l;
       l->parent = node;
       l->label = e->ids.data() + pos;
       l->label_len = n - pos;
@@ -1135,14 +1290,15 @@ class PromptCachePool {
           y->label = e->ids.data() + (y->depth - y->label_len);
         }
       }
-      if (options_.match == MatchMode::common_prefix) {
-        for (Node* y = target; y->parent != nullptr && y->best == replaced.get(); y = y->parent) {
-          y->best = s;
-        }
-      }
       retire(std::move(replaced));
     }
-    if (options_.match == MatchMode::common_prefix) raise_best(s);
+    if (common_mode) {
+      if (new_leaf != nullptr) {
+        new_leaf->best = s;
+        heap_push(new_leaf->parent, new_leaf);
+      }
+      propagate(target);
+    }
 
     InsertResult result = InsertResult::inserted;
     if (exact != nullptr) {

@@ -388,6 +388,7 @@ class BlockHasher {
   /// Blocks with up to this many media hashes sort them without allocating.
   static constexpr std::size_t inline_media = 32;
 
+  /// A hasher for `seed`; the secret is derived lazily. O(1).
   explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
 
   /// xxh3 of `len` bytes at `data` with the seed. O(len).
@@ -771,9 +772,9 @@ class KvPackedTable {
  public:
   /// One slot: 16 bytes.
   struct Entry {
-    std::uint64_t key;
-    std::uint32_t tag;
-    std::uint32_t value;
+    std::uint64_t key;    ///< First half of the lookup key.
+    std::uint32_t tag;    ///< Second half of the lookup key.
+    std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
   };
 
   /// The value stored for (key, tag), or kv_npos. O(1) expected.
@@ -830,7 +831,9 @@ class KvPackedTable {
   }
 
   /// Removes (key, tag); returns false when it was absent. Amortized O(1).
-  bool erase(std::uint64_t key, std::uint32_t tag) noexcept {
+  /// Below load 1/8 the array shrinks, unless `shrink` is false (then earlier
+  /// reserve_extra guarantees still hold).
+  bool erase(std::uint64_t key, std::uint32_t tag, bool shrink = true) noexcept {
     if (slots_.empty()) return false;
     std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
     for (;;) {
@@ -854,8 +857,23 @@ class KvPackedTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    if (shrink && slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
     return true;
+  }
+
+  /// Shrinks the slot array as erase would have (halving while the load is
+  /// below 1/8; released when empty). Keeps the current array when a smaller
+  /// one cannot be allocated. O(capacity).
+  void shrink_to_load() noexcept {
+    if (size_ == 0U) {
+      clear();
+      return;
+    }
+    while (slots_.size() > 16U && size_ * 8U < slots_.size()) {
+      const std::size_t before = slots_.size();
+      shrink_noexcept();
+      if (slots_.size() == before) return;
+    }
   }
 
   /// Number of entries. O(1).
@@ -918,14 +936,17 @@ namespace promptcache::detail {
 ///   [2] parent index (low 32 bits) | holder count (high 32 bits)
 ///   [3..] bitset over worker slots: which slots hold this node
 /// Node 0 is the root; it is never freed and its holder fields are unused.
+/// While no other node exists there are no rows at all (the root's only field
+/// in use, its path hash, is a constant), so an empty store owns no memory and
+/// constructing or emptying one cannot throw.
 /// A freed node has count 0 and keeps the next free index in its parent field.
 class KvNodeStore {
  public:
   /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
-  /// Just the root, with bitsets for 64 slots. O(1).
-  KvNodeStore() { reset(); }
+  /// Just the root, with bitsets for 64 slots. O(1), no allocation.
+  KvNodeStore() noexcept = default;
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
   /// For a fixed parent this is a bijection of the tokens hash, so two children
@@ -936,7 +957,9 @@ class KvNodeStore {
   }
 
   /// Path hash of node `n` (its key in the edge table). O(1).
-  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept { return row(n)[0]; }
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
+    return n == 0U ? root_path_hash : row(n)[0];
+  }
   /// Tokens hash of node `n`'s block. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
   /// Parent of node `n` (next free node for a freed one). O(1).
@@ -983,7 +1006,8 @@ class KvNodeStore {
   /// `extra` allocate() calls. Strong guarantee.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
-    const std::size_t need = (rows() + extra - free_count_) * stride_;
+    // The first node also brings the root's row.
+    const std::size_t need = (std::max<std::size_t>(rows(), 1U) + extra - free_count_) * stride_;
     if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
   }
 
@@ -997,6 +1021,11 @@ class KvNodeStore {
       --free_count_;
     } else {
       if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      if (words_.empty()) {  // the root's row first; its parent is "none"
+        words_.assign(stride_, 0U);
+        words_[0] = root_path_hash;
+        words_[2] = kv_npos;
+      }
       n = static_cast<std::uint32_t>(rows());
       words_.resize(words_.size() + stride_, 0U);
     }
@@ -1010,13 +1039,22 @@ class KvNodeStore {
   }
 
   /// Returns node `n` (holder count 0) to the free list. When no node is left
-  /// the storage itself is released, so an emptied index gives memory back.
-  void release(std::uint32_t n) noexcept {
+  /// the storage itself is released, so an emptied index gives memory back,
+  /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
+  void release(std::uint32_t n, bool shrink = true) noexcept {
     row(n)[2] = free_head_;
     free_head_ = n;
     ++free_count_;
     --live_;
-    if (live_ == 0U) shrink_to_root();
+    if (shrink) shrink_if_empty();
+  }
+
+  /// Releases the storage when no node but the root is live. O(1).
+  void shrink_if_empty() noexcept {
+    if (live_ != 0U) return;
+    std::vector<std::uint64_t>().swap(words_);
+    free_head_ = kv_npos;
+    free_count_ = 0;
   }
 
   /// Widens the holder bitsets so that slot indices below `slots` fit.
@@ -1076,27 +1114,6 @@ class KvNodeStore {
   }
   [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
     return words_.data() + static_cast<std::size_t>(n) * stride_;
-  }
-
-  void reset() {
-    words_.assign(stride_, 0U);
-    words_[0] = root_path_hash;
-    words_[2] = kv_npos;
-    free_head_ = kv_npos;
-    free_count_ = 0;
-    live_ = 0;
-  }
-
-  void shrink_to_root() noexcept {
-    try {
-      std::vector<std::uint64_t> fresh(stride_, 0U);
-      words_.swap(fresh);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
-      free_head_ = kv_npos;
-      free_count_ = 0;
-    } catch (...) {  // keep the old rows; they are all free and still valid
-    }
   }
 
   std::vector<std::uint64_t> words_;
@@ -1351,18 +1368,66 @@ struct KvIndexCounters {
 /// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
 /// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
 /// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value.
+/// index-addressed pools, so an index is an ordinary copyable value. Freed
+/// nodes and holds go to free lists that the next stores reuse; the pools
+/// themselves shrink only when they empty, so memory is bounded by the peak
+/// number of live blocks (tables shrink as their load drops).
+///
+/// Exception safety: apply / store / remove / clear, replace_worker and copy
+/// assignment give the strong guarantee (on std::bad_alloc the index is
+/// unchanged); remove_worker(KvWorker), moves and swap never throw; the
+/// const queries allocate only their results.
 class KvIndex {
  public:
-  /// An empty index (just the root). O(1).
-  KvIndex() : KvIndex(KvIndexOptions{}) {}
-  /// An empty index with `options`. O(1).
-  explicit KvIndex(KvIndexOptions options) : options_(options) {}
+  /// An empty index (just the root). O(1), allocates nothing.
+  KvIndex() noexcept : KvIndex(KvIndexOptions{}) {}
+  /// An empty index with `options`. O(1), allocates nothing.
+  explicit KvIndex(KvIndexOptions options) noexcept : options_(options) {}
+
+  /// A deep copy. O(size of `other`).
+  KvIndex(const KvIndex& other) = default;
+  /// Takes over `other`'s contents; `other` is left empty (with its options),
+  /// ready for reuse. O(1).
+  KvIndex(KvIndex&& other) noexcept : options_(other.options_) { swap(other); }
+  /// Replaces the contents with a copy of `other`. Strong guarantee: on
+  /// std::bad_alloc this index is unchanged. O(size of both).
+  KvIndex& operator=(const KvIndex& other) {
+    if (this != &other) {
+      KvIndex copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s contents; `other` is left empty (with its options).
+  /// O(size of this index, which is released).
+  KvIndex& operator=(KvIndex&& other) noexcept {
+    if (this != &other) {
+      KvIndex taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+
+  /// Exchanges the contents (options included) with `other`. O(1), noexcept.
+  void swap(KvIndex& other) noexcept {
+    using std::swap;
+    swap(options_, other.options_);
+    swap(nodes_, other.nodes_);
+    swap(holds_, other.holds_);
+    swap(edges_, other.edges_);
+    swap(slot_table_, other.slot_table_);
+    swap(slots_, other.slots_);
+    swap(counters_, other.counters_);
+  }
+  /// Exchanges the contents of `a` and `b`. O(1), noexcept.
+  friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
 
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
-  /// Never throws on bad input; on std::bad_alloc the event is not applied and
-  /// the index stays valid.
+  /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
+  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// not even under reset_and_apply; only a Stored event or a new worker's
+  /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {
@@ -1380,11 +1445,27 @@ class KvIndex {
   /// Applies a Stored event without building a KvEvent. Same rules as apply().
   KvEventResult store(const KvWorker& worker, std::uint64_t event_id,
                       std::optional<std::uint64_t> parent_hash, std::span<const KvBlock> blocks) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    reserve_for_store(slot, blocks.size());
+    try {
+      // A reset frees the worker's holds and names before the store, so they
+      // need room only beyond what it frees.
+      reserve_for_store(slot, blocks.size(), r.view_reset ? slots_[slot].blocks : 0U);
+    } catch (...) {
+      if (created) remove_worker(worker);  // a new worker's first event did not apply
+      throw;
+    }
+    // Only now, with room reserved, may a gap drop the view; dropping it
+    // keeps capacity, so the reservation holds.
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
+    if (r.view_reset) {  // give back what the reset freed but kept for the store
+      nodes_.shrink_if_empty();
+      edges_.shrink_to_load();
+      slots_[slot].names.shrink_to_load();
+    }
     finish(slot, event_id, r);
     return r;
   }
@@ -1392,9 +1473,11 @@ class KvIndex {
   /// Applies a Removed event without building a KvEvent. Same rules as apply().
   KvEventResult remove(const KvWorker& worker, std::uint64_t event_id,
                        std::span<const std::uint64_t> block_hashes) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
     remove_blocks(slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
@@ -1402,10 +1485,11 @@ class KvIndex {
 
   /// Applies a Cleared event without building a KvEvent. Same rules as apply().
   KvEventResult clear(const KvWorker& worker, std::uint64_t event_id) {
-    const std::uint32_t slot = slot_for(worker);
+    bool created = false;
+    const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot);
+    r.blocks_cascaded += clear_slot(slot);  // also what a gap's reset would drop
     finish(slot, event_id, r);
     return r;
   }
@@ -1433,6 +1517,7 @@ class KvIndex {
         }
       } catch (...) {
         drop_slot(tmp);
+        trim_masks();
         throw;
       }
       if (st != KvEventStatus::applied) {
@@ -1623,8 +1708,7 @@ class KvIndex {
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
     return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
-           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot) +
-           free_slots_.capacity() * sizeof(std::uint32_t);
+           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -1722,43 +1806,43 @@ class KvIndex {
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
-  // std::bad_alloc can only come before anything changed.
-  void reserve_for_store(std::uint32_t slot, std::size_t blocks) {
+  // std::bad_alloc can only come before anything changed. `freed`: holds (and
+  // names) of the slot that a no-shrink clear_slot frees before the store.
+  void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
     nodes_.reserve_extra(blocks);
-    holds_.reserve_extra(blocks);
     edges_.reserve_extra(blocks);
-    slots_[slot].names.reserve_extra(blocks);
+    const std::size_t own = blocks > freed ? blocks - freed : 0U;
+    holds_.reserve_extra(own);
+    slots_[slot].names.reserve_extra(own);
   }
 
-  // The slot of `worker`, created (with an initial cursor) on first sight.
-  std::uint32_t slot_for(const KvWorker& worker) {
+  // The slot of `worker`, created (with an initial cursor) on first sight;
+  // `created` says which. Strong guarantee.
+  std::uint32_t slot_for(const KvWorker& worker, bool& created) {
     const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
     slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    created = true;
     return fresh;
   }
 
   // A live slot with a sentinel hold, not yet in the slot table (whose
-  // capacity for one more entry is reserved).
+  // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
     slot_table_.reserve_extra(1);
     holds_.reserve_extra(1);
-    free_slots_.reserve(slots_.size() + 1U);
-    std::uint32_t slot;
-    if (!free_slots_.empty()) {
-      // The lowest free index keeps the holder bitsets as narrow as possible.
-      const auto lowest = std::min_element(free_slots_.begin(), free_slots_.end());
-      slot = *lowest;
-      nodes_.ensure_slots(std::size_t{slot} + 1U);
-      *lowest = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
+    // The lowest free index keeps the holder bitsets as narrow as possible.
+    std::uint32_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].live)
+      ++slot;
+    if (slot == slots_.size()) {
       if (slots_.size() >= detail::kv_npos - 1U)
         throw std::length_error("kv index: too many workers");
       nodes_.ensure_slots(slots_.size() + 1U);
       slots_.emplace_back();
-      slot = static_cast<std::uint32_t>(slots_.size() - 1U);
+    } else {
+      nodes_.ensure_slots(std::size_t{slot} + 1U);
     }
     Slot& s = slots_[slot];
     s = Slot{};
@@ -1785,7 +1869,6 @@ class KvIndex {
     slots_[slot].sentinel = detail::kv_npos;
     slots_[slot].blocks = 0;
     slots_[slot].live = false;
-    free_slots_.push_back(slot);  // capacity reserved by new_slot
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
@@ -1819,7 +1902,6 @@ class KvIndex {
     src.sentinel = detail::kv_npos;
     src.blocks = 0;
     src.live = false;
-    free_slots_.push_back(tmp);  // capacity reserved by new_slot
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
@@ -1835,8 +1917,11 @@ class KvIndex {
     }
   }
 
-  // Classifies the event id; false when the event must not be applied.
-  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) {
+  // Classifies the event id; false when the event must not be applied. A gap
+  // under reset_and_apply sets r.view_reset: the caller drops the view once
+  // nothing can fail any more. Changes nothing but the counters of rejected
+  // events.
+  bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
     Slot& s = slots_[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
@@ -1845,20 +1930,22 @@ class KvIndex {
       return false;
     }
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
-      ++counters_.gaps;
       if (options_.on_gap == KvGapPolicy::report) {
+        ++counters_.gaps;
         r.status = KvEventStatus::gap;
         return false;
       }
-      r.blocks_cascaded += clear_slot(slot);
       r.view_reset = true;
-      ++counters_.views_reset;
     }
     return true;
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
     slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    if (r.view_reset) {
+      ++counters_.gaps;
+      ++counters_.views_reset;
+    }
     switch (r.status) {
       case KvEventStatus::applied:
         ++counters_.events_applied;
@@ -1994,18 +2081,19 @@ class KvIndex {
     }
   }
 
-  // Drops every block of `slot`; returns how many.
-  std::size_t clear_slot(std::uint32_t slot) noexcept {
+  // Drops every block of `slot`; returns how many. With shrink false the
+  // tables and pools keep their capacity (reservations stay valid).
+  std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
     const std::uint32_t sentinel = slots_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(holds_[sentinel].first_child);
+      n += remove_subtree(holds_[sentinel].first_child, shrink);
     return n;
   }
 
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t top) noexcept {
+  std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
     std::size_t n = 0;
     std::uint32_t h = top;
     for (;;) {
@@ -2013,7 +2101,7 @@ class KvIndex {
         h = holds_[h].first_child;
       const std::uint32_t up = holds_[h].parent;
       const bool last = h == top;
-      release_hold(h);
+      release_hold(h, shrink);
       ++n;
       if (last) return n;
       h = up;
@@ -2022,17 +2110,17 @@ class KvIndex {
 
   // Releases a childless hold: its name, its holder bit, and the node when no
   // worker holds it any more.
-  void release_hold(std::uint32_t h) noexcept {
+  void release_hold(std::uint32_t h, bool shrink = true) noexcept {
     const detail::KvHold x = holds_[h];
-    slots_[x.slot].names.erase(x.block_hash, 0);
+    slots_[x.slot].names.erase(x.block_hash, 0, shrink);
     --slots_[x.slot].blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node);
+    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
-  void free_node(std::uint32_t n) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n));
-    nodes_.release(n);
+  void free_node(std::uint32_t n, bool shrink = true) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    nodes_.release(n, shrink);
   }
 
   KvIndexOptions options_;
@@ -2040,14 +2128,1602 @@ class KvIndex {
   detail::KvHoldStore holds_;
   detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
   detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
-  std::vector<Slot> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  std::vector<Slot> slots_;                     // indexed by slot; free ones are not live
   KvIndexCounters counters_;
 };
 
 }  // namespace promptcache
 #endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
 // ---- end promptcache/kv_index.hpp ----
+// ---- begin promptcache/manual_clock.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
+// promptcache: manual_clock.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A clock that only moves when told to, for driving PromptCachePool's TTLs in
+// tests and simulations without sleeping. Copies are handles to one shared
+// time, so a test can hand a copy to the pool and keep advancing its own.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <ratio>
+
+namespace promptcache {
+
+/// A steady clock whose time is set by hand. Copies share the same time (a
+/// shared_ptr to an atomic counter), so advancing any copy advances all of
+/// them; reading and advancing are thread-safe.
+class ManualClock {
+ public:
+  using rep = std::int64_t;                                 ///< Nanosecond count.
+  using period = std::nano;                                 ///< Resolution: 1 ns.
+  using duration = std::chrono::nanoseconds;                ///< Clock duration.
+  using time_point = std::chrono::time_point<ManualClock>;  ///< Clock time point.
+  static constexpr bool is_steady = true;                   ///< Time never goes back unless set().
+
+  /// A new, independent time starting at the epoch (0 ns). Allocates once.
+  ManualClock() : now_(std::make_shared<std::atomic<rep>>(0)) {}
+
+  /// The current time of this handle's shared timeline. O(1), noexcept.
+  [[nodiscard]] time_point now() const noexcept {
+    return time_point(duration(now_->load(std::memory_order_acquire)));
+  }
+
+  /// Moves the shared time forward by `d` (a negative `d` moves it back). O(1).
+  template <class Rep, class Period>
+  void advance(std::chrono::duration<Rep, Period> d) const noexcept {
+    now_->fetch_add(std::chrono::duration_cast<duration>(d).count(), std::memory_order_acq_rel);
+  }
+
+  /// Sets the shared time to `t`. O(1).
+  void set(time_point t) const noexcept {
+    now_->store(t.time_since_epoch().count(), std::memory_order_release);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<rep>> now_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
+// ---- end promptcache/manual_clock.hpp ----
+// ---- begin promptcache/prompt_cache_pool.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+// promptcache: prompt_cache_pool.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A process-local pool of recently used prompt prefixes and the per-layer KV
+// state an engine computed for them. A stateless server sends the full token
+// list on every call; the pool answers "which stored prefix of this request can
+// I resume from" and keeps the state after each call.
+//
+// Layout: one compressed trie (radix tree) per namespace over token ids; an
+// entry lives on the node where its ids end. Edge labels are not copies: they
+// point into the ids of some entry stored below the edge, so the index costs a
+// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
+// entries also sit on an intrusive recency list (one per distinct TTL), which
+// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
+// entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/detail/pool_child_map.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+// promptcache: detail/pool_child_map.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The children of one radix-tree node of PromptCachePool, keyed by the first
+// token of each child's edge. An open-addressing table (linear probing,
+// backward-shift deletion, load factor <= 1/2) so that a node with 65536
+// children costs the same per lookup as a node with two. Growth is split in
+// two steps, reserve() (may throw) and insert_reserved() (never throws),
+// so the pool can do every allocation of an insert before it changes anything.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+namespace promptcache::detail {
+
+template <std::integral Token, class Node>
+class PoolChildMap {
+ public:
+  struct Slot {
+    Token key{};
+    Node* node = nullptr;  // nullptr marks an empty slot
+  };
+
+  PoolChildMap() noexcept = default;
+  PoolChildMap(const PoolChildMap&) = delete;
+  PoolChildMap& operator=(const PoolChildMap&) = delete;
+  PoolChildMap(PoolChildMap&& other) noexcept { swap(other); }
+  PoolChildMap& operator=(PoolChildMap&& other) noexcept {
+    PoolChildMap tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  ~PoolChildMap() = default;
+
+  void swap(PoolChildMap& other) noexcept {
+    std::swap(slots_, other.slots_);
+    std::swap(size_, other.size_);
+    std::swap(shift_, other.shift_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Bytes of the slot table (for the index-memory report).
+  [[nodiscard]] std::size_t table_bytes() const noexcept { return capacity_ * sizeof(Slot); }
+
+  [[nodiscard]] Node* find(Token key) const noexcept {
+    if (capacity_ == 0) return nullptr;
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr) return nullptr;
+      if (s.key == key) return s.node;
+    }
+  }
+
+  /// Makes room for `extra` more children so that insert_reserved cannot fail. May throw
+  /// bad_alloc; the map is unchanged if it does.
+  void reserve(std::size_t extra) {
+    if (2 * (size_ + extra) <= capacity_) return;
+    std::size_t new_capacity = capacity_ == 0 ? 2 : capacity_ * 2;
+    while (2 * (size_ + extra) > new_capacity)
+      new_capacity *= 2;
+    std::unique_ptr<Slot[]> table(new Slot[new_capacity]);
+    PoolChildMap grown;
+    grown.slots_ = std::move(table);
+    grown.capacity_ = new_capacity;
+    grown.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) grown.place(slots_[i].key, slots_[i].node);
+    }
+    grown.size_ = size_;
+    swap(grown);
+  }
+
+  /// Adds a child whose key is not present; requires a preceding reserve().
+  void insert_reserved(Token key, Node* node) noexcept {
+    place(key, node);
+    ++size_;
+  }
+
+  /// Replaces the node stored under an existing key.
+  void replace(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      if (slots_[i].key == key && slots_[i].node != nullptr) {
+        slots_[i].node = node;
+        return;
+      }
+    }
+  }
+
+  /// Removes an existing key (backward-shift deletion keeps probe chains intact).
+  void erase(Token key) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+      i = (i + 1) & mask;
+    std::size_t hole = i;
+    for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
+      const std::size_t home = index_of(slots_[j].key);
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const bool home_after_hole =
+          hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+      if (!home_after_hole) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
+    // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
+    if (capacity_ > 16 && size_ * 8 <= capacity_) {
+      std::size_t smaller = 2;
+      while (smaller < 4 * size_)
+        smaller *= 2;
+      rebuild(smaller);
+    }
+  }
+
+  /// Calls f(node) for every child, in table order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) f(slots_[i].node);
+    }
+  }
+
+  /// Any child (the first in table order), or nullptr.
+  [[nodiscard]] Node* any() const noexcept {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) return slots_[i].node;
+    }
+    return nullptr;
+  }
+
+ private:
+  static unsigned shift_for(std::size_t capacity) noexcept {
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < capacity)
+      ++bits;
+    return 64U - bits;
+  }
+
+  [[nodiscard]] std::size_t index_of(Token key) const noexcept {
+    using U = std::make_unsigned_t<Token>;
+    const auto x = static_cast<std::uint64_t>(static_cast<U>(key));
+    // Fibonacci hashing: the high bits of the product are well mixed.
+    return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void rebuild(std::size_t new_capacity) noexcept {
+    std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[new_capacity]);
+    if (!table) return;
+    PoolChildMap other;
+    other.slots_ = std::move(table);
+    other.capacity_ = new_capacity;
+    other.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+    }
+    other.size_ = size_;
+    swap(other);
+  }
+
+  void place(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (slots_[i].node != nullptr)
+      i = (i + 1) & mask;
+    slots_[i] = Slot{key, node};
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+  unsigned shift_ = 64;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+// ---- end promptcache/detail/pool_child_map.hpp ----
+
+namespace promptcache {
+
+/// How find_longest_prefix matches stored entries against a query.
+enum class MatchMode {
+  /// An entry must be a prefix of the query (an append-only KV cache). The seed behaviour.
+  exact_prefix,
+  /// The entry sharing the longest common prefix wins; the caller trims the
+  /// entry's state to Hit::matched tokens (truncatable attention caches only).
+  common_prefix,
+};
+
+/// Default size customization point: entries weigh 0 bytes, so Options::max_bytes must stay 0.
+struct unsized_caches {
+  /// Always 0.
+  template <class LayerCache>
+  constexpr std::size_t operator()(const LayerCache&) const noexcept {
+    return 0;
+  }
+};
+
+/// Counters (since construction or reset_stats()) and gauges (current) of one pool.
+struct PoolStats {
+  std::uint64_t lookups = 0;             ///< find_longest_prefix calls.
+  std::uint64_t hits = 0;                ///< Lookups that returned an entry.
+  std::uint64_t query_tokens = 0;        ///< Sum of query lengths over all lookups.
+  std::uint64_t matched_tokens = 0;      ///< Sum of Hit::matched over all hits.
+  std::uint64_t inserted = 0;            ///< Inserts that added a new entry.
+  std::uint64_t extended = 0;            ///< Inserts that replaced a shorter lineage entry.
+  std::uint64_t updated = 0;             ///< Inserts that replaced an entry with equal ids.
+  std::uint64_t rejected_empty = 0;      ///< Inserts rejected: empty ids.
+  std::uint64_t rejected_too_short = 0;  ///< Inserts rejected: below min_cacheable_tokens.
+  std::uint64_t rejected_too_large = 0;  ///< Inserts rejected: entry alone exceeds max_bytes.
+  std::uint64_t evicted_lru = 0;         ///< Evictions to stay within max_entries.
+  std::uint64_t evicted_ttl = 0;         ///< Evictions of idle-expired entries.
+  std::uint64_t evicted_bytes = 0;       ///< Evictions to stay within max_bytes.
+  std::uint64_t evicted_explicit = 0;    ///< erase / erase_namespace / clear removals.
+  std::uint64_t superseded = 0;    ///< Common-prefix mode: shorter prefixes retired by an insert.
+  std::size_t entries = 0;         ///< Gauge: stored entries.
+  std::size_t pinned_entries = 0;  ///< Gauge: stored pinned entries.
+  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes (size customization point).
+};
+
+/// Memory of a pool, split into the index and the token ids it indexes.
+struct PoolMemory {
+  std::size_t index_bytes = 0;  ///< Tree nodes, child tables, per-entry records, namespaces, lists.
+  std::size_t id_bytes = 0;     ///< Bytes of token ids owned by the stored entries.
+};
+
+template <class LayerCache, std::integral Token, class Clock, class CacheBytes>
+class SynchronizedPromptCachePool;
+
+/// A pool of prompt prefixes and their per-layer state (see the file comment).
+///
+/// - `LayerCache`: the engine's per-layer state; copied never, moved only inside std::vector.
+/// - `Token`: token id type (any integral type but bool).
+/// - `Clock`: has `now()` and the std clock typedefs; used through an instance, so a
+///   ManualClock handle shared with a test drives TTLs. Must not go backwards.
+/// - `CacheBytes`: size customization point for the byte budget: a default-constructible
+///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
+///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
+///
+/// Not thread-safe; see SynchronizedPromptCachePool. Not copyable or movable (hold it
+/// by unique_ptr if it has to move).
+template <class LayerCache, std::integral Token = std::uint32_t,
+          class Clock = std::chrono::steady_clock, class CacheBytes = unsized_caches>
+class PromptCachePool {
+  static_assert(!std::is_same_v<std::remove_cv_t<Token>, bool>, "Token must not be bool");
+
+ public:
+  using token_type = Token;                       ///< Token id type.
+  using clock_type = Clock;                       ///< Clock type.
+  using duration = typename Clock::duration;      ///< Clock duration (TTLs).
+  using time_point = typename Clock::time_point;  ///< Clock time point.
+  using namespace_id = std::uint64_t;             ///< Tenant / model / adapter key.
+
+  /// Pool configuration; fixed at construction.
+  struct Options {
+    std::size_t max_entries = 16;  ///< LRU-evict unpinned entries beyond this count.
+    /// Idle TTL of unpinned entries (<= 0: they expire at the next check).
+    duration ttl = std::chrono::minutes(5);
+    std::size_t min_cacheable_tokens = 8;  ///< Shorter ids are stored only to extend a lineage.
+    MatchMode match = MatchMode::exact_prefix;  ///< Exact-prefix (seed) or common-prefix lookups.
+    bool keep_one_token = false;       ///< Cap a hit at query length - 1 (engine needs one token).
+    std::size_t min_match_tokens = 0;  ///< A hit matching fewer tokens is reported as a miss.
+    std::size_t max_bytes = 0;         ///< Byte budget over CacheBytes sizes; 0 = unlimited.
+  };
+
+  /// One stored prefix. Immutable once stored; shared with every hit that returned it.
+  struct Entry {
+    std::vector<Token> ids{};          ///< The prefix's token ids (never empty).
+    std::vector<LayerCache> caches{};  ///< Per-layer state after processing `ids`.
+    std::size_t fed_images = 0;        ///< Images already spliced into `caches`.
+    std::size_t fed_audios = 0;        ///< Audio clips already spliced into `caches`.
+    /// Pinned when this snapshot was stored (pin()/unpin() don't rewrite snapshots).
+    bool pinned = false;
+  };
+
+  /// A lookup result: a snapshot of the entry and how many query tokens it covers.
+  struct Hit {
+    std::shared_ptr<const Entry> entry{};  ///< Snapshot; stays valid after eviction.
+    std::size_t matched = 0;               ///< Leading query tokens the entry's state covers.
+    /// Tokens to cut from the entry's state before resuming (0 in exact-prefix mode).
+    [[nodiscard]] std::size_t trim() const noexcept { return entry->ids.size() - matched; }
+  };
+
+  /// What an insert did.
+  enum class InsertResult {
+    inserted,            ///< Stored as a new entry.
+    extended,            ///< Replaced a stored entry whose ids are a proper prefix (same lineage).
+    updated,             ///< Replaced the stored entry with identical ids.
+    rejected_empty,      ///< Empty ids; nothing changed.
+    rejected_too_short,  ///< Below min_cacheable_tokens, extends nothing; nothing changed.
+    rejected_too_large,  ///< Alone larger than max_bytes; nothing changed.
+  };
+
+  /// Per-insert options for insert().
+  struct InsertOptions {
+    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
+    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
+    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
+  };
+
+  /// Seed-style constructor (exact-prefix mode, no byte budget).
+  PromptCachePool(std::size_t max_entries, duration ttl, std::size_t min_cacheable_tokens,
+                  Clock clock = Clock{})
+      : PromptCachePool(Options{max_entries, ttl, min_cacheable_tokens}, std::move(clock)) {}
+
+  /// Pool with the given options. Throws std::invalid_argument if max_bytes != 0 while
+  /// CacheBytes is unsized_caches (every entry would weigh 0, silently ignoring the budget).
+  explicit PromptCachePool(Options options, Clock clock = Clock{}, CacheBytes cache_bytes = {})
+      : options_(options), clock_(std::move(clock)), cache_bytes_(std::move(cache_bytes)) {
+    if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
+      throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
+    }
+    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr});
+  }
+
+  /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
+  static PromptCachePool with_defaults() { return PromptCachePool(Options{}); }
+
+  PromptCachePool(const PromptCachePool&) = delete;
+  PromptCachePool& operator=(const PromptCachePool&) = delete;
+  PromptCachePool(PromptCachePool&&) = delete;
+  PromptCachePool& operator=(PromptCachePool&&) = delete;
+
+  /// Releases every entry (snapshots held by callers stay valid). O(entries + nodes).
+  ~PromptCachePool() {
+    for (auto& [ns, root] : roots_)
+      drop_tree(root.get());
+    free_retired(std::exchange(retired_, nullptr));
+  }
+
+  /// The options the pool was built with.
+  [[nodiscard]] const Options& options() const noexcept { return options_; }
+
+  /// Evicts expired entries, then returns the best stored entry for `ids` in namespace `ns`
+  /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
+  /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
+  /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
+  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
+  /// recency); invalidates nothing a caller holds.
+  std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = clock_.now();
+    expire(now);
+    ++stats_.lookups;
+    stats_.query_tokens += ids.size();
+    std::optional<Hit> result;
+    if (!ids.empty()) {
+      const std::size_t limit = options_.keep_one_token ? ids.size() - 1 : ids.size();
+      Match m = options_.match == MatchMode::exact_prefix ? match_exact(ids, limit, ns)
+                                                          : match_common(ids, limit, ns);
+      if (m.slot != nullptr && m.matched > 0 && m.matched >= options_.min_match_tokens) {
+        touch(m.slot, now);
+        ++stats_.hits;
+        stats_.matched_tokens += m.matched;
+        result.emplace(Hit{m.slot->entry, m.matched});
+      }
+    }
+    release_retired();
+    return result;
+  }
+
+  /// Seed-style insert: insert(ids, caches, {pinned, default ttl, namespace 0, media counts}).
+  InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
+                                std::size_t fed_images, std::size_t fed_audios, bool pinned) {
+    InsertOptions o;
+    o.pinned = pinned;
+    o.fed_images = fed_images;
+    o.fed_audios = fed_audios;
+    return insert(std::move(ids), std::move(caches), o);
+  }
+
+  /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
+  /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
+  /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
+  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
+  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// common-prefix mode an extension also retires every other unpinned strict prefix of the
+  /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
+  /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
+  /// unchanged. O(|ids| + |caches| + evicted).
+  InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
+                      const InsertOptions& options = {}) {
+    const std::size_t bytes = entry_bytes(caches);
+    auto entry = std::make_shared<Entry>(
+        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    const InsertResult r = insert_prepared(entry, bytes, options);
+    release_retired();
+    return r;
+  }
+
+  /// Removes every unpinned entry idle for at least its TTL; returns how many. O(expired).
+  std::size_t evict_expired() {
+    const std::size_t n = expire(clock_.now());
+    release_retired();
+    return n;
+  }
+
+  /// Removes the entry with exactly `ids` in `ns` (pinned or not). O(|ids|).
+  bool erase(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    remove_slot(s, Reason::explicit_removal);
+    release_retired();
+    return true;
+  }
+
+  /// Removes every entry of namespace `ns`; returns how many. O(entries + nodes of `ns`).
+  std::size_t erase_namespace(namespace_id ns) {
+    auto it = roots_.find(ns);
+    if (it == roots_.end()) return 0;
+    const std::size_t n = drop_tree(it->second.get());
+    roots_.erase(it);
+    if (ns == 0) root0_ = nullptr;
+    release_retired();
+    return n;
+  }
+
+  /// Removes every entry of every namespace. O(entries + nodes).
+  void clear() {
+    for (auto& [ns, root] : roots_)
+      drop_tree(root.get());
+    roots_.clear();
+    root0_ = nullptr;
+    release_retired();
+  }
+
+  /// Pins the entry with exactly `ids`: exempt from LRU, byte and TTL eviction. O(|ids|).
+  /// Returns false if there is no such entry. Snapshots are not rewritten (Entry::pinned).
+  bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    if (!s->pinned) {
+      list_unlink(s);
+      s->pinned = true;
+      ++stats_.pinned_entries;
+    }
+    return true;
+  }
+
+  /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
+  /// then budgets are enforced. Returns false if there is no such entry. O(|ids| + evicted).
+  bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    if (s->pinned) {
+      s->pinned = false;
+      --stats_.pinned_entries;
+      s->last_used = clock_.now();
+      s->seq = ++seq_;
+      list_push_back(s);
+      if (options_.match == MatchMode::common_prefix) propagate(s->node);
+      enforce_budgets();
+      release_retired();
+    }
+    return true;
+  }
+
+  /// Whether an entry with exactly `ids` exists and is pinned. O(|ids|).
+  [[nodiscard]] bool is_pinned(std::span<const Token> ids, namespace_id ns = 0) const {
+    const Slot* s = find_slot(ids, ns);
+    return s != nullptr && s->pinned;
+  }
+
+  /// The entry with exactly `ids`, without evicting or refreshing anything (it may be
+  /// past its TTL but not yet collected); nullptr if absent. O(|ids|).
+  [[nodiscard]] std::shared_ptr<const Entry> find_exact(std::span<const Token> ids,
+                                                        namespace_id ns = 0) const {
+    const Slot* s = find_slot(ids, ns);
+    return s == nullptr ? nullptr : s->entry;
+  }
+
+  /// Number of stored entries (all namespaces). O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return stats_.entries; }
+  /// Whether no entry is stored. O(1).
+  [[nodiscard]] bool empty() const noexcept { return stats_.entries == 0; }
+  /// Sum of stored entry sizes per CacheBytes. O(1).
+  [[nodiscard]] std::size_t bytes() const noexcept { return stats_.bytes; }
+
+  /// Counters and gauges. O(1).
+  [[nodiscard]] PoolStats stats() const noexcept { return stats_; }
+  /// Zeroes the counters (gauges keep their values). O(1).
+  void reset_stats() noexcept {
+    PoolStats fresh;
+    fresh.entries = stats_.entries;
+    fresh.pinned_entries = stats_.pinned_entries;
+    fresh.bytes = stats_.bytes;
+    stats_ = fresh;
+  }
+
+  /// The size of an entry holding `caches` (sum of CacheBytes over them). O(|caches|).
+  [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
+    std::size_t total = 0;
+    for (const LayerCache& c : caches)
+      total += static_cast<std::size_t>(cache_bytes_(c));
+    return total;
+  }
+
+  /// Memory of the index vs the ids it indexes (LayerCache payloads excluded). O(nodes).
+  [[nodiscard]] PoolMemory memory_usage() const {
+    PoolMemory m;
+    m.index_bytes = sizeof(*this) + classes_.capacity() * sizeof(TtlClass) +
+                    roots_.bucket_count() * sizeof(void*) +
+                    roots_.size() * (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) +
+                                     2 * sizeof(void*));
+    for (const auto& [ns, root] : roots_) {
+      visit(root.get(), [&](const Node* n) {
+        m.index_bytes += sizeof(Node) + n->children.table_bytes();
+        if (n->slot) {
+          // The record, plus the Entry object and its shared_ptr control block (not its ids).
+          m.index_bytes += sizeof(Slot) + sizeof(Entry) + 2 * sizeof(void*) + sizeof(long) * 2;
+          m.id_bytes += n->slot->entry->ids.size() * sizeof(Token);
+        }
+      });
+    }
+    return m;
+  }
+
+  /// Verifies every structural invariant (tree shape, labels, lists, gauges); throws
+  /// std::logic_error describing the first violation. O(entries + nodes). For tests.
+  void check_invariants() const {
+    std::size_t entries = 0, pinned = 0, bytes = 0;
+    for (const auto& kv : roots_) {
+      const namespace_id nsv = kv.first;
+      const Node* root = kv.second.get();
+      require(root->parent == nullptr && !root->slot && root->depth == 0, "root shape");
+      require(nsv != 0 || root == root0_, "root0 cache");
+      visit(root, [&](const Node* n) {
+        n->children.for_each([&](const Node* c) {
+          require(c->parent == n, "parent link");
+          require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
+          require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
+        });
+        if (options_.match == MatchMode::common_prefix) {
+          require(n->heap.size() == n->children.size(), "heap size");
+          for (std::size_t i = 0; i < n->heap.size(); ++i) {
+            const HeapItem& it = n->heap[i];
+            require(it.node->parent == n && it.node->heap_pos == i, "heap links");
+            require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
+            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
+          }
+        } else {
+          require(n->heap.empty(), "heap outside common-prefix mode");
+        }
+        if (n == root) return;
+        require(n->slot || n->children.size() >= 2, "unmerged or empty node");
+        const Entry* o = n->owner;
+        require(o != nullptr && o->ids.size() >= n->depth, "owner too short");
+        require(n->label == o->ids.data() + (n->depth - n->label_len), "label not in owner");
+        // The owner must live in this node's subtree.
+        bool owned = false;
+        visit(n, [&](const Node* d) { owned = owned || (d->slot && d->slot->entry.get() == o); });
+        require(owned, "owner outside subtree");
+        if (n->slot) {
+          const Slot* s = n->slot.get();
+          ++entries;
+          bytes += s->bytes;
+          require(s->node == n && s->ns == nsv, "slot back link");
+          require(s->entry->ids.size() == n->depth, "entry length");
+          const Node* p = n;
+          std::size_t end = n->depth;
+          while (p->parent != nullptr) {
+            require(
+                std::equal(p->label, p->label + p->label_len,
+                           s->entry->ids.begin() + static_cast<std::ptrdiff_t>(end - p->label_len)),
+                "path differs from ids");
+            end -= p->label_len;
+            p = p->parent;
+          }
+          if (s->pinned) ++pinned;
+        }
+        if (options_.match == MatchMode::common_prefix) {
+          const Slot* b = n->slot.get();
+          n->children.for_each([&](const Node* c) {
+            if (b == nullptr || better(c->best, b)) b = c->best;
+          });
+          require(n->best == b, "common-prefix aggregate");
+        }
+      });
+    }
+    std::size_t listed = 0;
+    for (const TtlClass& cls : classes_) {
+      const Slot* prev = nullptr;
+      for (const Slot* s = cls.head; s != nullptr; s = s->next) {
+        require(!s->pinned && s->prev == prev, "list links");
+        require(prev == nullptr || prev->seq < s->seq, "list order");
+        require(&classes_[s->ttl_class] == &cls, "list class");
+        prev = s;
+        ++listed;
+      }
+      require(cls.tail == prev, "list tail");
+    }
+    require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
+    require(listed == entries - pinned, "listed entries");
+    require(bytes == stats_.bytes, "byte gauge");
+    require(retired_ == nullptr, "retired list");
+  }
+
+ private:
+  friend class SynchronizedPromptCachePool<LayerCache, Token, Clock, CacheBytes>;
+
+  struct Node;
+
+  // The pool's record of one stored entry.
+  struct Slot {
+    std::shared_ptr<const Entry> entry;
+    Node* node = nullptr;
+    Slot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
+    Slot* next = nullptr;  // ... and the retired chain once removed
+    time_point last_used{};
+    std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
+    std::size_t len = 0;    // entry->ids.size(), kept here to spare a dereference
+    std::size_t ttl_class = 0;
+    std::size_t bytes = 0;
+    namespace_id ns = 0;
+    bool pinned = false;
+  };
+
+  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
+  // the (mostly cached) heap array instead of chasing two pointers per comparison.
+  struct HeapItem {
+    std::size_t len;
+    std::uint64_t seq;
+    Node* node;
+  };
+
+  struct Node {
+    Node* parent = nullptr;
+    const Token* label = nullptr;  // points into owner->ids
+    std::size_t label_len = 0;
+    std::size_t depth = 0;         // tokens from the root through the end of the label
+    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
+    Token first{};                 // label[0], kept here so teardown never reads freed ids
+    std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
+    Slot* best = nullptr;          // common-prefix mode: shortest, then most recent slot below
+    std::vector<HeapItem> heap;    // common-prefix mode: children as a binary heap by best
+    std::size_t heap_pos = 0;      // index in the parent's heap
+    detail::PoolChildMap<Token, Node> children;
+  };
+
+  struct TtlClass {
+    duration ttl;
+    Slot* head;  // least recently used
+    Slot* tail;  // most recently used
+  };
+
+  enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
+
+  struct Match {
+    Slot* slot = nullptr;
+    std::size_t matched = 0;
+  };
+
+  static void require(bool ok, const char* what) {
+    if (!ok) throw std::logic_error(std::string("PromptCachePool invariant: ") + what);
+  }
+
+  template <class F>
+  static void visit(const Node* root, F&& f) {
+    // Iterative: a lineage of single-token turns can make the tree as deep as the ids are long.
+    std::vector<const Node*> stack{root};
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      f(n);
+      n->children.for_each([&](const Node* c) { stack.push_back(c); });
+    }
+  }
+
+  static bool equal_tokens(const Token* a, const Token* b, std::size_t n) noexcept {
+    return std::memcmp(a, b, n * sizeof(Token)) == 0;
+  }
+
+  // Length of the common prefix of a[0, n) and b[0, n). memcmp only says "differs", so the
+  // mismatch is narrowed down through shrinking blocks: every token is read about once, in
+  // memcmp-sized strides, whether the edge matches fully or diverges deep inside.
+  static std::size_t common_length(const Token* a, const Token* b, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (const std::size_t block : {std::size_t{1024}, std::size_t{128}}) {
+      while (n - i >= block && equal_tokens(a + i, b + i, block))
+        i += block;
+    }
+    // Within the last 128 tokens: 8 at a time without a call (the loop vectorizes).
+    using U = std::make_unsigned_t<Token>;
+    while (n - i >= 8) {
+      U diff = 0;
+      for (std::size_t j = 0; j < 8; ++j) {
+        diff = static_cast<U>(diff | (static_cast<U>(a[i + j]) ^ static_cast<U>(b[i + j])));
+      }
+      if (diff != 0) break;
+      i += 8;
+    }
+    while (i < n && a[i] == b[i])
+      ++i;
+    return i;
+  }
+
+  static bool better(const Slot* a, const Slot* b) noexcept {
+    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
+  }
+
+  Node* root_of(namespace_id ns) const noexcept {
+    if (ns == 0) return root0_;
+    auto it = roots_.find(ns);
+    return it == roots_.end() ? nullptr : it->second.get();
+  }
+
+  Slot* find_slot(std::span<const Token> ids, namespace_id ns) const noexcept {
+    const Node* node = root_of(ns);
+    if (node == nullptr || ids.empty()) return nullptr;
+    std::size_t pos = 0;
+    while (pos < ids.size()) {
+      const Node* c = node->children.find(ids[pos]);
+      if (c == nullptr || c->depth > ids.size() ||
+          !equal_tokens(c->label, ids.data() + pos, c->label_len)) {
+        return nullptr;
+      }
+      node = c;
+      pos = c->depth;
+    }
+    return node->slot.get();
+  }
+
+  Match match_exact(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
+    Match m;
+    const Node* node = root_of(ns);
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      const Node* c = node->children.find(q[pos]);
+      if (c == nullptr || c->depth > limit ||
+          !equal_tokens(c->label, q.data() + pos, c->label_len)) {
+        break;
+      }
+      node = c;
+      pos = c->depth;
+      if (c->slot) m.slot = c->slot.get();
+    }
+    if (m.slot != nullptr) m.matched = m.slot->len;
+    return m;
+  }
+
+  Match match_common(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
+    Match m;
+    const Node* node = root_of(ns);
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      const Node* c = node->children.find(q[pos]);
+      if (c == nullptr) break;
+      const std::size_t k =
+          common_length(c->label, q.data() + pos, std::min(c->label_len, limit - pos));
+      if (k < c->label_len) {  // the query leaves the tree (or hits the cap) inside this edge
+        m.slot = c->best;
+        m.matched = pos + k;
+        return m;
+      }
+      node = c;
+      pos = c->depth;
+    }
+    if (node->parent != nullptr) {
+      m.slot = node->best;
+      m.matched = pos;
+    }
+    return m;
+  }
+
+  // ---- recency lists ------------------------------------------------------------------
+
+  void list_unlink(Slot* s) noexcept {
+    TtlClass& cls = classes_[s->ttl_class];
+    (s->prev ? s->prev->next : cls.head) = s->next;
+    (s->next ? s->next->prev : cls.tail) = s->prev;
+    s->prev = s->next = nullptr;
+  }
+
+  void list_push_back(Slot* s) noexcept {
+    TtlClass& cls = classes_[s->ttl_class];
+    s->prev = cls.tail;
+    s->next = nullptr;
+    (cls.tail ? cls.tail->next : cls.head) = s;
+    cls.tail = s;
+  }
+
+  void touch(Slot* s, time_point now) noexcept {
+    s->last_used = now;
+    s->seq = ++seq_;
+    if (!s->pinned) {
+      list_unlink(s);
+      list_push_back(s);
+    }
+    if (options_.match == MatchMode::common_prefix) propagate(s->node);
+  }
+
+  // ---- common-prefix aggregates ---------------------------------------------------------
+  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
+  // children in a binary heap ordered by their best, so any change costs O(log fan-out) per
+  // level up to the root, removals included.
+
+  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
+    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
+  }
+
+  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+
+  // Restores the heap order around position i (the item there changed its key). A 4-ary
+  // heap: a touch only sifts up, and half as many levels as a binary heap.
+  static constexpr std::size_t kArity = 4;
+  static void heap_fix(Node* p, std::size_t i) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const HeapItem c = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    const std::size_t n = h.size();
+    while (true) {
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t b = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (item_better(h[k], h[b])) b = k;
+      }
+      if (!item_better(h[b], c)) break;
+      h[i] = h[b];
+      h[i].node->heap_pos = i;
+      i = b;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
+  }
+
+  // Child c's best (or its key) changed: refresh its item and reposition it.
+  static void heap_update(Node* p, Node* c) noexcept {
+    p->heap[c->heap_pos] = item_of(c);
+    heap_fix(p, c->heap_pos);
+  }
+
+  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
+  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    now->heap_pos = before->heap_pos;
+    p->heap[now->heap_pos] = item_of(now);
+  }
+
+  // Adds child c; requires reserved capacity (phase 1 of insert).
+  static void heap_push(Node* p, Node* c) noexcept {
+    p->heap.push_back(item_of(c));
+    c->heap_pos = p->heap.size() - 1;
+    heap_fix(p, c->heap_pos);
+  }
+
+  static void heap_erase(Node* p, Node* c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const std::size_t i = c->heap_pos;
+    const HeapItem last = h.back();
+    h.pop_back();
+    if (last.node != c) {
+      h[i] = last;
+      last.node->heap_pos = i;
+      heap_fix(p, i);
+    }
+  }
+
+  static Slot* compute_best(const Node* y) noexcept {
+    Slot* b = y->slot.get();
+    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
+      b = y->heap[0].node->best;
+    }
+    return b;
+  }
+
+  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
+  static void propagate(Node* x) noexcept {
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      y->best = compute_best(y);
+      heap_update(y->parent, y);
+    }
+  }
+
+  Slot* lru_victim() const noexcept {
+    Slot* victim = nullptr;
+    for (const TtlClass& cls : classes_) {
+      if (cls.head != nullptr && (victim == nullptr || cls.head->seq < victim->seq))
+        victim = cls.head;
+    }
+    return victim;
+  }
+
+  std::size_t expire(time_point now) noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < classes_.size(); ++i) {
+      while (classes_[i].head != nullptr && now - classes_[i].head->last_used >= classes_[i].ttl) {
+        remove_slot(classes_[i].head, Reason::ttl);
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  void enforce_budgets() noexcept {
+    while (stats_.entries > options_.max_entries) {
+      Slot* v = lru_victim();
+      if (v == nullptr) break;
+      remove_slot(v, Reason::lru);
+    }
+    while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
+      Slot* v = lru_victim();
+      if (v == nullptr) break;
+      remove_slot(v, Reason::bytes);
+    }
+  }
+
+  // ---- removal --------------------------------------------------------------------------
+
+  void retire(std::unique_ptr<Slot> s) noexcept {
+    Slot* raw = s.release();
+    raw->prev = nullptr;
+    raw->next = retired_;
+    retired_ = raw;
+  }
+
+  // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
+  // destructors of the last snapshot references after releasing its lock.
+  void release_retired() noexcept {
+    if (defer_release_) return;
+    while (retired_ != nullptr) {
+      Slot* s = retired_;
+      retired_ = s->next;
+      delete s;
+    }
+  }
+
+  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
+
+  static void free_retired(Slot* chain) noexcept {
+    while (chain != nullptr) {
+      Slot* s = chain;
+      chain = s->next;
+      delete s;
+    }
+  }
+
+  void count_removal(Reason why) noexcept {
+    switch (why) {
+      case Reason::lru:
+        ++stats_.evicted_lru;
+        break;
+      case Reason::ttl:
+        ++stats_.evicted_ttl;
+        break;
+      case Reason::bytes:
+        ++stats_.evicted_bytes;
+        break;
+      case Reason::explicit_removal:
+        ++stats_.evicted_explicit;
+        break;
+      case Reason::superseded:
+        ++stats_.superseded;
+        break;
+      case Reason::replaced:
+        break;
+    }
+  }
+
+  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
+  // node left with one child into it, and re-points labels that lived in the entry's ids.
+  void remove_slot(Slot* s, Reason why) noexcept {
+    Node* n = s->node;
+    const Entry* old = s->entry.get();
+    if (s->pinned) {
+      --stats_.pinned_entries;
+    } else {
+      list_unlink(s);
+    }
+    --stats_.entries;
+    stats_.bytes -= s->bytes;
+    count_removal(why);
+    retire(std::move(n->slot));
+
+    const bool common = options_.match == MatchMode::common_prefix;
+    Node* x = n;
+    while (x->parent != nullptr && !x->slot && x->children.empty()) {
+      Node* p = x->parent;
+      p->children.erase(x->first);
+      if (common) heap_erase(p, x);
+      delete x;
+      x = p;
+    }
+    Node* lowest = x;  // the deepest node whose subtree lost the entry
+    if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
+      Node* c = x->children.any();
+      Node* p = x->parent;
+      c->label_len += x->label_len;
+      c->label = c->owner->ids.data() + (c->depth - c->label_len);
+      c->first = x->first;
+      c->parent = p;
+      p->children.replace(x->first, c);
+      if (common) heap_substitute(p, x, c);
+      x->children = detail::PoolChildMap<Token, Node>{};
+      delete x;
+      x = p;
+      lowest = c;
+    }
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      if (y->owner == old) {
+        const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
+        y->owner = o;
+        y->label = o->ids.data() + (y->depth - y->label_len);
+      }
+    }
+    if (common) propagate(lowest);
+    if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
+      roots_.erase(s->ns);  // an empty tenant costs nothing
+    }
+  }
+
+  // Removes every entry below `root` (root stays, childless). Returns how many. The nodes
+  // are threaded into a stack through their (no longer needed) parent links: no allocation,
+  // no recursion, O(nodes + child tables).
+  std::size_t drop_tree(Node* root) noexcept {
+    std::size_t n = 0;
+    Node* stack = nullptr;
+    auto push = [&stack](Node* c) {
+      c->parent = stack;
+      stack = c;
+    };
+    root->children.for_each(push);
+    root->children = detail::PoolChildMap<Token, Node>{};
+    root->heap.clear();
+    while (stack != nullptr) {
+      Node* x = stack;
+      stack = x->parent;
+      x->children.for_each(push);
+      if (x->slot) {
+        Slot* s = x->slot.get();
+        if (s->pinned) {
+          --stats_.pinned_entries;
+        } else {
+          list_unlink(s);
+        }
+        --stats_.entries;
+        stats_.bytes -= s->bytes;
+        ++stats_.evicted_explicit;
+        ++n;
+        retire(std::move(x->slot));
+      }
+      delete x;
+    }
+    return n;
+  }
+
+  // ---- insert ---------------------------------------------------------------------------
+
+  // The core of insert, after the entry is built and sized (callers may do that unlocked).
+  // Takes ownership of `entry` only when it is stored.
+  InsertResult insert_prepared(std::shared_ptr<Entry>& entry, std::size_t bytes,
+                               const InsertOptions& o) {
+    const time_point now = clock_.now();
+    const std::vector<Token>& ids = entry->ids;
+    const std::size_t n = ids.size();
+    if (n == 0) {
+      ++stats_.rejected_empty;
+      return InsertResult::rejected_empty;
+    }
+
+    // Walk (read-only): where the ids end or leave the tree, and which entries are prefixes.
+    enum class Where { at_node, new_leaf, split, new_root };
+    Where where = Where::new_root;
+    Node* node = root_of(o.ns);
+    Node* child = nullptr;
+    std::size_t pos = 0, common = 0;
+    Slot* exact = nullptr;
+    Slot* lineage = nullptr;  // deepest unpinned proper prefix
+    bool any_prefix = false;
+    if (node != nullptr) {
+      while (true) {
+        if (node->slot) {
+          any_prefix = true;
+          if (pos == n) {
+            exact = node->slot.get();
+          } else if (!node->slot->pinned) {
+            lineage = node->slot.get();
+          }
+        }
+        if (pos == n) {
+          where = Where::at_node;
+          break;
+        }
+        child = node->children.find(ids[pos]);
+        if (child == nullptr) {
+          where = Where::new_leaf;
+          break;
+        }
+        common = common_length(child->label, ids.data() + pos, std::min(child->label_len, n - pos));
+        if (common < child->label_len) {
+          where = Where::split;
+          break;
+        }
+        node = child;
+        pos = child->depth;
+      }
+    }
+
+    if (n < options_.min_cacheable_tokens && !any_prefix) {
+      ++stats_.rejected_too_short;
+      return InsertResult::rejected_too_short;
+    }
+    if (options_.max_bytes != 0 && bytes > options_.max_bytes) {
+      ++stats_.rejected_too_large;
+      return InsertResult::rejected_too_large;
+    }
+
+    // Phase 1: every allocation. Nothing observable changes until phase 2.
+    const duration ttl = o.ttl.value_or(options_.ttl);
+    std::size_t ttl_class = 0;
+    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl)
+      ++ttl_class;
+    if (ttl_class == classes_.size()) {
+      classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
+    }
+    const bool common_mode = options_.match == MatchMode::common_prefix;
+    auto slot = std::make_unique<Slot>();
+    std::unique_ptr<Node> leaf, mid;
+    bool created_root = false;
+    try {
+      if (where == Where::new_root) {
+        auto root = std::make_unique<Node>();
+        root->children.reserve(1);
+        if (common_mode) root->heap.reserve(1);
+        node = root.get();
+        roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
+        created_root = true;
+        if (o.ns == 0) root0_ = node;
+        where = Where::new_leaf;
+      } else if (where == Where::new_leaf) {
+        node->children.reserve(1);
+        if (common_mode && node->heap.size() == node->heap.capacity()) {
+          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
+        }
+      }
+      if (where == Where::split) {
+        mid = std::make_unique<Node>();
+        mid->children.reserve(pos + common == n ? 1 : 2);
+        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
+      }
+      if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
+        leaf = std::make_unique<Node>();
+      }
+    } catch (...) {
+      if (created_root) {
+        roots_.erase(o.ns);
+        if (o.ns == 0) root0_ = nullptr;
+      }
+      throw;
+    }
+
+    // Phase 2: link; nothing below throws.
+    const Entry* e = entry.get();
+    Slot* s = slot.get();
+    entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
+    s->entry = std::move(entry);
+    s->ttl_class = ttl_class;
+    s->len = n;
+    s->bytes = bytes;
+    s->ns = o.ns;
+    s->last_used = now;
+    s->seq = ++seq_;
+    s->pinned = e->pinned;
+
+    Node* target = node;
+    if (where == Where::split) {
+      Node* m = mid.release();
+      m->parent = node;
+      m->label = child->label;
+      m->label_len = common;
+      m->depth = pos + common;
+      m->first = child->first;
+      m->owner = child->owner;
+      node->children.replace(child->first, m);
+      child->label += common;
+      child->label_len -= common;
+      child->first = child->label[0];
+      child->parent = m;
+      m->children.insert_reserved(child->first, child);
+      if (common_mode) {
+        m->best = child->best;  // same key: m takes child's place in node's heap as is
+        heap_substitute(node, child, m);
+        m->heap.push_back(item_of(child));  // reserved
+        child->heap_pos = 0;
+      }
+      node = m;
+      pos = m->depth;
+      target = m;
+    }
+    Node* new_leaf = nullptr;
+    if (leaf) {
+      Node* l = leaf.release();
+      new_leaf = l;
+      l->parent = node;
+      l->label = e->ids.data() + pos;
+      l->label_len = n - pos;
+      l->depth = n;
+      l->first = e->ids[pos];
+      l->owner = e;
+      node->children.insert_reserved(l->first, l);
+      target = l;
+    }
+    std::unique_ptr<Slot> replaced;
+    if (exact != nullptr) {
+      replaced = std::move(target->slot);
+      if (replaced->pinned) {
+        --stats_.pinned_entries;
+      } else {
+        list_unlink(replaced.get());
+      }
+      --stats_.entries;
+      stats_.bytes -= replaced->bytes;
+    }
+    target->slot = std::move(slot);
+    s->node = target;
+    if (s->pinned) {
+      ++stats_.pinned_entries;
+    } else {
+      list_push_back(s);
+    }
+    ++stats_.entries;
+    stats_.bytes += bytes;
+    if (exact != nullptr) {
+      // Labels that lived in the replaced entry's ids move to the new, equal ids.
+      const Entry* old = replaced->entry.get();
+      for (Node* y = target; y->parent != nullptr; y = y->parent) {
+        if (y->owner == old) {
+          y->owner = e;
+          y->label = e->ids.data() + (y->depth - y->label_len);
+        }
+      }
+      retire(std::move(replaced));
+    }
+    if (common_mode) {
+      if (new_leaf != nullptr) {
+        new_leaf->best = s;
+        heap_push(new_leaf->parent, new_leaf);
+      }
+      propagate(target);
+    }
+
+    InsertResult result = InsertResult::inserted;
+    if (exact != nullptr) {
+      result = InsertResult::updated;
+      ++stats_.updated;
+    } else if (lineage != nullptr) {
+      result = InsertResult::extended;
+      ++stats_.extended;
+      if (options_.match == MatchMode::common_prefix) {
+        // Every unpinned strict prefix can be served by trimming the new entry.
+        for (Node* y = target->parent; y->parent != nullptr;) {
+          Node* up = y->parent;
+          if (y->slot && !y->slot->pinned && y->slot.get() != lineage) {
+            remove_slot(y->slot.get(), Reason::superseded);
+          }
+          y = up;
+        }
+      }
+      remove_slot(lineage, Reason::replaced);
+    } else {
+      ++stats_.inserted;
+    }
+    enforce_budgets();
+    return result;
+  }
+
+  Options options_;
+  Clock clock_;
+  CacheBytes cache_bytes_;
+  std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
+  Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
+  std::vector<TtlClass> classes_;
+  std::uint64_t seq_ = 0;
+  Slot* retired_ = nullptr;
+  bool defer_release_ = false;
+  PoolStats stats_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+// ---- end promptcache/prompt_cache_pool.hpp ----
+// ---- begin promptcache/synchronized_prompt_cache_pool.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+// promptcache: synchronized_prompt_cache_pool.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// PromptCachePool behind one mutex, for servers that call it from several threads. The lock
+// covers only the pool's own bookkeeping: sizing an entry (the CacheBytes functor), building
+// its snapshot, and destroying the LayerCaches of evicted entries happen outside it.
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+
+namespace promptcache {
+
+/// A thread-safe PromptCachePool: the same operations, each one atomic with respect to the
+/// others. Hits are immutable snapshots, so a thread can use its hit while others insert.
+/// CacheBytes is called without the lock and must be safe to call concurrently.
+template <class LayerCache, std::integral Token = std::uint32_t,
+          class Clock = std::chrono::steady_clock, class CacheBytes = unsized_caches>
+class SynchronizedPromptCachePool {
+ public:
+  using pool_type = PromptCachePool<LayerCache, Token, Clock, CacheBytes>;  ///< Wrapped pool.
+  using duration = typename pool_type::duration;                            ///< TTL duration.
+  using namespace_id = typename pool_type::namespace_id;                    ///< Namespace key.
+  using Options = typename pool_type::Options;                              ///< Pool options.
+  using Entry = typename pool_type::Entry;                                  ///< Stored entry.
+  using Hit = typename pool_type::Hit;                                      ///< Lookup result.
+  using InsertResult = typename pool_type::InsertResult;                    ///< Insert outcome.
+  using InsertOptions = typename pool_type::InsertOptions;                  ///< Per-insert options.
+
+  /// Seed-style constructor (see PromptCachePool).
+  SynchronizedPromptCachePool(std::size_t max_entries, duration ttl,
+                              std::size_t min_cacheable_tokens, Clock clock = Clock{})
+      : pool_(max_entries, ttl, min_cacheable_tokens, std::move(clock)) {
+    pool_.defer_release_ = true;
+  }
+
+  /// Pool with the given options (see PromptCachePool).
+  explicit SynchronizedPromptCachePool(Options options, Clock clock = Clock{},
+                                       CacheBytes cache_bytes = {})
+      : pool_(options, std::move(clock), std::move(cache_bytes)) {
+    pool_.defer_release_ = true;
+  }
+
+  SynchronizedPromptCachePool(const SynchronizedPromptCachePool&) = delete;
+  SynchronizedPromptCachePool& operator=(const SynchronizedPromptCachePool&) = delete;
+
+  /// See PromptCachePool::find_longest_prefix. Locks once; evicted entries are released
+  /// after unlocking.
+  std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto hit = pool_.find_longest_prefix(ids, ns);
+    retired.chain = pool_.take_retired();
+    return hit;
+  }
+
+  /// See PromptCachePool::insert. Sizes the caches and builds the snapshot unlocked, then
+  /// locks once to link it. Strong exception guarantee.
+  InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
+                      const InsertOptions& options = {}) {
+    const std::size_t bytes = pool_.entry_bytes(caches);
+    auto entry = std::make_shared<Entry>(
+        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const InsertResult r = pool_.insert_prepared(entry, bytes, options);
+    retired.chain = pool_.take_retired();
+    return r;
+    // A rejected `entry` is destroyed after the lock is released (declared before it).
+  }
+
+  /// Seed-style insert (see PromptCachePool::insert_or_update).
+  InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
+                                std::size_t fed_images, std::size_t fed_audios, bool pinned) {
+    InsertOptions o;
+    o.pinned = pinned;
+    o.fed_images = fed_images;
+    o.fed_audios = fed_audios;
+    return insert(std::move(ids), std::move(caches), o);
+  }
+
+  /// See PromptCachePool::evict_expired.
+  std::size_t evict_expired() {
+    return locked([&] { return pool_.evict_expired(); });
+  }
+  /// See PromptCachePool::erase.
+  bool erase(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.erase(ids, ns); });
+  }
+  /// See PromptCachePool::erase_namespace.
+  std::size_t erase_namespace(namespace_id ns) {
+    return locked([&] { return pool_.erase_namespace(ns); });
+  }
+  /// See PromptCachePool::clear.
+  void clear() {
+    locked([&] {
+      pool_.clear();
+      return 0;
+    });
+  }
+  /// See PromptCachePool::pin.
+  bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.pin(ids, ns); });
+  }
+  /// See PromptCachePool::unpin.
+  bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.unpin(ids, ns); });
+  }
+  /// See PromptCachePool::is_pinned.
+  [[nodiscard]] bool is_pinned(std::span<const Token> ids, namespace_id ns = 0) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.is_pinned(ids, ns);
+  }
+  /// See PromptCachePool::find_exact.
+  [[nodiscard]] std::shared_ptr<const Entry> find_exact(std::span<const Token> ids,
+                                                        namespace_id ns = 0) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.find_exact(ids, ns);
+  }
+  /// See PromptCachePool::size.
+  [[nodiscard]] std::size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.size();
+  }
+  /// See PromptCachePool::empty.
+  [[nodiscard]] bool empty() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.empty();
+  }
+  /// See PromptCachePool::bytes.
+  [[nodiscard]] std::size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.bytes();
+  }
+  /// See PromptCachePool::stats (one consistent snapshot).
+  [[nodiscard]] PoolStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.stats();
+  }
+  /// See PromptCachePool::reset_stats.
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.reset_stats();
+  }
+  /// See PromptCachePool::memory_usage.
+  [[nodiscard]] PoolMemory memory_usage() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.memory_usage();
+  }
+  /// See PromptCachePool::check_invariants (runs under the lock).
+  void check_invariants() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.check_invariants();
+  }
+  /// The options the pool was built with (immutable: no lock needed).
+  [[nodiscard]] const Options& options() const noexcept { return pool_.options(); }
+
+ private:
+  // Records removed under the lock; freed (with the last references to their LayerCaches)
+  // when this object dies, which the declaration order puts after the lock's release.
+  struct Retired {
+    typename pool_type::Slot* chain = nullptr;
+    Retired() = default;
+    Retired(const Retired&) = delete;
+    Retired& operator=(const Retired&) = delete;
+    ~Retired() { pool_type::free_retired(chain); }
+  };
+
+  template <class F>
+  auto locked(F&& f) {
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto r = f();
+    retired.chain = pool_.take_retired();
+    return r;
+  }
+
+  mutable std::mutex mutex_;
+  pool_type pool_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+// ---- end promptcache/synchronized_prompt_cache_pool.hpp ----
 // ---- begin promptcache/version.hpp ----
 #ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
 #define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP

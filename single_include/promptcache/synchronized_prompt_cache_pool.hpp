@@ -1,0 +1,1537 @@
+// promptcache single-include header generated from include/promptcache/synchronized_prompt_cache_pool.hpp
+// by scripts/amalgamate.py. Do not edit: edit the sources and regenerate.
+#pragma once
+// ---- begin promptcache/synchronized_prompt_cache_pool.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+// promptcache: synchronized_prompt_cache_pool.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// PromptCachePool behind one mutex, for servers that call it from several threads. The lock
+// covers only the pool's own bookkeeping: sizing an entry (the CacheBytes functor), building
+// its snapshot, and destroying the LayerCaches of evicted entries happen outside it.
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/prompt_cache_pool.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+// promptcache: prompt_cache_pool.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A process-local pool of recently used prompt prefixes and the per-layer KV
+// state an engine computed for them. A stateless server sends the full token
+// list on every call; the pool answers "which stored prefix of this request can
+// I resume from" and keeps the state after each call.
+//
+// Layout: one compressed trie (radix tree) per namespace over token ids; an
+// entry lives on the node where its ids end. Edge labels are not copies: they
+// point into the ids of some entry stored below the edge, so the index costs a
+// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
+// entries also sit on an intrusive recency list (one per distinct TTL), which
+// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
+// entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/detail/pool_child_map.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+// promptcache: detail/pool_child_map.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The children of one radix-tree node of PromptCachePool, keyed by the first
+// token of each child's edge. An open-addressing table (linear probing,
+// backward-shift deletion, load factor <= 1/2) so that a node with 65536
+// children costs the same per lookup as a node with two. Growth is split in
+// two steps, reserve() (may throw) and insert_reserved() (never throws),
+// so the pool can do every allocation of an insert before it changes anything.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+namespace promptcache::detail {
+
+template <std::integral Token, class Node>
+class PoolChildMap {
+ public:
+  struct Slot {
+    Token key{};
+    Node* node = nullptr;  // nullptr marks an empty slot
+  };
+
+  PoolChildMap() noexcept = default;
+  PoolChildMap(const PoolChildMap&) = delete;
+  PoolChildMap& operator=(const PoolChildMap&) = delete;
+  PoolChildMap(PoolChildMap&& other) noexcept { swap(other); }
+  PoolChildMap& operator=(PoolChildMap&& other) noexcept {
+    PoolChildMap tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  ~PoolChildMap() = default;
+
+  void swap(PoolChildMap& other) noexcept {
+    std::swap(slots_, other.slots_);
+    std::swap(size_, other.size_);
+    std::swap(shift_, other.shift_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Bytes of the slot table (for the index-memory report).
+  [[nodiscard]] std::size_t table_bytes() const noexcept { return capacity_ * sizeof(Slot); }
+
+  [[nodiscard]] Node* find(Token key) const noexcept {
+    if (capacity_ == 0) return nullptr;
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr) return nullptr;
+      if (s.key == key) return s.node;
+    }
+  }
+
+  /// Makes room for `extra` more children so that insert_reserved cannot fail. May throw
+  /// bad_alloc; the map is unchanged if it does.
+  void reserve(std::size_t extra) {
+    if (2 * (size_ + extra) <= capacity_) return;
+    std::size_t new_capacity = capacity_ == 0 ? 2 : capacity_ * 2;
+    while (2 * (size_ + extra) > new_capacity)
+      new_capacity *= 2;
+    std::unique_ptr<Slot[]> table(new Slot[new_capacity]);
+    PoolChildMap grown;
+    grown.slots_ = std::move(table);
+    grown.capacity_ = new_capacity;
+    grown.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) grown.place(slots_[i].key, slots_[i].node);
+    }
+    grown.size_ = size_;
+    swap(grown);
+  }
+
+  /// Adds a child whose key is not present; requires a preceding reserve().
+  void insert_reserved(Token key, Node* node) noexcept {
+    place(key, node);
+    ++size_;
+  }
+
+  /// Replaces the node stored under an existing key.
+  void replace(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
+      if (slots_[i].key == key && slots_[i].node != nullptr) {
+        slots_[i].node = node;
+        return;
+      }
+    }
+  }
+
+  /// Removes an existing key (backward-shift deletion keeps probe chains intact).
+  void erase(Token key) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+      i = (i + 1) & mask;
+    std::size_t hole = i;
+    for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
+      const std::size_t home = index_of(slots_[j].key);
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const bool home_after_hole =
+          hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+      if (!home_after_hole) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
+    // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
+    if (capacity_ > 16 && size_ * 8 <= capacity_) {
+      std::size_t smaller = 2;
+      while (smaller < 4 * size_)
+        smaller *= 2;
+      rebuild(smaller);
+    }
+  }
+
+  /// Calls f(node) for every child, in table order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) f(slots_[i].node);
+    }
+  }
+
+  /// Any child (the first in table order), or nullptr.
+  [[nodiscard]] Node* any() const noexcept {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) return slots_[i].node;
+    }
+    return nullptr;
+  }
+
+ private:
+  static unsigned shift_for(std::size_t capacity) noexcept {
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < capacity)
+      ++bits;
+    return 64U - bits;
+  }
+
+  [[nodiscard]] std::size_t index_of(Token key) const noexcept {
+    using U = std::make_unsigned_t<Token>;
+    const auto x = static_cast<std::uint64_t>(static_cast<U>(key));
+    // Fibonacci hashing: the high bits of the product are well mixed.
+    return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void rebuild(std::size_t new_capacity) noexcept {
+    std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[new_capacity]);
+    if (!table) return;
+    PoolChildMap other;
+    other.slots_ = std::move(table);
+    other.capacity_ = new_capacity;
+    other.shift_ = shift_for(new_capacity);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+    }
+    other.size_ = size_;
+    swap(other);
+  }
+
+  void place(Token key, Node* node) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (slots_[i].node != nullptr)
+      i = (i + 1) & mask;
+    slots_[i] = Slot{key, node};
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+  unsigned shift_ = 64;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+// ---- end promptcache/detail/pool_child_map.hpp ----
+
+namespace promptcache {
+
+/// How find_longest_prefix matches stored entries against a query.
+enum class MatchMode {
+  /// An entry must be a prefix of the query (an append-only KV cache). The seed behaviour.
+  exact_prefix,
+  /// The entry sharing the longest common prefix wins; the caller trims the
+  /// entry's state to Hit::matched tokens (truncatable attention caches only).
+  common_prefix,
+};
+
+/// Default size customization point: entries weigh 0 bytes, so Options::max_bytes must stay 0.
+struct unsized_caches {
+  /// Always 0.
+  template <class LayerCache>
+  constexpr std::size_t operator()(const LayerCache&) const noexcept {
+    return 0;
+  }
+};
+
+/// Counters (since construction or reset_stats()) and gauges (current) of one pool.
+struct PoolStats {
+  std::uint64_t lookups = 0;             ///< find_longest_prefix calls.
+  std::uint64_t hits = 0;                ///< Lookups that returned an entry.
+  std::uint64_t query_tokens = 0;        ///< Sum of query lengths over all lookups.
+  std::uint64_t matched_tokens = 0;      ///< Sum of Hit::matched over all hits.
+  std::uint64_t inserted = 0;            ///< Inserts that added a new entry.
+  std::uint64_t extended = 0;            ///< Inserts that replaced a shorter lineage entry.
+  std::uint64_t updated = 0;             ///< Inserts that replaced an entry with equal ids.
+  std::uint64_t rejected_empty = 0;      ///< Inserts rejected: empty ids.
+  std::uint64_t rejected_too_short = 0;  ///< Inserts rejected: below min_cacheable_tokens.
+  std::uint64_t rejected_too_large = 0;  ///< Inserts rejected: entry alone exceeds max_bytes.
+  std::uint64_t evicted_lru = 0;         ///< Evictions to stay within max_entries.
+  std::uint64_t evicted_ttl = 0;         ///< Evictions of idle-expired entries.
+  std::uint64_t evicted_bytes = 0;       ///< Evictions to stay within max_bytes.
+  std::uint64_t evicted_explicit = 0;    ///< erase / erase_namespace / clear removals.
+  std::uint64_t superseded = 0;    ///< Common-prefix mode: shorter prefixes retired by an insert.
+  std::size_t entries = 0;         ///< Gauge: stored entries.
+  std::size_t pinned_entries = 0;  ///< Gauge: stored pinned entries.
+  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes (size customization point).
+};
+
+/// Memory of a pool, split into the index and the token ids it indexes.
+struct PoolMemory {
+  std::size_t index_bytes = 0;  ///< Tree nodes, child tables, per-entry records, namespaces, lists.
+  std::size_t id_bytes = 0;     ///< Bytes of token ids owned by the stored entries.
+};
+
+template <class LayerCache, std::integral Token, class Clock, class CacheBytes>
+class SynchronizedPromptCachePool;
+
+/// A pool of prompt prefixes and their per-layer state (see the file comment).
+///
+/// - `LayerCache`: the engine's per-layer state; copied never, moved only inside std::vector.
+/// - `Token`: token id type (any integral type but bool).
+/// - `Clock`: has `now()` and the std clock typedefs; used through an instance, so a
+///   ManualClock handle shared with a test drives TTLs. Must not go backwards.
+/// - `CacheBytes`: size customization point for the byte budget: a default-constructible
+///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
+///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
+///
+/// Not thread-safe; see SynchronizedPromptCachePool. Not copyable or movable (hold it
+/// by unique_ptr if it has to move).
+template <class LayerCache, std::integral Token = std::uint32_t,
+          class Clock = std::chrono::steady_clock, class CacheBytes = unsized_caches>
+class PromptCachePool {
+  static_assert(!std::is_same_v<std::remove_cv_t<Token>, bool>, "Token must not be bool");
+
+ public:
+  using token_type = Token;                       ///< Token id type.
+  using clock_type = Clock;                       ///< Clock type.
+  using duration = typename Clock::duration;      ///< Clock duration (TTLs).
+  using time_point = typename Clock::time_point;  ///< Clock time point.
+  using namespace_id = std::uint64_t;             ///< Tenant / model / adapter key.
+
+  /// Pool configuration; fixed at construction.
+  struct Options {
+    std::size_t max_entries = 16;  ///< LRU-evict unpinned entries beyond this count.
+    /// Idle TTL of unpinned entries (<= 0: they expire at the next check).
+    duration ttl = std::chrono::minutes(5);
+    std::size_t min_cacheable_tokens = 8;  ///< Shorter ids are stored only to extend a lineage.
+    MatchMode match = MatchMode::exact_prefix;  ///< Exact-prefix (seed) or common-prefix lookups.
+    bool keep_one_token = false;       ///< Cap a hit at query length - 1 (engine needs one token).
+    std::size_t min_match_tokens = 0;  ///< A hit matching fewer tokens is reported as a miss.
+    std::size_t max_bytes = 0;         ///< Byte budget over CacheBytes sizes; 0 = unlimited.
+  };
+
+  /// One stored prefix. Immutable once stored; shared with every hit that returned it.
+  struct Entry {
+    std::vector<Token> ids{};          ///< The prefix's token ids (never empty).
+    std::vector<LayerCache> caches{};  ///< Per-layer state after processing `ids`.
+    std::size_t fed_images = 0;        ///< Images already spliced into `caches`.
+    std::size_t fed_audios = 0;        ///< Audio clips already spliced into `caches`.
+    /// Pinned when this snapshot was stored (pin()/unpin() don't rewrite snapshots).
+    bool pinned = false;
+  };
+
+  /// A lookup result: a snapshot of the entry and how many query tokens it covers.
+  struct Hit {
+    std::shared_ptr<const Entry> entry{};  ///< Snapshot; stays valid after eviction.
+    std::size_t matched = 0;               ///< Leading query tokens the entry's state covers.
+    /// Tokens to cut from the entry's state before resuming (0 in exact-prefix mode).
+    [[nodiscard]] std::size_t trim() const noexcept { return entry->ids.size() - matched; }
+  };
+
+  /// What an insert did.
+  enum class InsertResult {
+    inserted,            ///< Stored as a new entry.
+    extended,            ///< Replaced a stored entry whose ids are a proper prefix (same lineage).
+    updated,             ///< Replaced the stored entry with identical ids.
+    rejected_empty,      ///< Empty ids; nothing changed.
+    rejected_too_short,  ///< Below min_cacheable_tokens, extends nothing; nothing changed.
+    rejected_too_large,  ///< Alone larger than max_bytes; nothing changed.
+  };
+
+  /// Per-insert options for insert().
+  struct InsertOptions {
+    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
+    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
+    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
+  };
+
+  /// Seed-style constructor (exact-prefix mode, no byte budget).
+  PromptCachePool(std::size_t max_entries, duration ttl, std::size_t min_cacheable_tokens,
+                  Clock clock = Clock{})
+      : PromptCachePool(Options{max_entries, ttl, min_cacheable_tokens}, std::move(clock)) {}
+
+  /// Pool with the given options. Throws std::invalid_argument if max_bytes != 0 while
+  /// CacheBytes is unsized_caches (every entry would weigh 0, silently ignoring the budget).
+  explicit PromptCachePool(Options options, Clock clock = Clock{}, CacheBytes cache_bytes = {})
+      : options_(options), clock_(std::move(clock)), cache_bytes_(std::move(cache_bytes)) {
+    if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
+      throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
+    }
+    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr});
+  }
+
+  /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
+  static PromptCachePool with_defaults() { return PromptCachePool(Options{}); }
+
+  PromptCachePool(const PromptCachePool&) = delete;
+  PromptCachePool& operator=(const PromptCachePool&) = delete;
+  PromptCachePool(PromptCachePool&&) = delete;
+  PromptCachePool& operator=(PromptCachePool&&) = delete;
+
+  /// Releases every entry (snapshots held by callers stay valid). O(entries + nodes).
+  ~PromptCachePool() {
+    for (auto& [ns, root] : roots_)
+      drop_tree(root.get());
+    free_retired(std::exchange(retired_, nullptr));
+  }
+
+  /// The options the pool was built with.
+  [[nodiscard]] const Options& options() const noexcept { return options_; }
+
+  /// Evicts expired entries, then returns the best stored entry for `ids` in namespace `ns`
+  /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
+  /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
+  /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
+  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
+  /// recency); invalidates nothing a caller holds.
+  std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = clock_.now();
+    expire(now);
+    ++stats_.lookups;
+    stats_.query_tokens += ids.size();
+    std::optional<Hit> result;
+    if (!ids.empty()) {
+      const std::size_t limit = options_.keep_one_token ? ids.size() - 1 : ids.size();
+      Match m = options_.match == MatchMode::exact_prefix ? match_exact(ids, limit, ns)
+                                                          : match_common(ids, limit, ns);
+      if (m.slot != nullptr && m.matched > 0 && m.matched >= options_.min_match_tokens) {
+        touch(m.slot, now);
+        ++stats_.hits;
+        stats_.matched_tokens += m.matched;
+        result.emplace(Hit{m.slot->entry, m.matched});
+      }
+    }
+    release_retired();
+    return result;
+  }
+
+  /// Seed-style insert: insert(ids, caches, {pinned, default ttl, namespace 0, media counts}).
+  InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
+                                std::size_t fed_images, std::size_t fed_audios, bool pinned) {
+    InsertOptions o;
+    o.pinned = pinned;
+    o.fed_images = fed_images;
+    o.fed_audios = fed_audios;
+    return insert(std::move(ids), std::move(caches), o);
+  }
+
+  /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
+  /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
+  /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
+  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
+  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// common-prefix mode an extension also retires every other unpinned strict prefix of the
+  /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
+  /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
+  /// unchanged. O(|ids| + |caches| + evicted).
+  InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
+                      const InsertOptions& options = {}) {
+    const std::size_t bytes = entry_bytes(caches);
+    auto entry = std::make_shared<Entry>(
+        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    const InsertResult r = insert_prepared(entry, bytes, options);
+    release_retired();
+    return r;
+  }
+
+  /// Removes every unpinned entry idle for at least its TTL; returns how many. O(expired).
+  std::size_t evict_expired() {
+    const std::size_t n = expire(clock_.now());
+    release_retired();
+    return n;
+  }
+
+  /// Removes the entry with exactly `ids` in `ns` (pinned or not). O(|ids|).
+  bool erase(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    remove_slot(s, Reason::explicit_removal);
+    release_retired();
+    return true;
+  }
+
+  /// Removes every entry of namespace `ns`; returns how many. O(entries + nodes of `ns`).
+  std::size_t erase_namespace(namespace_id ns) {
+    auto it = roots_.find(ns);
+    if (it == roots_.end()) return 0;
+    const std::size_t n = drop_tree(it->second.get());
+    roots_.erase(it);
+    if (ns == 0) root0_ = nullptr;
+    release_retired();
+    return n;
+  }
+
+  /// Removes every entry of every namespace. O(entries + nodes).
+  void clear() {
+    for (auto& [ns, root] : roots_)
+      drop_tree(root.get());
+    roots_.clear();
+    root0_ = nullptr;
+    release_retired();
+  }
+
+  /// Pins the entry with exactly `ids`: exempt from LRU, byte and TTL eviction. O(|ids|).
+  /// Returns false if there is no such entry. Snapshots are not rewritten (Entry::pinned).
+  bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    if (!s->pinned) {
+      list_unlink(s);
+      s->pinned = true;
+      ++stats_.pinned_entries;
+    }
+    return true;
+  }
+
+  /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
+  /// then budgets are enforced. Returns false if there is no such entry. O(|ids| + evicted).
+  bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    Slot* s = find_slot(ids, ns);
+    if (s == nullptr) return false;
+    if (s->pinned) {
+      s->pinned = false;
+      --stats_.pinned_entries;
+      s->last_used = clock_.now();
+      s->seq = ++seq_;
+      list_push_back(s);
+      if (options_.match == MatchMode::common_prefix) propagate(s->node);
+      enforce_budgets();
+      release_retired();
+    }
+    return true;
+  }
+
+  /// Whether an entry with exactly `ids` exists and is pinned. O(|ids|).
+  [[nodiscard]] bool is_pinned(std::span<const Token> ids, namespace_id ns = 0) const {
+    const Slot* s = find_slot(ids, ns);
+    return s != nullptr && s->pinned;
+  }
+
+  /// The entry with exactly `ids`, without evicting or refreshing anything (it may be
+  /// past its TTL but not yet collected); nullptr if absent. O(|ids|).
+  [[nodiscard]] std::shared_ptr<const Entry> find_exact(std::span<const Token> ids,
+                                                        namespace_id ns = 0) const {
+    const Slot* s = find_slot(ids, ns);
+    return s == nullptr ? nullptr : s->entry;
+  }
+
+  /// Number of stored entries (all namespaces). O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return stats_.entries; }
+  /// Whether no entry is stored. O(1).
+  [[nodiscard]] bool empty() const noexcept { return stats_.entries == 0; }
+  /// Sum of stored entry sizes per CacheBytes. O(1).
+  [[nodiscard]] std::size_t bytes() const noexcept { return stats_.bytes; }
+
+  /// Counters and gauges. O(1).
+  [[nodiscard]] PoolStats stats() const noexcept { return stats_; }
+  /// Zeroes the counters (gauges keep their values). O(1).
+  void reset_stats() noexcept {
+    PoolStats fresh;
+    fresh.entries = stats_.entries;
+    fresh.pinned_entries = stats_.pinned_entries;
+    fresh.bytes = stats_.bytes;
+    stats_ = fresh;
+  }
+
+  /// The size of an entry holding `caches` (sum of CacheBytes over them). O(|caches|).
+  [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
+    std::size_t total = 0;
+    for (const LayerCache& c : caches)
+      total += static_cast<std::size_t>(cache_bytes_(c));
+    return total;
+  }
+
+  /// Memory of the index vs the ids it indexes (LayerCache payloads excluded). O(nodes).
+  [[nodiscard]] PoolMemory memory_usage() const {
+    PoolMemory m;
+    m.index_bytes = sizeof(*this) + classes_.capacity() * sizeof(TtlClass) +
+                    roots_.bucket_count() * sizeof(void*) +
+                    roots_.size() * (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) +
+                                     2 * sizeof(void*));
+    for (const auto& [ns, root] : roots_) {
+      visit(root.get(), [&](const Node* n) {
+        m.index_bytes += sizeof(Node) + n->children.table_bytes();
+        if (n->slot) {
+          // The record, plus the Entry object and its shared_ptr control block (not its ids).
+          m.index_bytes += sizeof(Slot) + sizeof(Entry) + 2 * sizeof(void*) + sizeof(long) * 2;
+          m.id_bytes += n->slot->entry->ids.size() * sizeof(Token);
+        }
+      });
+    }
+    return m;
+  }
+
+  /// Verifies every structural invariant (tree shape, labels, lists, gauges); throws
+  /// std::logic_error describing the first violation. O(entries + nodes). For tests.
+  void check_invariants() const {
+    std::size_t entries = 0, pinned = 0, bytes = 0;
+    for (const auto& kv : roots_) {
+      const namespace_id nsv = kv.first;
+      const Node* root = kv.second.get();
+      require(root->parent == nullptr && !root->slot && root->depth == 0, "root shape");
+      require(nsv != 0 || root == root0_, "root0 cache");
+      visit(root, [&](const Node* n) {
+        n->children.for_each([&](const Node* c) {
+          require(c->parent == n, "parent link");
+          require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
+          require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
+        });
+        if (options_.match == MatchMode::common_prefix) {
+          require(n->heap.size() == n->children.size(), "heap size");
+          for (std::size_t i = 0; i < n->heap.size(); ++i) {
+            const HeapItem& it = n->heap[i];
+            require(it.node->parent == n && it.node->heap_pos == i, "heap links");
+            require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
+            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
+          }
+        } else {
+          require(n->heap.empty(), "heap outside common-prefix mode");
+        }
+        if (n == root) return;
+        require(n->slot || n->children.size() >= 2, "unmerged or empty node");
+        const Entry* o = n->owner;
+        require(o != nullptr && o->ids.size() >= n->depth, "owner too short");
+        require(n->label == o->ids.data() + (n->depth - n->label_len), "label not in owner");
+        // The owner must live in this node's subtree.
+        bool owned = false;
+        visit(n, [&](const Node* d) { owned = owned || (d->slot && d->slot->entry.get() == o); });
+        require(owned, "owner outside subtree");
+        if (n->slot) {
+          const Slot* s = n->slot.get();
+          ++entries;
+          bytes += s->bytes;
+          require(s->node == n && s->ns == nsv, "slot back link");
+          require(s->entry->ids.size() == n->depth, "entry length");
+          const Node* p = n;
+          std::size_t end = n->depth;
+          while (p->parent != nullptr) {
+            require(
+                std::equal(p->label, p->label + p->label_len,
+                           s->entry->ids.begin() + static_cast<std::ptrdiff_t>(end - p->label_len)),
+                "path differs from ids");
+            end -= p->label_len;
+            p = p->parent;
+          }
+          if (s->pinned) ++pinned;
+        }
+        if (options_.match == MatchMode::common_prefix) {
+          const Slot* b = n->slot.get();
+          n->children.for_each([&](const Node* c) {
+            if (b == nullptr || better(c->best, b)) b = c->best;
+          });
+          require(n->best == b, "common-prefix aggregate");
+        }
+      });
+    }
+    std::size_t listed = 0;
+    for (const TtlClass& cls : classes_) {
+      const Slot* prev = nullptr;
+      for (const Slot* s = cls.head; s != nullptr; s = s->next) {
+        require(!s->pinned && s->prev == prev, "list links");
+        require(prev == nullptr || prev->seq < s->seq, "list order");
+        require(&classes_[s->ttl_class] == &cls, "list class");
+        prev = s;
+        ++listed;
+      }
+      require(cls.tail == prev, "list tail");
+    }
+    require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
+    require(listed == entries - pinned, "listed entries");
+    require(bytes == stats_.bytes, "byte gauge");
+    require(retired_ == nullptr, "retired list");
+  }
+
+ private:
+  friend class SynchronizedPromptCachePool<LayerCache, Token, Clock, CacheBytes>;
+
+  struct Node;
+
+  // The pool's record of one stored entry.
+  struct Slot {
+    std::shared_ptr<const Entry> entry;
+    Node* node = nullptr;
+    Slot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
+    Slot* next = nullptr;  // ... and the retired chain once removed
+    time_point last_used{};
+    std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
+    std::size_t len = 0;    // entry->ids.size(), kept here to spare a dereference
+    std::size_t ttl_class = 0;
+    std::size_t bytes = 0;
+    namespace_id ns = 0;
+    bool pinned = false;
+  };
+
+  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
+  // the (mostly cached) heap array instead of chasing two pointers per comparison.
+  struct HeapItem {
+    std::size_t len;
+    std::uint64_t seq;
+    Node* node;
+  };
+
+  struct Node {
+    Node* parent = nullptr;
+    const Token* label = nullptr;  // points into owner->ids
+    std::size_t label_len = 0;
+    std::size_t depth = 0;         // tokens from the root through the end of the label
+    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
+    Token first{};                 // label[0], kept here so teardown never reads freed ids
+    std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
+    Slot* best = nullptr;          // common-prefix mode: shortest, then most recent slot below
+    std::vector<HeapItem> heap;    // common-prefix mode: children as a binary heap by best
+    std::size_t heap_pos = 0;      // index in the parent's heap
+    detail::PoolChildMap<Token, Node> children;
+  };
+
+  struct TtlClass {
+    duration ttl;
+    Slot* head;  // least recently used
+    Slot* tail;  // most recently used
+  };
+
+  enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
+
+  struct Match {
+    Slot* slot = nullptr;
+    std::size_t matched = 0;
+  };
+
+  static void require(bool ok, const char* what) {
+    if (!ok) throw std::logic_error(std::string("PromptCachePool invariant: ") + what);
+  }
+
+  template <class F>
+  static void visit(const Node* root, F&& f) {
+    // Iterative: a lineage of single-token turns can make the tree as deep as the ids are long.
+    std::vector<const Node*> stack{root};
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      f(n);
+      n->children.for_each([&](const Node* c) { stack.push_back(c); });
+    }
+  }
+
+  static bool equal_tokens(const Token* a, const Token* b, std::size_t n) noexcept {
+    return std::memcmp(a, b, n * sizeof(Token)) == 0;
+  }
+
+  // Length of the common prefix of a[0, n) and b[0, n). memcmp only says "differs", so the
+  // mismatch is narrowed down through shrinking blocks: every token is read about once, in
+  // memcmp-sized strides, whether the edge matches fully or diverges deep inside.
+  static std::size_t common_length(const Token* a, const Token* b, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (const std::size_t block : {std::size_t{1024}, std::size_t{128}}) {
+      while (n - i >= block && equal_tokens(a + i, b + i, block))
+        i += block;
+    }
+    // Within the last 128 tokens: 8 at a time without a call (the loop vectorizes).
+    using U = std::make_unsigned_t<Token>;
+    while (n - i >= 8) {
+      U diff = 0;
+      for (std::size_t j = 0; j < 8; ++j) {
+        diff = static_cast<U>(diff | (static_cast<U>(a[i + j]) ^ static_cast<U>(b[i + j])));
+      }
+      if (diff != 0) break;
+      i += 8;
+    }
+    while (i < n && a[i] == b[i])
+      ++i;
+    return i;
+  }
+
+  static bool better(const Slot* a, const Slot* b) noexcept {
+    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
+  }
+
+  Node* root_of(namespace_id ns) const noexcept {
+    if (ns == 0) return root0_;
+    auto it = roots_.find(ns);
+    return it == roots_.end() ? nullptr : it->second.get();
+  }
+
+  Slot* find_slot(std::span<const Token> ids, namespace_id ns) const noexcept {
+    const Node* node = root_of(ns);
+    if (node == nullptr || ids.empty()) return nullptr;
+    std::size_t pos = 0;
+    while (pos < ids.size()) {
+      const Node* c = node->children.find(ids[pos]);
+      if (c == nullptr || c->depth > ids.size() ||
+          !equal_tokens(c->label, ids.data() + pos, c->label_len)) {
+        return nullptr;
+      }
+      node = c;
+      pos = c->depth;
+    }
+    return node->slot.get();
+  }
+
+  Match match_exact(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
+    Match m;
+    const Node* node = root_of(ns);
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      const Node* c = node->children.find(q[pos]);
+      if (c == nullptr || c->depth > limit ||
+          !equal_tokens(c->label, q.data() + pos, c->label_len)) {
+        break;
+      }
+      node = c;
+      pos = c->depth;
+      if (c->slot) m.slot = c->slot.get();
+    }
+    if (m.slot != nullptr) m.matched = m.slot->len;
+    return m;
+  }
+
+  Match match_common(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
+    Match m;
+    const Node* node = root_of(ns);
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      const Node* c = node->children.find(q[pos]);
+      if (c == nullptr) break;
+      const std::size_t k =
+          common_length(c->label, q.data() + pos, std::min(c->label_len, limit - pos));
+      if (k < c->label_len) {  // the query leaves the tree (or hits the cap) inside this edge
+        m.slot = c->best;
+        m.matched = pos + k;
+        return m;
+      }
+      node = c;
+      pos = c->depth;
+    }
+    if (node->parent != nullptr) {
+      m.slot = node->best;
+      m.matched = pos;
+    }
+    return m;
+  }
+
+  // ---- recency lists ------------------------------------------------------------------
+
+  void list_unlink(Slot* s) noexcept {
+    TtlClass& cls = classes_[s->ttl_class];
+    (s->prev ? s->prev->next : cls.head) = s->next;
+    (s->next ? s->next->prev : cls.tail) = s->prev;
+    s->prev = s->next = nullptr;
+  }
+
+  void list_push_back(Slot* s) noexcept {
+    TtlClass& cls = classes_[s->ttl_class];
+    s->prev = cls.tail;
+    s->next = nullptr;
+    (cls.tail ? cls.tail->next : cls.head) = s;
+    cls.tail = s;
+  }
+
+  void touch(Slot* s, time_point now) noexcept {
+    s->last_used = now;
+    s->seq = ++seq_;
+    if (!s->pinned) {
+      list_unlink(s);
+      list_push_back(s);
+    }
+    if (options_.match == MatchMode::common_prefix) propagate(s->node);
+  }
+
+  // ---- common-prefix aggregates ---------------------------------------------------------
+  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
+  // children in a binary heap ordered by their best, so any change costs O(log fan-out) per
+  // level up to the root, removals included.
+
+  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
+    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
+  }
+
+  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+
+  // Restores the heap order around position i (the item there changed its key). A 4-ary
+  // heap: a touch only sifts up, and half as many levels as a binary heap.
+  static constexpr std::size_t kArity = 4;
+  static void heap_fix(Node* p, std::size_t i) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const HeapItem c = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    const std::size_t n = h.size();
+    while (true) {
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t b = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (item_better(h[k], h[b])) b = k;
+      }
+      if (!item_better(h[b], c)) break;
+      h[i] = h[b];
+      h[i].node->heap_pos = i;
+      i = b;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
+  }
+
+  // Child c's best (or its key) changed: refresh its item and reposition it.
+  static void heap_update(Node* p, Node* c) noexcept {
+    p->heap[c->heap_pos] = item_of(c);
+    heap_fix(p, c->heap_pos);
+  }
+
+  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
+  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    now->heap_pos = before->heap_pos;
+    p->heap[now->heap_pos] = item_of(now);
+  }
+
+  // Adds child c; requires reserved capacity (phase 1 of insert).
+  static void heap_push(Node* p, Node* c) noexcept {
+    p->heap.push_back(item_of(c));
+    c->heap_pos = p->heap.size() - 1;
+    heap_fix(p, c->heap_pos);
+  }
+
+  static void heap_erase(Node* p, Node* c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    const std::size_t i = c->heap_pos;
+    const HeapItem last = h.back();
+    h.pop_back();
+    if (last.node != c) {
+      h[i] = last;
+      last.node->heap_pos = i;
+      heap_fix(p, i);
+    }
+  }
+
+  static Slot* compute_best(const Node* y) noexcept {
+    Slot* b = y->slot.get();
+    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
+      b = y->heap[0].node->best;
+    }
+    return b;
+  }
+
+  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
+  static void propagate(Node* x) noexcept {
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      y->best = compute_best(y);
+      heap_update(y->parent, y);
+    }
+  }
+
+  Slot* lru_victim() const noexcept {
+    Slot* victim = nullptr;
+    for (const TtlClass& cls : classes_) {
+      if (cls.head != nullptr && (victim == nullptr || cls.head->seq < victim->seq))
+        victim = cls.head;
+    }
+    return victim;
+  }
+
+  std::size_t expire(time_point now) noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < classes_.size(); ++i) {
+      while (classes_[i].head != nullptr && now - classes_[i].head->last_used >= classes_[i].ttl) {
+        remove_slot(classes_[i].head, Reason::ttl);
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  void enforce_budgets() noexcept {
+    while (stats_.entries > options_.max_entries) {
+      Slot* v = lru_victim();
+      if (v == nullptr) break;
+      remove_slot(v, Reason::lru);
+    }
+    while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
+      Slot* v = lru_victim();
+      if (v == nullptr) break;
+      remove_slot(v, Reason::bytes);
+    }
+  }
+
+  // ---- removal --------------------------------------------------------------------------
+
+  void retire(std::unique_ptr<Slot> s) noexcept {
+    Slot* raw = s.release();
+    raw->prev = nullptr;
+    raw->next = retired_;
+    retired_ = raw;
+  }
+
+  // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
+  // destructors of the last snapshot references after releasing its lock.
+  void release_retired() noexcept {
+    if (defer_release_) return;
+    while (retired_ != nullptr) {
+      Slot* s = retired_;
+      retired_ = s->next;
+      delete s;
+    }
+  }
+
+  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
+
+  static void free_retired(Slot* chain) noexcept {
+    while (chain != nullptr) {
+      Slot* s = chain;
+      chain = s->next;
+      delete s;
+    }
+  }
+
+  void count_removal(Reason why) noexcept {
+    switch (why) {
+      case Reason::lru:
+        ++stats_.evicted_lru;
+        break;
+      case Reason::ttl:
+        ++stats_.evicted_ttl;
+        break;
+      case Reason::bytes:
+        ++stats_.evicted_bytes;
+        break;
+      case Reason::explicit_removal:
+        ++stats_.evicted_explicit;
+        break;
+      case Reason::superseded:
+        ++stats_.superseded;
+        break;
+      case Reason::replaced:
+        break;
+    }
+  }
+
+  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
+  // node left with one child into it, and re-points labels that lived in the entry's ids.
+  void remove_slot(Slot* s, Reason why) noexcept {
+    Node* n = s->node;
+    const Entry* old = s->entry.get();
+    if (s->pinned) {
+      --stats_.pinned_entries;
+    } else {
+      list_unlink(s);
+    }
+    --stats_.entries;
+    stats_.bytes -= s->bytes;
+    count_removal(why);
+    retire(std::move(n->slot));
+
+    const bool common = options_.match == MatchMode::common_prefix;
+    Node* x = n;
+    while (x->parent != nullptr && !x->slot && x->children.empty()) {
+      Node* p = x->parent;
+      p->children.erase(x->first);
+      if (common) heap_erase(p, x);
+      delete x;
+      x = p;
+    }
+    Node* lowest = x;  // the deepest node whose subtree lost the entry
+    if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
+      Node* c = x->children.any();
+      Node* p = x->parent;
+      c->label_len += x->label_len;
+      c->label = c->owner->ids.data() + (c->depth - c->label_len);
+      c->first = x->first;
+      c->parent = p;
+      p->children.replace(x->first, c);
+      if (common) heap_substitute(p, x, c);
+      x->children = detail::PoolChildMap<Token, Node>{};
+      delete x;
+      x = p;
+      lowest = c;
+    }
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      if (y->owner == old) {
+        const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
+        y->owner = o;
+        y->label = o->ids.data() + (y->depth - y->label_len);
+      }
+    }
+    if (common) propagate(lowest);
+    if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
+      roots_.erase(s->ns);  // an empty tenant costs nothing
+    }
+  }
+
+  // Removes every entry below `root` (root stays, childless). Returns how many. The nodes
+  // are threaded into a stack through their (no longer needed) parent links: no allocation,
+  // no recursion, O(nodes + child tables).
+  std::size_t drop_tree(Node* root) noexcept {
+    std::size_t n = 0;
+    Node* stack = nullptr;
+    auto push = [&stack](Node* c) {
+      c->parent = stack;
+      stack = c;
+    };
+    root->children.for_each(push);
+    root->children = detail::PoolChildMap<Token, Node>{};
+    root->heap.clear();
+    while (stack != nullptr) {
+      Node* x = stack;
+      stack = x->parent;
+      x->children.for_each(push);
+      if (x->slot) {
+        Slot* s = x->slot.get();
+        if (s->pinned) {
+          --stats_.pinned_entries;
+        } else {
+          list_unlink(s);
+        }
+        --stats_.entries;
+        stats_.bytes -= s->bytes;
+        ++stats_.evicted_explicit;
+        ++n;
+        retire(std::move(x->slot));
+      }
+      delete x;
+    }
+    return n;
+  }
+
+  // ---- insert ---------------------------------------------------------------------------
+
+  // The core of insert, after the entry is built and sized (callers may do that unlocked).
+  // Takes ownership of `entry` only when it is stored.
+  InsertResult insert_prepared(std::shared_ptr<Entry>& entry, std::size_t bytes,
+                               const InsertOptions& o) {
+    const time_point now = clock_.now();
+    const std::vector<Token>& ids = entry->ids;
+    const std::size_t n = ids.size();
+    if (n == 0) {
+      ++stats_.rejected_empty;
+      return InsertResult::rejected_empty;
+    }
+
+    // Walk (read-only): where the ids end or leave the tree, and which entries are prefixes.
+    enum class Where { at_node, new_leaf, split, new_root };
+    Where where = Where::new_root;
+    Node* node = root_of(o.ns);
+    Node* child = nullptr;
+    std::size_t pos = 0, common = 0;
+    Slot* exact = nullptr;
+    Slot* lineage = nullptr;  // deepest unpinned proper prefix
+    bool any_prefix = false;
+    if (node != nullptr) {
+      while (true) {
+        if (node->slot) {
+          any_prefix = true;
+          if (pos == n) {
+            exact = node->slot.get();
+          } else if (!node->slot->pinned) {
+            lineage = node->slot.get();
+          }
+        }
+        if (pos == n) {
+          where = Where::at_node;
+          break;
+        }
+        child = node->children.find(ids[pos]);
+        if (child == nullptr) {
+          where = Where::new_leaf;
+          break;
+        }
+        common = common_length(child->label, ids.data() + pos, std::min(child->label_len, n - pos));
+        if (common < child->label_len) {
+          where = Where::split;
+          break;
+        }
+        node = child;
+        pos = child->depth;
+      }
+    }
+
+    if (n < options_.min_cacheable_tokens && !any_prefix) {
+      ++stats_.rejected_too_short;
+      return InsertResult::rejected_too_short;
+    }
+    if (options_.max_bytes != 0 && bytes > options_.max_bytes) {
+      ++stats_.rejected_too_large;
+      return InsertResult::rejected_too_large;
+    }
+
+    // Phase 1: every allocation. Nothing observable changes until phase 2.
+    const duration ttl = o.ttl.value_or(options_.ttl);
+    std::size_t ttl_class = 0;
+    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl)
+      ++ttl_class;
+    if (ttl_class == classes_.size()) {
+      classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
+    }
+    const bool common_mode = options_.match == MatchMode::common_prefix;
+    auto slot = std::make_unique<Slot>();
+    std::unique_ptr<Node> leaf, mid;
+    bool created_root = false;
+    try {
+      if (where == Where::new_root) {
+        auto root = std::make_unique<Node>();
+        root->children.reserve(1);
+        if (common_mode) root->heap.reserve(1);
+        node = root.get();
+        roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
+        created_root = true;
+        if (o.ns == 0) root0_ = node;
+        where = Where::new_leaf;
+      } else if (where == Where::new_leaf) {
+        node->children.reserve(1);
+        if (common_mode && node->heap.size() == node->heap.capacity()) {
+          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
+        }
+      }
+      if (where == Where::split) {
+        mid = std::make_unique<Node>();
+        mid->children.reserve(pos + common == n ? 1 : 2);
+        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
+      }
+      if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
+        leaf = std::make_unique<Node>();
+      }
+    } catch (...) {
+      if (created_root) {
+        roots_.erase(o.ns);
+        if (o.ns == 0) root0_ = nullptr;
+      }
+      throw;
+    }
+
+    // Phase 2: link; nothing below throws.
+    const Entry* e = entry.get();
+    Slot* s = slot.get();
+    entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
+    s->entry = std::move(entry);
+    s->ttl_class = ttl_class;
+    s->len = n;
+    s->bytes = bytes;
+    s->ns = o.ns;
+    s->last_used = now;
+    s->seq = ++seq_;
+    s->pinned = e->pinned;
+
+    Node* target = node;
+    if (where == Where::split) {
+      Node* m = mid.release();
+      m->parent = node;
+      m->label = child->label;
+      m->label_len = common;
+      m->depth = pos + common;
+      m->first = child->first;
+      m->owner = child->owner;
+      node->children.replace(child->first, m);
+      child->label += common;
+      child->label_len -= common;
+      child->first = child->label[0];
+      child->parent = m;
+      m->children.insert_reserved(child->first, child);
+      if (common_mode) {
+        m->best = child->best;  // same key: m takes child's place in node's heap as is
+        heap_substitute(node, child, m);
+        m->heap.push_back(item_of(child));  // reserved
+        child->heap_pos = 0;
+      }
+      node = m;
+      pos = m->depth;
+      target = m;
+    }
+    Node* new_leaf = nullptr;
+    if (leaf) {
+      Node* l = leaf.release();
+      new_leaf = l;
+      l->parent = node;
+      l->label = e->ids.data() + pos;
+      l->label_len = n - pos;
+      l->depth = n;
+      l->first = e->ids[pos];
+      l->owner = e;
+      node->children.insert_reserved(l->first, l);
+      target = l;
+    }
+    std::unique_ptr<Slot> replaced;
+    if (exact != nullptr) {
+      replaced = std::move(target->slot);
+      if (replaced->pinned) {
+        --stats_.pinned_entries;
+      } else {
+        list_unlink(replaced.get());
+      }
+      --stats_.entries;
+      stats_.bytes -= replaced->bytes;
+    }
+    target->slot = std::move(slot);
+    s->node = target;
+    if (s->pinned) {
+      ++stats_.pinned_entries;
+    } else {
+      list_push_back(s);
+    }
+    ++stats_.entries;
+    stats_.bytes += bytes;
+    if (exact != nullptr) {
+      // Labels that lived in the replaced entry's ids move to the new, equal ids.
+      const Entry* old = replaced->entry.get();
+      for (Node* y = target; y->parent != nullptr; y = y->parent) {
+        if (y->owner == old) {
+          y->owner = e;
+          y->label = e->ids.data() + (y->depth - y->label_len);
+        }
+      }
+      retire(std::move(replaced));
+    }
+    if (common_mode) {
+      if (new_leaf != nullptr) {
+        new_leaf->best = s;
+        heap_push(new_leaf->parent, new_leaf);
+      }
+      propagate(target);
+    }
+
+    InsertResult result = InsertResult::inserted;
+    if (exact != nullptr) {
+      result = InsertResult::updated;
+      ++stats_.updated;
+    } else if (lineage != nullptr) {
+      result = InsertResult::extended;
+      ++stats_.extended;
+      if (options_.match == MatchMode::common_prefix) {
+        // Every unpinned strict prefix can be served by trimming the new entry.
+        for (Node* y = target->parent; y->parent != nullptr;) {
+          Node* up = y->parent;
+          if (y->slot && !y->slot->pinned && y->slot.get() != lineage) {
+            remove_slot(y->slot.get(), Reason::superseded);
+          }
+          y = up;
+        }
+      }
+      remove_slot(lineage, Reason::replaced);
+    } else {
+      ++stats_.inserted;
+    }
+    enforce_budgets();
+    return result;
+  }
+
+  Options options_;
+  Clock clock_;
+  CacheBytes cache_bytes_;
+  std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
+  Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
+  std::vector<TtlClass> classes_;
+  std::uint64_t seq_ = 0;
+  Slot* retired_ = nullptr;
+  bool defer_release_ = false;
+  PoolStats stats_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+// ---- end promptcache/prompt_cache_pool.hpp ----
+
+namespace promptcache {
+
+/// A thread-safe PromptCachePool: the same operations, each one atomic with respect to the
+/// others. Hits are immutable snapshots, so a thread can use its hit while others insert.
+/// CacheBytes is called without the lock and must be safe to call concurrently.
+template <class LayerCache, std::integral Token = std::uint32_t,
+          class Clock = std::chrono::steady_clock, class CacheBytes = unsized_caches>
+class SynchronizedPromptCachePool {
+ public:
+  using pool_type = PromptCachePool<LayerCache, Token, Clock, CacheBytes>;  ///< Wrapped pool.
+  using duration = typename pool_type::duration;                            ///< TTL duration.
+  using namespace_id = typename pool_type::namespace_id;                    ///< Namespace key.
+  using Options = typename pool_type::Options;                              ///< Pool options.
+  using Entry = typename pool_type::Entry;                                  ///< Stored entry.
+  using Hit = typename pool_type::Hit;                                      ///< Lookup result.
+  using InsertResult = typename pool_type::InsertResult;                    ///< Insert outcome.
+  using InsertOptions = typename pool_type::InsertOptions;                  ///< Per-insert options.
+
+  /// Seed-style constructor (see PromptCachePool).
+  SynchronizedPromptCachePool(std::size_t max_entries, duration ttl,
+                              std::size_t min_cacheable_tokens, Clock clock = Clock{})
+      : pool_(max_entries, ttl, min_cacheable_tokens, std::move(clock)) {
+    pool_.defer_release_ = true;
+  }
+
+  /// Pool with the given options (see PromptCachePool).
+  explicit SynchronizedPromptCachePool(Options options, Clock clock = Clock{},
+                                       CacheBytes cache_bytes = {})
+      : pool_(options, std::move(clock), std::move(cache_bytes)) {
+    pool_.defer_release_ = true;
+  }
+
+  SynchronizedPromptCachePool(const SynchronizedPromptCachePool&) = delete;
+  SynchronizedPromptCachePool& operator=(const SynchronizedPromptCachePool&) = delete;
+
+  /// See PromptCachePool::find_longest_prefix. Locks once; evicted entries are released
+  /// after unlocking.
+  std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto hit = pool_.find_longest_prefix(ids, ns);
+    retired.chain = pool_.take_retired();
+    return hit;
+  }
+
+  /// See PromptCachePool::insert. Sizes the caches and builds the snapshot unlocked, then
+  /// locks once to link it. Strong exception guarantee.
+  InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
+                      const InsertOptions& options = {}) {
+    const std::size_t bytes = pool_.entry_bytes(caches);
+    auto entry = std::make_shared<Entry>(
+        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const InsertResult r = pool_.insert_prepared(entry, bytes, options);
+    retired.chain = pool_.take_retired();
+    return r;
+    // A rejected `entry` is destroyed after the lock is released (declared before it).
+  }
+
+  /// Seed-style insert (see PromptCachePool::insert_or_update).
+  InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
+                                std::size_t fed_images, std::size_t fed_audios, bool pinned) {
+    InsertOptions o;
+    o.pinned = pinned;
+    o.fed_images = fed_images;
+    o.fed_audios = fed_audios;
+    return insert(std::move(ids), std::move(caches), o);
+  }
+
+  /// See PromptCachePool::evict_expired.
+  std::size_t evict_expired() {
+    return locked([&] { return pool_.evict_expired(); });
+  }
+  /// See PromptCachePool::erase.
+  bool erase(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.erase(ids, ns); });
+  }
+  /// See PromptCachePool::erase_namespace.
+  std::size_t erase_namespace(namespace_id ns) {
+    return locked([&] { return pool_.erase_namespace(ns); });
+  }
+  /// See PromptCachePool::clear.
+  void clear() {
+    locked([&] {
+      pool_.clear();
+      return 0;
+    });
+  }
+  /// See PromptCachePool::pin.
+  bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.pin(ids, ns); });
+  }
+  /// See PromptCachePool::unpin.
+  bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    return locked([&] { return pool_.unpin(ids, ns); });
+  }
+  /// See PromptCachePool::is_pinned.
+  [[nodiscard]] bool is_pinned(std::span<const Token> ids, namespace_id ns = 0) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.is_pinned(ids, ns);
+  }
+  /// See PromptCachePool::find_exact.
+  [[nodiscard]] std::shared_ptr<const Entry> find_exact(std::span<const Token> ids,
+                                                        namespace_id ns = 0) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.find_exact(ids, ns);
+  }
+  /// See PromptCachePool::size.
+  [[nodiscard]] std::size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.size();
+  }
+  /// See PromptCachePool::empty.
+  [[nodiscard]] bool empty() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.empty();
+  }
+  /// See PromptCachePool::bytes.
+  [[nodiscard]] std::size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.bytes();
+  }
+  /// See PromptCachePool::stats (one consistent snapshot).
+  [[nodiscard]] PoolStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.stats();
+  }
+  /// See PromptCachePool::reset_stats.
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.reset_stats();
+  }
+  /// See PromptCachePool::memory_usage.
+  [[nodiscard]] PoolMemory memory_usage() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.memory_usage();
+  }
+  /// See PromptCachePool::check_invariants (runs under the lock).
+  void check_invariants() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.check_invariants();
+  }
+  /// The options the pool was built with (immutable: no lock needed).
+  [[nodiscard]] const Options& options() const noexcept { return pool_.options(); }
+
+ private:
+  // Records removed under the lock; freed (with the last references to their LayerCaches)
+  // when this object dies, which the declaration order puts after the lock's release.
+  struct Retired {
+    typename pool_type::Slot* chain = nullptr;
+    Retired() = default;
+    Retired(const Retired&) = delete;
+    Retired& operator=(const Retired&) = delete;
+    ~Retired() { pool_type::free_retired(chain); }
+  };
+
+  template <class F>
+  auto locked(F&& f) {
+    Retired retired;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto r = f();
+    retired.chain = pool_.take_retired();
+    return r;
+  }
+
+  mutable std::mutex mutex_;
+  pool_type pool_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+// ---- end promptcache/synchronized_prompt_cache_pool.hpp ----
