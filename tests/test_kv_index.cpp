@@ -662,3 +662,38 @@ TEST_CASE("degraded mode: a reset that stores nothing frees like a Cleared event
   CHECK(index.check_invariants());
   CHECK(index.approximate_memory_bytes() <= cleared_twin.approximate_memory_bytes());
 }
+
+TEST_CASE("pools refuse to grow past 32-bit indices before allocating", "[kv_index]") {
+  // A store reserves first and then mutates without exceptions; past 2^32 - 2
+  // nodes or holds the reservation itself must fail (std::length_error, with
+  // the index unchanged), not the allocation inside the noexcept mutation.
+  constexpr auto npos = promptcache::detail::kv_npos;
+  promptcache::detail::KvNodeStore nodes;
+  REQUIRE_THROWS_AS(nodes.reserve_extra(npos), std::length_error);
+  REQUIRE_THROWS_AS(nodes.reserve_extra(std::numeric_limits<std::size_t>::max()),
+                    std::length_error);
+  CHECK(nodes.memory_bytes() == 0);
+  nodes.reserve_extra(3);
+  const std::uint32_t n = nodes.allocate(1, 2, 0);
+  CHECK(n == 1);
+  REQUIRE_THROWS_AS(nodes.reserve_extra(npos - 2U), std::length_error);
+  CHECK(nodes.live() == 1);
+
+  promptcache::detail::KvHoldStore holds;
+  REQUIRE_THROWS_AS(holds.reserve_extra(npos), std::length_error);
+  REQUIRE_THROWS_AS(holds.reserve_extra(std::numeric_limits<std::size_t>::max()),
+                    std::length_error);
+  CHECK(holds.memory_bytes() == 0);
+
+  struct Identity {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept { return key; }
+  };
+  promptcache::detail::KvPackedTable<Identity> table;
+  table.insert(5, 0, 1);
+  REQUIRE_THROWS_AS(table.reserve_extra(std::numeric_limits<std::size_t>::max()),
+                    std::length_error);
+  REQUIRE_THROWS_AS(table.reserve_extra(std::numeric_limits<std::size_t>::max() / 2U),
+                    std::length_error);
+  CHECK(table.size() == 1);
+  CHECK(table.find(5, 0) == 1);
+}

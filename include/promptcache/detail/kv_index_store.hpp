@@ -92,11 +92,14 @@ class KvNodeStore {
   }
 
   /// Makes room for `extra` more nodes without reallocating during the next
-  /// `extra` allocate() calls. Strong guarantee.
+  /// `extra` allocate() calls, which then cannot throw. Strong guarantee;
+  /// std::length_error when the indices would not fit in 32 bits.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     // The first node also brings the root's row.
-    const std::size_t need = (std::max<std::size_t>(rows(), 1U) + extra - free_count_) * stride_;
+    const std::size_t have = std::max<std::size_t>(rows(), 1U);
+    if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
+    const std::size_t need = (have + extra - free_count_) * stride_;
     if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
   }
 
@@ -109,7 +112,7 @@ class KvNodeStore {
       free_head_ = parent(n);
       --free_count_;
     } else {
-      if (rows() >= kv_npos - 1U) throw std::length_error("kv index: too many nodes");
+      if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
       if (words_.empty()) {  // the root's row first; its parent is "none"
         words_.assign(stride_, 0U);
         words_[0] = root_path_hash;
@@ -194,6 +197,8 @@ class KvNodeStore {
   }
 
  private:
+  static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
+
   [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
     return std::max<std::size_t>(1U, (slots + 63U) / 64U);
   }
@@ -244,9 +249,13 @@ class KvHoldStore {
 #endif
   }
 
-  /// Makes the next `extra` allocate() calls non-allocating. Strong guarantee.
+  /// Makes the next `extra` allocate() calls non-allocating (so they cannot
+  /// throw). Strong guarantee; std::length_error when the indices would not
+  /// fit in 32 bits.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
+    if (extra - free_count_ > max_holds - holds_.size())
+      throw std::length_error("kv index: too many blocks");
     const std::size_t need = holds_.size() + extra - free_count_;
     if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
   }
@@ -260,7 +269,7 @@ class KvHoldStore {
       free_head_ = holds_[h].next;
       --free_count_;
     } else {
-      if (holds_.size() >= kv_npos - 1U) throw std::length_error("kv index: too many blocks");
+      if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
       h = static_cast<std::uint32_t>(holds_.size());
       holds_.emplace_back();
     }
@@ -309,6 +318,8 @@ class KvHoldStore {
   }
 
  private:
+  static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+
   std::vector<KvHold> holds_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;

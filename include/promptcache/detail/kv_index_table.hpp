@@ -88,8 +88,10 @@ class KvPackedTable {
     }
   }
 
-  /// Makes the next `extra` inserts rehash-free. Strong guarantee.
+  /// Makes the next `extra` inserts rehash-free (so they cannot throw).
+  /// Strong guarantee; std::length_error beyond 2^39 entries.
   void reserve_extra(std::size_t extra) {
+    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
     const std::size_t need = (size_ + extra) * 2U;
     if (need <= slots_.size()) return;
     std::size_t cap = slots_.empty() ? 16U : slots_.size();
@@ -167,8 +169,10 @@ class KvPackedTable {
     slots_[i] = entry;
   }
 
+  static constexpr std::size_t max_entries = std::size_t{1} << 39U;  // at load 1/2
+
   void rehash(std::size_t new_capacity) {
-    if (new_capacity > (std::size_t{1} << 40U)) throw std::length_error("kv index table too large");
+    if (new_capacity > 2U * max_entries) throw std::length_error("kv index table too large");
     std::vector<Entry> old(new_capacity, Entry{0, 0, kv_npos});
     old.swap(slots_);
     mask_ = new_capacity - 1U;
