@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <stdexcept>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -588,6 +590,10 @@ TEST_CASE("long stores and queries across internal chunk boundaries", "[kv_index
 }
 
 TEST_CASE("a moved-from index is empty and usable", "[kv_index]") {
+  STATIC_REQUIRE(std::is_nothrow_default_constructible_v<KvIndex>);
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<KvIndex>);
+  STATIC_REQUIRE(std::is_nothrow_move_assignable_v<KvIndex>);
+  STATIC_REQUIRE(std::is_nothrow_swappable_v<KvIndex>);
   KvIndex index(KvIndexOptions{KvGapPolicy::reset_and_apply});
   REQUIRE(index.apply(A, stored(0, {1, 2, 3})).ok());
   REQUIRE(index.apply(B, stored(0, {1, 4})).ok());
