@@ -832,6 +832,11 @@ struct KvIndexCounters {
 /// assignment give the strong guarantee (on std::bad_alloc the index is
 /// unchanged); remove_worker(KvWorker), moves and swap never throw; the
 /// const queries allocate only their results.
+///
+/// Invalidation: queries return values (vectors, counts, dumps), so no call
+/// invalidates anything a caller holds; the references from counters() and
+/// options() stay valid as long as the index object does (they then show the
+/// values after later calls, a swap or a move).
 class KvIndex {
  public:
   /// An empty index (just the root). O(1), allocates nothing.
