@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -19,7 +21,6 @@ namespace {
 
 using promptcache::ManualClock;
 using promptcache::MatchMode;
-using Ids = std::vector<std::uint16_t>;
 
 struct Layer {
   int tag = 0;
@@ -30,19 +31,25 @@ struct LayerBytes {
   std::size_t operator()(const Layer& l) const noexcept { return l.bytes; }
 };
 
-using Pool = promptcache::PromptCachePool<Layer, std::uint16_t, ManualClock, LayerBytes>;
+template <class Tok>
+using PoolT = promptcache::PromptCachePool<Layer, Tok, ManualClock, LayerBytes>;
+using Pool = PoolT<std::uint16_t>;  // Options and InsertResult do not depend on the token type
 using R = Pool::InsertResult;
 using ns_t = std::uint64_t;
 
+template <class Tok>
 struct ModelHit {
+  using Ids = std::vector<Tok>;
   int tag;
   std::size_t matched;
   Ids ids;
 };
 
 // The reference: a vector scanned linearly, following the documented rules literally.
+template <class Tok>
 class Model {
  public:
+  using Ids = std::vector<Tok>;
   struct E {
     Ids ids;
     ns_t ns;
@@ -83,7 +90,7 @@ class Model {
     return n;
   }
 
-  std::optional<ModelHit> lookup(const Ids& q, ns_t ns) {
+  std::optional<ModelHit<Tok>> lookup(const Ids& q, ns_t ns) {
     expire();
     ++stats.lookups;
     stats.query_tokens += q.size();
@@ -119,7 +126,7 @@ class Model {
     best->last_used = now;
     ++stats.hits;
     stats.matched_tokens += best_m;
-    return ModelHit{best->tag, best_m, best->ids};
+    return ModelHit<Tok>{best->tag, best_m, best->ids};
   }
 
   R insert(const Ids& ids, int tag, bool pinned, std::optional<std::int64_t> ttl, ns_t ns,
@@ -267,7 +274,8 @@ class Model {
   std::uint64_t seq_ = 0;
 };
 
-void check_same(const Pool& pool, const Model& model) {
+template <class Tok>
+void check_same(const PoolT<Tok>& pool, const Model<Tok>& model) {
   REQUIRE(pool.size() == model.entries().size());
   REQUIRE(pool.bytes() == model.total_bytes());
   const auto ps = pool.stats();
@@ -303,20 +311,64 @@ struct Config {
   int namespaces;
   bool per_entry_ttl;
   bool sized;
-  std::uint32_t alphabet = 3;  // token values drawn from [0, alphabet) plus 65535
+  std::uint32_t alphabet = 3;     // token values drawn from the first `alphabet` of palette()
+  std::uint32_t pinned_pct = 10;  // share of inserts that pin
+  std::size_t max_layer_bytes = 40;
 };
 
+// The token values a run draws from: small values first, then (for signed types) negative
+// ones and both extremes, so ids at the type's limits meet in shared prefixes.
+template <class Tok>
+Tok palette(std::uint32_t i) {
+  using L = std::numeric_limits<Tok>;
+  if constexpr (std::is_signed_v<Tok>) {
+    switch (i) {
+      case 0:
+        return Tok{0};
+      case 1:
+        return L::min();
+      case 2:
+        return Tok{-1};
+      case 3:
+        return L::max();
+      default:
+        return static_cast<Tok>(i % 2 == 0 ? L::min() + static_cast<Tok>(i / 2)
+                                           : static_cast<Tok>(i / 2));
+    }
+  } else {
+    return static_cast<Tok>(i);
+  }
+}
+
+// Options are a nested type per token type; copy them field by field.
+template <class Tok>
+typename PoolT<Tok>::Options convert(const Pool::Options& o) {
+  typename PoolT<Tok>::Options r;
+  r.max_entries = o.max_entries;
+  r.ttl = o.ttl;
+  r.min_cacheable_tokens = o.min_cacheable_tokens;
+  r.match = o.match;
+  r.keep_one_token = o.keep_one_token;
+  r.min_match_tokens = o.min_match_tokens;
+  r.max_bytes = o.max_bytes;
+  return r;
+}
+
+template <class Tok = std::uint16_t>
 void run(const Config& cfg, std::uint32_t seed, int steps) {
+  using Ids = std::vector<Tok>;
+  using P = PoolT<Tok>;
   INFO("config " << cfg.name << " seed " << seed);
   ManualClock clock;
-  Pool pool(cfg.options, clock);
-  Model model(cfg.options);
+  P pool(convert<Tok>(cfg.options), clock);
+  Model<Tok> model(cfg.options);
   std::mt19937 rng(seed);
   auto rnd = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
+  auto token = [&]() { return palette<Tok>(rnd(cfg.alphabet)); };
   auto random_ids = [&](std::size_t max_len) {
     Ids v(rnd(static_cast<std::uint32_t>(max_len)) + 1);
     for (auto& t : v)
-      t = static_cast<std::uint16_t>(rnd(4) == 0 ? 65535 : rnd(cfg.alphabet));
+      t = rnd(4) == 0 ? std::numeric_limits<Tok>::max() : token();
     return v;
   };
   // Queries and inserts mostly grow from what was seen, so lineages share prefixes.
@@ -326,13 +378,16 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     switch (rnd(4)) {
       case 0:  // extend
         for (std::uint32_t k = rnd(4) + 1; k > 0; --k)
-          v.push_back(static_cast<std::uint16_t>(rnd(cfg.alphabet)));
+          v.push_back(token());
         break;
       case 1:  // truncate
         v.resize(rnd(static_cast<std::uint32_t>(v.size()) + 1));
         break;
       case 2:  // diverge at a random point
-        if (!v.empty()) v[rnd(static_cast<std::uint32_t>(v.size()))] ^= 1;
+        if (!v.empty()) {
+          Tok& t = v[rnd(static_cast<std::uint32_t>(v.size()))];
+          t = static_cast<Tok>(t ^ Tok{1});
+        }
         break;
       default:
         break;
@@ -342,6 +397,19 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
   auto pick_ns = [&]() {
     return static_cast<ns_t>(rnd(static_cast<std::uint32_t>(cfg.namespaces))) * ns_t{0x9E37};
   };
+  // Per-entry TTLs: the usual ones, zero, negative and "never" (the duration's maximum).
+  auto pick_ttl = [&]() -> std::int64_t {
+    switch (rnd(6)) {
+      case 0:
+        return 0;
+      case 1:
+        return -5;
+      case 2:
+        return std::numeric_limits<std::int64_t>::max();
+      default:
+        return static_cast<std::int64_t>(rnd(3)) * 40;
+    }
+  };
   int tag = 0;
   for (int step = 0; step < steps; ++step) {
     CAPTURE(step);
@@ -349,19 +417,20 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     if (op < 45) {
       Ids ids = rnd(5) == 0 ? random_ids(10) : derived();
       if (ids.size() > 24) ids.resize(24);
-      const bool pinned = rnd(10) == 0;
+      const bool pinned = rnd(100) < cfg.pinned_pct;
       std::optional<std::int64_t> ttl;
-      if (cfg.per_entry_ttl && rnd(3) == 0) ttl = static_cast<std::int64_t>(rnd(3)) * 40;
+      if (cfg.per_entry_ttl && rnd(3) == 0) ttl = pick_ttl();
       const ns_t ns = pick_ns();
-      const std::size_t bytes = cfg.sized ? rnd(40) : 0;
+      const std::size_t bytes =
+          cfg.sized ? rnd(static_cast<std::uint32_t>(cfg.max_layer_bytes) + 1) : 0;
       ++tag;
-      Pool::InsertOptions o;
+      typename P::InsertOptions o;
       o.pinned = pinned;
       if (ttl) o.ttl = ManualClock::duration(*ttl);
       o.ns = ns;
-      const R got = pool.insert(ids, {Layer{tag, bytes}}, o);
+      const auto got = pool.insert(ids, {Layer{tag, bytes}}, o);
       const R want = model.insert(ids, tag, pinned, ttl, ns, bytes);
-      REQUIRE(got == want);
+      REQUIRE(static_cast<int>(got) == static_cast<int>(want));
       seen.push_back(ids);
       if (seen.size() > 64) seen.erase(seen.begin());
     } else if (op < 80) {
@@ -375,6 +444,11 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
         CHECK(got->matched == want->matched);
         CHECK(got->entry->ids == want->ids);
         CHECK(got->trim() == want->ids.size() - want->matched);
+        // Independently of the model: the entry really shares `matched` tokens with the query.
+        REQUIRE(got->matched <= q.size());
+        REQUIRE(got->matched <= got->entry->ids.size());
+        CHECK(std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(got->matched),
+                         got->entry->ids.begin()));
       }
     } else if (op < 88) {
       const std::int64_t dt = rnd(30);
@@ -469,4 +543,68 @@ TEST_CASE("differential: common-prefix mode with every option") {
   const Config cfg{"common-everything", o, 3, true, true};
   for (std::uint32_t seed = 41; seed <= 45; ++seed)
     run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: signed 8-bit tokens at both extremes, exact and common-prefix") {
+  Pool::Options o = opts(10, 60, 2);
+  const Config exact{"int8-exact", o, 2, true, false, 6};
+  for (std::uint32_t seed = 61; seed <= 62; ++seed)
+    run<std::int8_t>(exact, seed, 3000);
+  o.match = MatchMode::common_prefix;
+  o.keep_one_token = true;
+  const Config common{"int8-common", o, 2, true, false, 6};
+  for (std::uint32_t seed = 63; seed <= 64; ++seed)
+    run<std::int8_t>(common, seed, 3000);
+}
+
+TEST_CASE("differential: signed 32-bit and 64-bit tokens at both extremes") {
+  Pool::Options o = opts(12, 60, 1);
+  o.match = MatchMode::common_prefix;
+  const Config common{"int32-common", o, 1, false, false, 5};
+  run<std::int32_t>(common, 71, 3000);
+  o.match = MatchMode::exact_prefix;
+  const Config exact{"int64-exact", o, 1, false, false, 5};
+  run<std::int64_t>(exact, 72, 3000);
+}
+
+TEST_CASE("differential: tiny max_entries (0, 1, 2)") {
+  for (std::size_t max_entries : {std::size_t{0}, std::size_t{1}, std::size_t{2}}) {
+    Pool::Options o = opts(max_entries, 60, 0);
+    const Config exact{"tiny-exact", o, 2, true, false};
+    run(exact, 80 + static_cast<std::uint32_t>(max_entries), 2000);
+    o.match = MatchMode::common_prefix;
+    const Config common{"tiny-common", o, 2, true, false};
+    run(common, 90 + static_cast<std::uint32_t>(max_entries), 2000);
+  }
+}
+
+TEST_CASE("differential: everything (or almost everything) pinned") {
+  for (std::uint32_t pct : {100U, 70U}) {
+    Pool::Options o = opts(4, 30, 1);
+    o.max_bytes = 60;
+    const Config exact{"pinned-exact", o, 2, true, true, 3, pct};
+    run(exact, 100 + pct, 2000);
+    o.match = MatchMode::common_prefix;
+    const Config common{"pinned-common", o, 2, true, true, 3, pct};
+    run(common, 200 + pct, 2000);
+  }
+}
+
+TEST_CASE("differential: zero TTL, with and without per-entry TTLs") {
+  Pool::Options o = opts(8, 0, 1);
+  const Config exact{"ttl0-exact", o, 1, true, false};
+  run(exact, 301, 2000);
+  o.match = MatchMode::common_prefix;
+  const Config common{"ttl0-common", o, 2, false, false};
+  run(common, 302, 2000);
+}
+
+TEST_CASE("differential: a tight byte budget (entries close to max_bytes)") {
+  Pool::Options o = opts(50, 200, 1);
+  o.max_bytes = 3;
+  const Config exact{"tight-bytes-exact", o, 2, true, true, 3, 10, 4};
+  run(exact, 401, 2500);
+  o.match = MatchMode::common_prefix;
+  const Config common{"tight-bytes-common", o, 2, true, true, 3, 10, 4};
+  run(common, 402, 2500);
 }
