@@ -316,3 +316,61 @@ TEST_CASE("strong guarantee: a throwing LayerCache copy or size functor changes 
   pool.check_invariants();
   CHECK(pool.insert({6, 6}, layers) == Pool::InsertResult::inserted);
 }
+
+namespace {
+
+// A clock whose now() throws while armed (e.g. a clock that reads a time service).
+bool g_clock_throws = false;
+
+struct ThrowingClock {
+  using rep = ManualClock::rep;
+  using period = ManualClock::period;
+  using duration = ManualClock::duration;
+  using time_point = std::chrono::time_point<ThrowingClock>;
+  static constexpr bool is_steady = true;
+  ManualClock inner;
+  time_point now() const {
+    if (g_clock_throws) throw std::runtime_error("clock failed");
+    return time_point(inner.now().time_since_epoch());
+  }
+};
+
+using ClockPool = promptcache::PromptCachePool<Layer, std::uint32_t, ThrowingClock, LayerBytes>;
+
+}  // namespace
+
+TEST_CASE("strong guarantee: a throwing clock changes nothing (insert, lookup, unpin, expiry)") {
+  for (const auto mode :
+       {promptcache::MatchMode::exact_prefix, promptcache::MatchMode::common_prefix}) {
+    ThrowingClock clock;
+    ClockPool::Options o;
+    o.match = mode;
+    o.min_cacheable_tokens = 0;
+    o.max_entries = 3;
+    ClockPool pool(o, clock);
+    ClockPool::InsertOptions pinned;
+    pinned.pinned = true;
+    pool.insert({1, 2, 3}, {Layer(1)}, pinned);
+    pool.insert({4, 5}, {Layer(2)});
+    pool.insert({6}, {Layer(3)});
+    const auto before = pool.stats();
+
+    g_clock_throws = true;
+    CHECK_THROWS_AS(pool.insert({1, 2, 3, 4}, {Layer(4)}), std::runtime_error);
+    CHECK_THROWS_AS(pool.find_longest_prefix(Ids{4, 5, 6}), std::runtime_error);
+    CHECK_THROWS_AS(pool.evict_expired(), std::runtime_error);
+    CHECK_THROWS_AS(pool.unpin(Ids{1, 2, 3}), std::runtime_error);
+    g_clock_throws = false;
+
+    pool.check_invariants();
+    CHECK(pool.is_pinned(Ids{1, 2, 3}));
+    CHECK(pool.stats().pinned_entries == before.pinned_entries);
+    CHECK(pool.size() == 3);
+    // The entry that failed to unpin is still exempt from LRU pressure; the others are not.
+    pool.insert({7}, {Layer(5)});
+    pool.insert({8}, {Layer(6)});
+    CHECK(pool.find_exact(Ids{1, 2, 3}));
+    CHECK(pool.size() == 3);
+    pool.check_invariants();
+  }
+}

@@ -301,9 +301,10 @@ class PromptCachePool {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
     if (s->pinned) {
+      const time_point now = clock_.now();  // first: if the clock throws, nothing changed
       s->pinned = false;
       --stats_.pinned_entries;
-      s->last_used = clock_.now();
+      s->last_used = now;
       s->seq = ++seq_;
       list_push_back(s);
       if (options_.match == MatchMode::common_prefix) propagate(s->node);
