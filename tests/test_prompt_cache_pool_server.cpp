@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -227,6 +228,20 @@ TEST_CASE("byte budget: LRU eviction by bytes; an entry alone too large is rejec
   CHECK(pool.insert({5}, layer(5, 100)) == R::inserted);
   CHECK(pool.bytes() == 100);
   CHECK(pool.size() == 1);
+  pool.check_invariants();
+}
+
+TEST_CASE("byte budget: an entry whose layer sizes sum past SIZE_MAX is too large, not tiny") {
+  ManualClock clock;
+  auto o = base_options();
+  o.max_bytes = 100;
+  Pool pool(o, clock);
+  constexpr std::size_t half = std::numeric_limits<std::size_t>::max() / 2 + 1;
+  const std::vector<Layer> huge{Layer{1, half}, Layer{1, half}};             // 2^64: wraps to 0
+  CHECK(pool.entry_bytes(huge) == std::numeric_limits<std::size_t>::max());  // saturates
+  CHECK(pool.insert({1}, huge) == R::rejected_too_large);
+  CHECK(pool.empty());
+  CHECK(pool.bytes() == 0);
   pool.check_invariants();
 }
 

@@ -346,11 +346,15 @@ class PromptCachePool {
     stats_ = fresh;
   }
 
-  /// The size of an entry holding `caches` (sum of CacheBytes over them). O(|caches|).
+  /// The size of an entry holding `caches` (sum of CacheBytes over them, saturating at
+  /// SIZE_MAX so that an absurd size is too large rather than wrapping to a small one).
+  /// O(|caches|).
   [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
     std::size_t total = 0;
-    for (const LayerCache& c : caches)
-      total += static_cast<std::size_t>(cache_bytes_(c));
+    for (const LayerCache& c : caches) {
+      const auto b = static_cast<std::size_t>(cache_bytes_(c));
+      total = b > SIZE_MAX - total ? SIZE_MAX : total + b;
+    }
     return total;
   }
 
