@@ -314,6 +314,9 @@ struct Config {
   std::uint32_t alphabet = 3;     // token values drawn from the first `alphabet` of palette()
   std::uint32_t pinned_pct = 10;  // share of inserts that pin
   std::size_t max_layer_bytes = 40;
+  std::uint32_t max_len = 10;    // length of fresh random ids
+  std::uint32_t max_extend = 4;  // tokens an extension appends
+  std::size_t cap = 24;          // longest ids inserted
 };
 
 // The token values a run draws from: small values first, then (for signed types) negative
@@ -377,7 +380,7 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     Ids v = seen[rnd(static_cast<std::uint32_t>(seen.size()))];
     switch (rnd(4)) {
       case 0:  // extend
-        for (std::uint32_t k = rnd(4) + 1; k > 0; --k)
+        for (std::uint32_t k = rnd(cfg.max_extend) + 1; k > 0; --k)
           v.push_back(token());
         break;
       case 1:  // truncate
@@ -415,8 +418,8 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     CAPTURE(step);
     const std::uint32_t op = rnd(100);
     if (op < 45) {
-      Ids ids = rnd(5) == 0 ? random_ids(10) : derived();
-      if (ids.size() > 24) ids.resize(24);
+      Ids ids = rnd(5) == 0 ? random_ids(cfg.max_len) : derived();
+      if (ids.size() > cfg.cap) ids.resize(cfg.cap);
       const bool pinned = rnd(100) < cfg.pinned_pct;
       std::optional<std::int64_t> ttl;
       if (cfg.per_entry_ttl && rnd(3) == 0) ttl = pick_ttl();
@@ -607,4 +610,19 @@ TEST_CASE("differential: a tight byte budget (entries close to max_bytes)") {
   o.match = MatchMode::common_prefix;
   const Config common{"tight-bytes-common", o, 2, true, true, 3, 10, 4};
   run(common, 402, 2500);
+}
+
+TEST_CASE("differential: long ids (edges compared in 1024-, 128- and 8-token blocks)") {
+  Pool::Options o = opts(10, 400, 4);
+  Config exact{"long-exact", o, 1, true, false, 2};
+  exact.max_len = 700;
+  exact.max_extend = 1300;
+  exact.cap = 4000;
+  run(exact, 501, 3000);
+  o.match = MatchMode::common_prefix;
+  o.keep_one_token = true;
+  Config common = exact;
+  common.name = "long-common";
+  common.options = o;
+  run(common, 502, 3000);
 }
