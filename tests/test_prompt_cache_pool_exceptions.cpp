@@ -327,7 +327,6 @@ struct ThrowingClock {
   using period = ManualClock::period;
   using duration = ManualClock::duration;
   using time_point = std::chrono::time_point<ThrowingClock>;
-  static constexpr bool is_steady = true;
   ManualClock inner;
   time_point now() const {
     if (g_clock_throws) throw std::runtime_error("clock failed");
