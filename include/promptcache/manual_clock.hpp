@@ -32,6 +32,7 @@ class ManualClock {
   ManualClock(const ManualClock&) noexcept = default;
   /// Makes this a handle to `other`'s time. O(1).
   ManualClock& operator=(const ManualClock&) noexcept = default;
+  /// Drops this handle; the time lives while any handle does.
   ~ManualClock() = default;
 
   /// The current time of this handle's shared timeline. O(1), noexcept.

@@ -175,9 +175,13 @@ class PromptCachePool {
   /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
   static PromptCachePool with_defaults() { return PromptCachePool(Options{}); }
 
+  /// Not copyable (entries are shared through hits; nothing is deep-copied).
   PromptCachePool(const PromptCachePool&) = delete;
+  /// Not copy-assignable (see the copy constructor).
   PromptCachePool& operator=(const PromptCachePool&) = delete;
+  /// Not movable (hold the pool by unique_ptr to move it).
   PromptCachePool(PromptCachePool&&) = delete;
+  /// Not move-assignable (see the move constructor).
   PromptCachePool& operator=(PromptCachePool&&) = delete;
 
   /// Releases every entry (snapshots held by callers stay valid). O(entries + nodes).

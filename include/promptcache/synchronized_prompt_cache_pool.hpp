@@ -51,7 +51,9 @@ class SynchronizedPromptCachePool {
     pool_.defer_release_ = true;
   }
 
+  /// Not copyable or movable (it owns a mutex and a pool that cannot move).
   SynchronizedPromptCachePool(const SynchronizedPromptCachePool&) = delete;
+  /// Not assignable (see the copy constructor).
   SynchronizedPromptCachePool& operator=(const SynchronizedPromptCachePool&) = delete;
 
   /// See PromptCachePool::find_longest_prefix. Locks once; evicted entries are released
