@@ -786,6 +786,7 @@ class KvIndex {
     // chunk are issued up front and their cache misses overlap.
     constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
+    std::uint64_t name_hashes[chunk];
     std::uint32_t found[chunk];
     std::uint64_t path = nodes_.path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
@@ -794,7 +795,8 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
         edges_.prefetch(path, 0);
-        names.prefetch(blocks[base + j].block_hash, 0);
+        name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
+        names.prefetch_hashed(name_hashes[j]);
       }
       // Nodes that already exist (a prefix other workers hold) are found in a
       // first pass so that their rows are on the way before they are written.
@@ -816,17 +818,18 @@ class KvIndex {
           edges_.insert(paths[j], cur_node, child);
           fresh_node = true;
         }
-        const std::uint32_t existing = names.find(b.block_hash, 0);
-        if (existing != detail::kv_npos) {
-          if (holds_[existing].node == child) {  // re-store of a held block
+        // One probe serves both the lookup and the insert (room is reserved).
+        const auto name = names.probe_hashed(name_hashes[j], b.block_hash, 0);
+        if (name.value != detail::kv_npos) {
+          if (holds_[name.value].node == child) {  // re-store of a held block
             ++r.blocks_already_held;
-            cur_hold = existing;
+            cur_hold = name.value;
             cur_node = child;
             continue;
           }
-        } else if (!nodes_.test(child, slot)) {
+        } else if (fresh_node || !nodes_.test(child, slot)) {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-          names.insert(b.block_hash, 0, h);
+          names.insert_at(name, b.block_hash, 0, h);
           nodes_.set(child, slot);
           ++slots_[slot].blocks;
           ++added;

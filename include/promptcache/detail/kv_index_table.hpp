@@ -45,6 +45,51 @@ class KvPackedTable {
     std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
   };
 
+  /// Where a probe for a key ended: its slot and value when present, else
+  /// kv_npos and the empty slot an insert would fill.
+  struct Probe {
+    std::size_t pos;      ///< Slot index (valid until the table next changes).
+    std::uint32_t value;  ///< The mapped value, or kv_npos when absent.
+  };
+
+  /// Hash::hash(key, tag), for the *_hashed calls (a caller that prefetches
+  /// and then probes computes the hash once). O(1).
+  [[nodiscard]] static constexpr std::uint64_t hash_of(std::uint64_t key,
+                                                       std::uint32_t tag) noexcept {
+    return Hash::hash(key, tag);
+  }
+
+  /// Like prefetch(key, tag) with `hash` = hash_of(key, tag). O(1).
+  void prefetch_hashed(std::uint64_t hash) const noexcept {
+    if (slots_.empty()) return;
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[static_cast<std::size_t>(hash) & mask_]);
+#else
+    (void)hash;
+#endif
+  }
+
+  /// Probes for (key, tag) with `hash` = hash_of(key, tag); the table must
+  /// have slots (any reserve_extra or insert made them). O(1) expected.
+  [[nodiscard]] Probe probe_hashed(std::uint64_t hash, std::uint64_t key,
+                                   std::uint32_t tag) const noexcept {
+    std::size_t i = static_cast<std::size_t>(hash) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos || (e.key == key && e.tag == tag)) return Probe{i, e.value};
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Inserts (key, tag) -> value at the empty slot of a probe that found it
+  /// absent, saving insert()'s second probe. The table must be unchanged since
+  /// the probe and have room reserved (reserve_extra), so this cannot rehash.
+  void insert_at(const Probe& p, std::uint64_t key, std::uint32_t tag,
+                 std::uint32_t value) noexcept {
+    slots_[p.pos] = Entry{key, tag, value};
+    ++size_;
+  }
+
   /// The value stored for (key, tag), or kv_npos. O(1) expected.
   [[nodiscard]] std::uint32_t find(std::uint64_t key, std::uint32_t tag) const noexcept {
     if (slots_.empty()) return kv_npos;
