@@ -18,6 +18,8 @@
 // each doing 90% lookups and 10% lineage extensions; reports throughput and ns per op.
 //
 // Usage: pool_vs_scan [--json] [--quick] [--max-gib X] [--mode exact|common|both]
+//                     [--n N] [--len L] [--no-contention]
+// (--n / --len run only the cells with that many entries / that query length.)
 #include <promptcache/prompt_cache_pool.hpp>
 #include <promptcache/synchronized_prompt_cache_pool.hpp>
 
@@ -189,7 +191,7 @@ Cell run_cell(const std::string& mode, std::size_t n, std::size_t len, bool quic
     const std::size_t k = i % nq;
     auto hit = pool->find_longest_prefix(queries[k]);
     if (!hit || hit->matched != expect[k]) ++bad;
-    g_sink = g_sink + hit->matched;
+    g_sink = g_sink + (hit ? hit->matched : 0);
   };
   c.pool_ns = ns_per_op(pool_lookup, nq, 50000000, t);
   g_frozen = true;
@@ -211,7 +213,7 @@ Cell run_cell(const std::string& mode, std::size_t n, std::size_t len, bool quic
         auto hit = common ? scan->find_longest_common_prefix(queries[k])
                           : scan->find_longest_prefix(queries[k]);
         if (!hit || hit->second != expect[k]) ++bad;
-        g_sink = g_sink + hit->second;
+        g_sink = g_sink + (hit ? hit->second : 0);
       },
       std::min<std::size_t>(nq, 3), scan_max, t);
   if (bad != 0) {
@@ -303,6 +305,8 @@ int main(int argc, char** argv) {
   bool json = false, quick = false;
   double max_gib = 1.5;
   std::string modes = "both";
+  std::size_t only_n = 0, only_len = 0;
+  bool contention_runs = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") {
@@ -313,9 +317,16 @@ int main(int argc, char** argv) {
       max_gib = std::stod(argv[++i]);
     } else if (a == "--mode" && i + 1 < argc) {
       modes = argv[++i];
+    } else if (a == "--n" && i + 1 < argc) {
+      only_n = std::stoul(argv[++i]);
+    } else if (a == "--len" && i + 1 < argc) {
+      only_len = std::stoul(argv[++i]);
+    } else if (a == "--no-contention") {
+      contention_runs = false;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json] [--quick] [--max-gib X] [--mode exact|common|both]\n",
+                   "usage: %s [--json] [--quick] [--max-gib X] [--mode exact|common|both] "
+                   "[--n N] [--len L] [--no-contention]\n",
                    argv[0]);
       return 2;
     }
@@ -329,6 +340,7 @@ int main(int argc, char** argv) {
   for (const std::string& mode : mode_list) {
     for (std::size_t n : {16UL, 256UL, 4096UL, 65536UL}) {
       for (std::size_t len : {256UL, 4096UL, 32768UL}) {
+        if ((only_n != 0 && n != only_n) || (only_len != 0 && len != only_len)) continue;
         cells.push_back(run_cell(mode, n, len, quick, max_gib));
         const Cell& c = cells.back();
         if (!json) {
@@ -349,6 +361,7 @@ int main(int argc, char** argv) {
   }
   std::vector<Contention> contention;
   for (int threads : {1, 2, 4}) {
+    if (!contention_runs) break;
     contention.push_back(run_contention(threads, quick));
     if (!json) {
       const Contention& c = contention.back();
