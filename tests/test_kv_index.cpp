@@ -163,6 +163,26 @@ TEST_CASE("removing a block that is not held is a reported no-op", "[kv_index]")
   CHECK(index.check_invariants());
 }
 
+TEST_CASE("names that an earlier name of the same Removed event cascaded are not held",
+          "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  // 1002 takes 1003 and 1004 with it; then 1003 and the repeated 1002 are gone.
+  const KvEventResult r = index.apply(A, removed(1, {1002, 1003, 1002, 1001}));
+  CHECK(r.ok());
+  CHECK(r.blocks_removed == 2);
+  CHECK(r.blocks_cascaded == 2);
+  CHECK(r.blocks_not_held == 2);
+  CHECK(index.block_count(A) == 0);
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+  // The freed holds and names are reused by the next store.
+  REQUIRE(index.apply(A, stored(2, {1, 2})).ok());
+  CHECK(index.apply(A, removed(3, {1002, 1002})).blocks_not_held == 1);
+  CHECK(index.block_count(A) == 1);
+  CHECK(index.check_invariants());
+}
+
 TEST_CASE("removal cascades to the worker's descendants only", "[kv_index]") {
   KvIndex index;
   REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());

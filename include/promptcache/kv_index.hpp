@@ -866,12 +866,15 @@ class KvIndex {
     auto& names = slots_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
+    std::uint64_t name_hashes[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      for (std::size_t j = 0; j < m; ++j)
-        names.prefetch(block_hashes[base + j], 0);
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.find(block_hashes[base + j], 0);
+        name_hashes[j] = names.hash_of(block_hashes[base + j], 0);
+        names.prefetch_hashed(name_hashes[j]);
+      }
+      for (std::size_t j = 0; j < m; ++j) {
+        hs[j] = names.find_hashed(name_hashes[j], block_hashes[base + j], 0);
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
@@ -879,10 +882,10 @@ class KvIndex {
       for (std::size_t j = 0; j < m; ++j)
         if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
       for (std::size_t j = 0; j < m; ++j) {
-        // Found again: an earlier name of this event may have cascaded it away.
-        const std::uint32_t h =
-            hs[j] == detail::kv_npos ? hs[j] : names.find(block_hashes[base + j], 0);
-        if (h == detail::kv_npos) {
+        // An earlier name of this event may have cascaded it away. A removal
+        // allocates nothing, so a freed hold is not reused meanwhile.
+        const std::uint32_t h = hs[j];
+        if (h == detail::kv_npos || holds_.is_free(h)) {
           ++r.blocks_not_held;
           continue;
         }

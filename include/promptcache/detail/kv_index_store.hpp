@@ -296,6 +296,7 @@ class KvHoldStore {
       if (x.next != kv_npos) holds_[x.next].prev = x.prev;
     }
     x.next = free_head_;
+    x.slot = kv_npos;  // marks it free (see is_free)
     x.parent = kv_npos;
     x.first_child = kv_npos;
     free_head_ = h;
@@ -306,6 +307,12 @@ class KvHoldStore {
       free_head_ = kv_npos;
       free_count_ = 0;
     }
+  }
+
+  /// True when hold `h` (an index below the pool size) was released and not
+  /// reused since. O(1).
+  [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
+    return holds_[h].slot == kv_npos;
   }
 
   /// Holds in use (sentinels included). O(1).

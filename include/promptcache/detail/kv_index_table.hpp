@@ -81,6 +81,12 @@ class KvPackedTable {
     }
   }
 
+  /// Like find(key, tag) with `hash` = hash_of(key, tag). O(1) expected.
+  [[nodiscard]] std::uint32_t find_hashed(std::uint64_t hash, std::uint64_t key,
+                                          std::uint32_t tag) const noexcept {
+    return slots_.empty() ? kv_npos : probe_hashed(hash, key, tag).value;
+  }
+
   /// Inserts (key, tag) -> value at the empty slot of a probe that found it
   /// absent, saving insert()'s second probe. The table must be unchanged since
   /// the probe and have room reserved (reserve_extra), so this cannot rehash.
