@@ -111,21 +111,17 @@ class KvNodeStore {
       n = free_head_;
       free_head_ = parent(n);
       --free_count_;
+      // The next allocation reads that row (free rows are usually cold).
+      if (free_head_ != kv_npos) prefetch(free_head_);
     } else {
-      if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
-      if (words_.empty()) {  // the root's row first; its parent is "none"
-        words_.assign(stride_, 0U);
-        words_[0] = root_path_hash;
-        words_[2] = kv_npos;
-      }
-      n = static_cast<std::uint32_t>(rows());
-      words_.resize(words_.size() + stride_, 0U);
+      n = append_row();
     }
     std::uint64_t* r = row(n);
     r[0] = path;
     r[1] = tokens;
     r[2] = parent_node;
-    std::fill(r + 3, r + stride_, std::uint64_t{0});
+    for (std::size_t w = 3; w < stride_; ++w)
+      r[w] = 0U;
     ++live_;
     return n;
   }
@@ -199,6 +195,19 @@ class KvNodeStore {
  private:
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
 
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append_row() {
+    if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
+    if (words_.empty()) {  // the root's row first; its parent is "none"
+      words_.assign(stride_, 0U);
+      words_[0] = root_path_hash;
+      words_[2] = kv_npos;
+    }
+    const auto n = static_cast<std::uint32_t>(rows());
+    words_.resize(words_.size() + stride_, 0U);
+    return n;
+  }
+
   [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
     return std::max<std::size_t>(1U, (slots + 63U) / 64U);
   }
@@ -268,10 +277,9 @@ class KvHoldStore {
       h = free_head_;
       free_head_ = holds_[h].next;
       --free_count_;
+      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
     } else {
-      if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
-      h = static_cast<std::uint32_t>(holds_.size());
-      holds_.emplace_back();
+      h = append();
     }
     KvHold& x = holds_[h];
     x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
@@ -326,6 +334,14 @@ class KvHoldStore {
 
  private:
   static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append() {
+    if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
+    const auto h = static_cast<std::uint32_t>(holds_.size());
+    holds_.emplace_back();
+    return h;
+  }
 
   std::vector<KvHold> holds_;
   std::uint32_t free_head_ = kv_npos;
