@@ -339,6 +339,40 @@ TEST_CASE("insert options: per-entry idle TTLs side by side (5 minutes and 1 hou
   CHECK_FALSE(pool.find_longest_prefix(Ids{3}));
 }
 
+TEST_CASE("insert options: many distinct per-entry TTLs over time cost no lasting memory") {
+  // A server that passes each request's own TTL (say, a client-chosen number of seconds)
+  // sees an unbounded number of distinct values; only the TTLs of stored entries may cost.
+  ManualClock clock;
+  auto o = base_options();
+  o.max_entries = 4;
+  Pool pool(o, clock);
+  Pool::InsertOptions anchor;
+  anchor.pinned = true;
+  anchor.ttl = 7s;  // a pinned entry keeps its TTL for when it is unpinned
+  pool.insert({1000000}, layer(999), anchor);
+  Pool::InsertOptions io;
+  for (std::uint32_t i = 0; i < 100; ++i) {
+    io.ttl = std::chrono::seconds(1000 + i);
+    pool.insert({i}, layer(1), io);
+  }
+  const std::size_t warm = pool.memory_usage().index_bytes;
+  for (std::uint32_t i = 100; i < 20000; ++i) {
+    io.ttl = std::chrono::seconds(1000 + i);
+    pool.insert({i}, layer(1), io);
+  }
+  CHECK(pool.memory_usage().index_bytes <= warm);
+  CHECK(pool.size() == 4);  // the pinned anchor and the 3 most recent
+  pool.check_invariants();
+  // The anchor's TTL survived all that churn.
+  REQUIRE(pool.unpin(Ids{1000000}));
+  clock.advance(6s);
+  CHECK(pool.evict_expired() == 0);
+  clock.advance(1s);
+  CHECK(pool.evict_expired() == 1);
+  CHECK_FALSE(pool.find_exact(Ids{1000000}));
+  pool.check_invariants();
+}
+
 TEST_CASE("insert options: media counts and pinning are stored") {
   ManualClock clock;
   Pool pool(base_options(), clock);

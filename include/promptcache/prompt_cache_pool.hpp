@@ -169,7 +169,7 @@ class PromptCachePool {
     if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
       throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
     }
-    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr});
+    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr, 0});
   }
 
   /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
@@ -386,6 +386,7 @@ class PromptCachePool {
   /// std::logic_error describing the first violation. O(entries + nodes). For tests.
   void check_invariants() const {
     std::size_t entries = 0, pinned = 0, bytes = 0;
+    std::vector<std::size_t> members(classes_.size(), 0);
     for (const auto& kv : roots_) {
       const namespace_id nsv = kv.first;
       const Node* root = kv.second.get();
@@ -422,6 +423,8 @@ class PromptCachePool {
           ++entries;
           bytes += s->bytes;
           require(s->node == n && s->ns == nsv, "slot back link");
+          require(s->ttl_class < classes_.size(), "ttl class index");
+          ++members[s->ttl_class];
           require(s->entry->ids.size() == n->depth, "entry length");
           const Node* p = n;
           std::size_t end = n->depth;
@@ -444,6 +447,9 @@ class PromptCachePool {
         }
       });
     }
+    require(!classes_.empty() && classes_[0].ttl == options_.ttl, "default ttl class");
+    for (std::size_t i = 0; i < classes_.size(); ++i)
+      require(classes_[i].members == members[i], "ttl class members");
     std::size_t listed = 0;
     for (const TtlClass& cls : classes_) {
       const Slot* prev = nullptr;
@@ -504,10 +510,14 @@ class PromptCachePool {
     detail::PoolChildMap<Token, Node> children;
   };
 
+  // The entries sharing one idle TTL. A class left without members (pinned ones included:
+  // they rejoin the list when unpinned) is reused for the next new TTL value, so per-request
+  // TTLs cost only as many classes as distinct TTLs are stored at once.
   struct TtlClass {
     duration ttl;
-    Slot* head;  // least recently used
-    Slot* tail;  // most recently used
+    Slot* head;           // least recently used
+    Slot* tail;           // most recently used
+    std::size_t members;  // stored entries of this class, pinned or not
   };
 
   enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
@@ -844,6 +854,7 @@ class PromptCachePool {
     }
     --stats_.entries;
     stats_.bytes -= s->bytes;
+    --classes_[s->ttl_class].members;
     count_removal(why);
     retire(std::move(n->slot));
 
@@ -910,6 +921,7 @@ class PromptCachePool {
         }
         --stats_.entries;
         stats_.bytes -= s->bytes;
+        --classes_[s->ttl_class].members;
         ++stats_.evicted_explicit;
         ++n;
         retire(std::move(x->slot));
@@ -982,11 +994,17 @@ class PromptCachePool {
 
     // Phase 1: every allocation. Nothing observable changes until phase 2.
     const duration ttl = o.ttl.value_or(options_.ttl);
-    std::size_t ttl_class = 0;
-    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl)
+    std::size_t ttl_class = 0, vacant = 0;  // class 0 keeps Options::ttl: never vacant
+    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl) {
+      if (vacant == 0 && ttl_class != 0 && classes_[ttl_class].members == 0) vacant = ttl_class;
       ++ttl_class;
+    }
     if (ttl_class == classes_.size()) {
-      classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
+      if (vacant != 0) {
+        ttl_class = vacant;  // takes `ttl` in phase 2
+      } else {
+        classes_.push_back(TtlClass{ttl, nullptr, nullptr, 0});  // an empty class is harmless
+      }
     }
     const bool common_mode = options_.match == MatchMode::common_prefix;
     auto slot = std::make_unique<Slot>();
@@ -1030,6 +1048,8 @@ class PromptCachePool {
     entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
     s->entry = std::move(entry);
     s->ttl_class = ttl_class;
+    classes_[ttl_class].ttl = ttl;
+    ++classes_[ttl_class].members;
     s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
@@ -1085,6 +1105,7 @@ class PromptCachePool {
       }
       --stats_.entries;
       stats_.bytes -= replaced->bytes;
+      --classes_[replaced->ttl_class].members;
     }
     target->slot = std::move(slot);
     s->node = target;
