@@ -382,8 +382,9 @@ class PromptCachePool {
     return m;
   }
 
-  /// Verifies every structural invariant (tree shape, labels, lists, gauges); throws
-  /// std::logic_error describing the first violation. O(entries + nodes). For tests.
+  /// Verifies every structural invariant (tree shape, labels, heaps, lists, TTL classes,
+  /// gauges); throws std::logic_error describing the first violation. For tests: O(nodes x
+  /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
     std::size_t entries = 0, pinned = 0, bytes = 0;
     std::vector<std::size_t> members(classes_.size(), 0);
