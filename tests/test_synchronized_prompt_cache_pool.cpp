@@ -85,6 +85,11 @@ TEST_CASE("synchronized pool: single-threaded behaviour matches the plain pool")
   pool.clear();
   CHECK(pool.empty());
   pool.check_invariants();
+  CHECK(pool.entry_bytes(payload({1}, 7)) == 7);
+  auto defaults = Pool::with_defaults();
+  CHECK(defaults.options().max_entries == 16);
+  CHECK(defaults.options().ttl == std::chrono::minutes(5));
+  CHECK(defaults.options().min_cacheable_tokens == 8);
 }
 
 TEST_CASE("synchronized pool: a hit stays usable while other threads evict it") {

@@ -51,6 +51,11 @@ class SynchronizedPromptCachePool {
     pool_.defer_release_ = true;
   }
 
+  /// 16 entries, 5 minute idle TTL, 8-token minimum (see PromptCachePool::with_defaults).
+  static SynchronizedPromptCachePool with_defaults() {
+    return SynchronizedPromptCachePool(Options{});
+  }
+
   /// Not copyable or movable (it owns a mutex and a pool that cannot move).
   SynchronizedPromptCachePool(const SynchronizedPromptCachePool&) = delete;
   /// Not assignable (see the copy constructor).
@@ -153,6 +158,10 @@ class SynchronizedPromptCachePool {
   void reset_stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     pool_.reset_stats();
+  }
+  /// See PromptCachePool::entry_bytes (no lock: CacheBytes must be safe to call concurrently).
+  [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
+    return pool_.entry_bytes(caches);
   }
   /// See PromptCachePool::memory_usage.
   [[nodiscard]] PoolMemory memory_usage() const {
