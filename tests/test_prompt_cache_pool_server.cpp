@@ -438,30 +438,33 @@ TEST_CASE("pin/unpin: unpinning enforces the budgets at once") {
 namespace {
 
 // How a caller keys media. An image's placeholder tokens are the same for every image, so
-// the pool must see something derived from the image itself: each run of placeholders is
+// the pool must see something derived from the image itself: each image's placeholders are
 // replaced, in the ids given to the pool (not the ones given to the model), by tokens drawn
-// from the media's content hash, in a range above the vocabulary. Two prompts with the same
-// text and different images then diverge at the first image token.
+// from the image's content hash, in a range above the vocabulary. Two prompts with the same
+// text and different images then diverge at the first token of the first differing image.
+// Images are told apart by the model's fixed number of placeholders per image, not by runs:
+// two adjacent images form one run. (A model with a variable count per image delimits each
+// image with start/end tokens; split on those instead.)
 constexpr std::uint32_t kImagePlaceholder = 32000;
+constexpr std::size_t kPlaceholdersPerImage = 3;
 constexpr std::uint32_t kMediaKeyBase = 0x80000000U;  // above any real token id
 
 Ids key_media(const Ids& ids, const std::vector<std::uint64_t>& image_hashes) {
   Ids keyed;
-  std::size_t image = 0, k = 0;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] != kImagePlaceholder) {
-      keyed.push_back(ids[i]);
-      k = 0;
+  std::size_t placeholder = 0;  // placeholders seen so far
+  for (const std::uint32_t t : ids) {
+    if (t != kImagePlaceholder) {
+      keyed.push_back(t);
       continue;
     }
-    const std::uint64_t h = image_hashes.at(image);
-    // 31 bits of (hash mixed with the position in the run) per token.
+    const std::uint64_t h = image_hashes.at(placeholder / kPlaceholdersPerImage);
+    const std::uint64_t k = placeholder % kPlaceholdersPerImage;  // position in the image
+    ++placeholder;
+    // 31 bits of (hash mixed with the position in the image) per token (splitmix64).
     std::uint64_t x = h + 0x9E3779B97F4A7C15ULL * (k + 1);
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     keyed.push_back(kMediaKeyBase | static_cast<std::uint32_t>((x ^ (x >> 31)) & 0x7FFFFFFFU));
-    ++k;
-    if (i + 1 == ids.size() || ids[i + 1] != kImagePlaceholder) ++image;
   }
   return keyed;
 }
@@ -483,7 +486,8 @@ TEST_CASE("multimodal: same text, different images never share a hit past the te
   CHECK(same_image->entry->fed_images == 1);
   CHECK_FALSE(pool.find_longest_prefix(key_media(prompt, {dog})));
   // Two images: swapping them changes the key too.
-  const Ids two{1, kImagePlaceholder, kImagePlaceholder, 2, kImagePlaceholder, kImagePlaceholder};
+  const Ids two{1, kImagePlaceholder, kImagePlaceholder, kImagePlaceholder,
+                2, kImagePlaceholder, kImagePlaceholder, kImagePlaceholder};
   CHECK(key_media(two, {cat, dog}) != key_media(two, {dog, cat}));
   CHECK(key_media(two, {cat, dog}) == key_media(two, {cat, dog}));
   // In common-prefix mode the shared text before the image is still reusable.
@@ -495,6 +499,27 @@ TEST_CASE("multimodal: same text, different images never share a hit past the te
 }
 
 // ---- stats -----------------------------------------------------------------------------
+
+TEST_CASE("multimodal: two adjacent images are keyed by both hashes") {
+  // A model with a fixed number of placeholders per image puts two images back to back as
+  // one run of placeholders: keying by runs would key the pair by the first image alone.
+  ManualClock clock;
+  Pool pool(base_options(), clock);
+  const Ids prompt{1,
+                   2,
+                   kImagePlaceholder,
+                   kImagePlaceholder,
+                   kImagePlaceholder,
+                   kImagePlaceholder,
+                   kImagePlaceholder,
+                   kImagePlaceholder,
+                   3};
+  const std::uint64_t cat = 0xCA7, dog = 0xD06, cow = 0xC0;
+  CHECK(key_media(prompt, {cat, dog}) != key_media(prompt, {cat, cow}));
+  pool.insert(key_media(prompt, {cat, dog}), layer(1));
+  CHECK(pool.find_longest_prefix(key_media(prompt, {cat, dog})));
+  CHECK_FALSE(pool.find_longest_prefix(key_media(prompt, {cat, cow})));
+}
 
 TEST_CASE("stats: counters by outcome and reason, gauges, reset_stats") {
   ManualClock clock;
