@@ -854,7 +854,7 @@ class KvIndex {
   void undo_chain(std::uint32_t h, std::size_t added) noexcept {
     for (std::size_t i = 0; i < added; ++i) {
       const std::uint32_t parent = holds_[h].parent;
-      release_hold(h);
+      release_hold(h, name_hash(holds_[h].block_hash));
       h = parent;
     }
   }
@@ -890,7 +890,7 @@ class KvIndex {
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree(h) - 1U;
+        r.blocks_cascaded += remove_subtree_hashed(h, name_hashes[j]) - 1U;
       }
     }
   }
@@ -908,6 +908,13 @@ class KvIndex {
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
   std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
+    return remove_subtree_hashed(top, name_hash(holds_[top].block_hash), shrink);
+  }
+
+  // As above, with `top_name_hash` the name-table hash of `top`'s block hash
+  // (a removal has it from its lookup).
+  std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
+                                    bool shrink = true) noexcept {
     std::size_t n = 0;
     std::uint32_t h = top;
     for (;;) {
@@ -915,19 +922,24 @@ class KvIndex {
         h = holds_[h].first_child;
       const std::uint32_t up = holds_[h].parent;
       const bool last = h == top;
-      release_hold(h, shrink);
+      release_hold(h, last ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
       ++n;
       if (last) return n;
       h = up;
     }
   }
 
+  [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
+    return detail::KvPackedTable<NameHash>::hash_of(block_hash, 0);
+  }
+
   // Releases a childless hold: its name, its holder bit, and the node when no
-  // worker holds it any more.
-  void release_hold(std::uint32_t h, bool shrink = true) noexcept {
-    const detail::KvHold x = holds_[h];
-    slots_[x.slot].names.erase(x.block_hash, 0, shrink);
-    --slots_[x.slot].blocks;
+  // worker holds it any more. `hash`: name_hash of its block hash.
+  void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
+    const detail::KvHold& x = holds_[h];
+    Slot& s = slots_[x.slot];
+    s.names.erase_hashed(hash, x.block_hash, 0, shrink);
+    --s.blocks;
     if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }

@@ -155,8 +155,14 @@ class KvPackedTable {
   /// Below load 1/8 the array shrinks, unless `shrink` is false (then earlier
   /// reserve_extra guarantees still hold).
   bool erase(std::uint64_t key, std::uint32_t tag, bool shrink = true) noexcept {
+    return erase_hashed(Hash::hash(key, tag), key, tag, shrink);
+  }
+
+  /// Like erase(key, tag, shrink) with `hash` = hash_of(key, tag).
+  bool erase_hashed(std::uint64_t hash, std::uint64_t key, std::uint32_t tag,
+                    bool shrink = true) noexcept {
     if (slots_.empty()) return false;
-    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    std::size_t i = static_cast<std::size_t>(hash) & mask_;
     for (;;) {
       const Entry& e = slots_[i];
       if (e.value == kv_npos) return false;
@@ -178,7 +184,8 @@ class KvPackedTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (shrink && slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    // Load below 1/8 of a capacity above 16 (mask_ is the capacity - 1).
+    if (shrink && mask_ >= 16U && size_ * 8U <= mask_) shrink_noexcept();
     return true;
   }
 
