@@ -448,6 +448,8 @@ class PromptCachePool {
         }
       });
     }
+    const auto ns0 = roots_.find(0);
+    require(root0_ == (ns0 == roots_.end() ? nullptr : ns0->second.get()), "root0 cache");
     require(!classes_.empty() && classes_[0].ttl == options_.ttl, "default ttl class");
     for (std::size_t i = 0; i < classes_.size(); ++i)
       require(classes_[i].members == members[i], "ttl class members");
