@@ -206,6 +206,42 @@ TEST_CASE("decision 1: a hit is a snapshot that outlives its eviction and later 
   CHECK(again->entry->caches[0].tag == 8);
 }
 
+namespace {
+int g_layer_copies = 0;
+struct CountedLayer {
+  int tag = 0;
+  CountedLayer() = default;
+  explicit CountedLayer(int t) : tag(t) {}
+  CountedLayer(const CountedLayer& o) : tag(o.tag) { ++g_layer_copies; }
+  CountedLayer& operator=(const CountedLayer& o) {
+    tag = o.tag;
+    ++g_layer_copies;
+    return *this;
+  }
+  CountedLayer(CountedLayer&&) noexcept = default;
+  CountedLayer& operator=(CountedLayer&&) noexcept = default;
+  ~CountedLayer() = default;
+};
+}  // namespace
+
+TEST_CASE("decision 1: a hit shares the stored snapshot; neither insert nor lookup copies") {
+  ManualClock clock;
+  promptcache::PromptCachePool<CountedLayer, std::uint32_t, ManualClock> pool(16, 300s, 0, clock);
+  std::vector<CountedLayer> layers;
+  layers.emplace_back(1);
+  layers.emplace_back(2);
+  g_layer_copies = 0;
+  pool.insert_or_update({1, 2, 3}, std::move(layers), 0, 0, false);
+  auto a = pool.find_longest_prefix(Ids{1, 2, 3, 4});
+  auto b = pool.find_longest_prefix(Ids{1, 2, 3});
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(g_layer_copies == 0);
+  CHECK(a->entry == b->entry);  // the same object, not equal copies
+  CHECK(a->entry == pool.find_exact(Ids{1, 2, 3}));
+X
+}
+
 TEST_CASE("decision 1: lookup refreshes the recency and the TTL of the hit only") {
   ManualClock clock;
   Pool pool(16, 10s, 0, clock);

@@ -300,6 +300,21 @@ TEST_CASE("namespaces: common-prefix mode never crosses tenants either") {
   CHECK(pool.find_longest_prefix(Ids{1, 2, 9}, 1)->matched == 2);
 }
 
+TEST_CASE("namespaces: common-prefix mode never supersedes or extends another tenant's entry") {
+  ManualClock clock;
+  Pool pool(base_options(MatchMode::common_prefix), clock);
+  pool.insert({1, 2}, layer(1), opts(1));
+  pool.insert({1, 2, 3}, layer(2), opts(1));  // tenant 1's own lineage: extended
+  pool.insert({1}, layer(3), opts(1));        // a strict prefix beside it
+  CHECK(pool.insert({1, 2, 3, 4}, layer(4), opts(2)) == R::inserted);  // tenant 2: new
+  CHECK(pool.insert({1, 2, 3, 4, 5}, layer(5), opts(2)) == R::extended);
+  CHECK(pool.find_exact(Ids{1, 2, 3}, 1)->caches[0].tag == 2);
+  CHECK(pool.find_exact(Ids{1}, 1)->caches[0].tag == 3);
+  CHECK(pool.stats().superseded == 0);
+  CHECK(pool.size() == 3);
+  pool.check_invariants();
+}
+
 TEST_CASE("namespaces: erase_namespace drops pinned entries too; budgets are pool-wide") {
   ManualClock clock;
   auto o = base_options();
