@@ -239,7 +239,7 @@ TEST_CASE("decision 1: a hit shares the stored snapshot; neither insert nor look
   CHECK(g_layer_copies == 0);
   CHECK(a->entry == b->entry);  // the same object, not equal copies
   CHECK(a->entry == pool.find_exact(Ids{1, 2, 3}));
-X
+  CHECK(a->entry.use_count() == 3);  // the pool's reference and the two hits
 }
 
 TEST_CASE("decision 1: lookup refreshes the recency and the TTL of the hit only") {
