@@ -94,6 +94,10 @@ class SynchronizedPromptCachePool;
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
+/// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
+/// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
+/// drops the pool's reference. There are no iterators.
+///
 /// Not thread-safe; see SynchronizedPromptCachePool. Not copyable or movable (hold it
 /// by unique_ptr if it has to move).
 template <class LayerCache, std::integral Token = std::uint32_t,
