@@ -579,7 +579,7 @@ class KvIndex {
  private:
   struct NameHash {
     static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-      return detail::kv_mix64(key);
+      return detail::kv_fold_hash(key);
     }
   };
 

@@ -29,6 +29,20 @@ inline constexpr std::uint32_t kv_npos = std::numeric_limits<std::uint32_t>::max
   return k;
 }
 
+/// A cheap, well-mixed hash of a 64-bit key (folded multiply: the high and low
+/// halves of the 128-bit product, xored), for hash-table slots. Unlike
+/// kv_mix64 it is not a bijection, so it must not be used for path hashes.
+[[nodiscard]] constexpr std::uint64_t kv_fold_hash(std::uint64_t k) noexcept {
+  constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
+#if defined(__SIZEOF_INT128__)
+  __extension__ using u128 = unsigned __int128;
+  const u128 p = static_cast<u128>(k) * c;
+  return static_cast<std::uint64_t>(p) ^ static_cast<std::uint64_t>(p >> 64U);
+#else
+  return kv_mix64(k ^ c);
+#endif
+}
+
 /// Open-addressing hash table (linear probing, backward-shift deletion, no
 /// tombstones) mapping a (64-bit key, 32-bit tag) pair to a 32-bit value.
 /// `Hash::hash(key, tag)` gives the 64-bit hash; the table stores no hash, so it
