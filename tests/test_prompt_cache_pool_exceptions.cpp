@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <random>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -372,4 +373,121 @@ TEST_CASE("strong guarantee: a throwing clock changes nothing (insert, lookup, u
     CHECK(pool.size() == 3);
     pool.check_invariants();
   }
+}
+
+namespace {
+
+// Two pools fed the same operations must stay indistinguishable when one of them also saw an
+// insert that failed (strong guarantee): same results, same stats, same LRU and TTL order.
+struct Twin {
+  std::uint64_t ns;
+  Ids ids;
+  int tag;
+  bool pinned;
+  int ttl_choice;
+};
+
+Pool::InsertOptions twin_options(const Twin& t) {
+  Pool::InsertOptions o;
+  o.ns = t.ns;
+  o.pinned = t.pinned;
+  if (t.ttl_choice == 1) o.ttl = std::chrono::seconds(5);
+  if (t.ttl_choice == 2) o.ttl = std::chrono::seconds(50 + t.tag % 3);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("strong guarantee, randomized: a failed insert leaves no trace in later behaviour") {
+  int failures_seen = 0;
+  for (const auto mode :
+       {promptcache::MatchMode::exact_prefix, promptcache::MatchMode::common_prefix}) {
+    for (std::uint32_t seed = 1; seed <= 12; ++seed) {
+      std::mt19937 rng(seed);
+      auto rnd = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
+      auto random_twin = [&](int tag) {
+        Twin t{rnd(3) == 0 ? 42U : 0U, Ids(rnd(6) + 1), tag, rnd(6) == 0, static_cast<int>(rnd(3))};
+        for (auto& x : t.ids)
+          x = rnd(3);
+        return t;
+      };
+      std::vector<Twin> setup;
+      for (int i = 0; i < 25; ++i)
+        setup.push_back(random_twin(i + 1));
+      const Twin attempt = random_twin(100);
+      std::vector<Twin> after;
+      for (int i = 0; i < 60; ++i)
+        after.push_back(random_twin(200 + i));
+      Pool::Options o;
+      o.match = mode;
+      o.max_entries = 8;
+      o.min_cacheable_tokens = 2;
+      o.max_bytes = 30;
+      o.ttl = std::chrono::seconds(20);
+      for (long k = 0; k < 1000; ++k) {
+        INFO("mode " << static_cast<int>(mode) << " seed " << seed << " failing allocation " << k);
+        ManualClock clock;
+        Pool a(o, clock), b(o, clock);
+        for (const Twin& t : setup) {
+          a.insert(t.ids, {Layer(t.tag)}, twin_options(t));
+          b.insert(t.ids, {Layer(t.tag)}, twin_options(t));
+          clock.advance(std::chrono::seconds(1));
+        }
+        Ids ids = attempt.ids;
+        std::vector<Layer> caches{Layer(attempt.tag)};
+        const Pool::InsertOptions io = twin_options(attempt);
+        bool threw = false;
+        g_countdown = k;
+        try {
+          a.insert(std::move(ids), std::move(caches), io);
+        } catch (const std::bad_alloc&) {
+          threw = true;
+        }
+        g_countdown = -1;
+        if (!threw) break;
+        ++failures_seen;
+        a.check_invariants();
+        // The same future on both: every result and counter must agree.
+        for (const Twin& t : after) {
+          clock.advance(std::chrono::seconds(t.tag % 4));
+          switch (t.tag % 4) {
+            case 0:
+            case 1: {
+              const auto ra = a.insert(t.ids, {Layer(t.tag)}, twin_options(t));
+              const auto rb = b.insert(t.ids, {Layer(t.tag)}, twin_options(t));
+              REQUIRE(ra == rb);
+              break;
+            }
+            case 2: {
+              const auto ha = a.find_longest_prefix(t.ids, t.ns);
+              const auto hb = b.find_longest_prefix(t.ids, t.ns);
+              REQUIRE(ha.has_value() == hb.has_value());
+              if (ha) {
+                REQUIRE(ha->matched == hb->matched);
+                REQUIRE(ha->entry->caches[0].tag == hb->entry->caches[0].tag);
+              }
+              break;
+            }
+            default:
+              REQUIRE(a.evict_expired() == b.evict_expired());
+              break;
+          }
+        }
+        const auto sa = a.stats(), sb = b.stats();
+        CHECK(sa.entries == sb.entries);
+        CHECK(sa.bytes == sb.bytes);
+        CHECK(sa.pinned_entries == sb.pinned_entries);
+        CHECK(sa.evicted_lru == sb.evicted_lru);
+        CHECK(sa.evicted_bytes == sb.evicted_bytes);
+        CHECK(sa.evicted_ttl == sb.evicted_ttl);
+        CHECK(sa.superseded == sb.superseded);
+        CHECK(sa.inserted == sb.inserted);
+        CHECK(sa.extended == sb.extended);
+        CHECK(sa.updated == sb.updated);
+        CHECK(sa.hits == sb.hits);
+        a.check_invariants();
+      }
+    }
+  }
+  CHECK(failures_seen > 20);
 }
