@@ -94,6 +94,9 @@ class SynchronizedPromptCachePool;
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
+/// Costs below use T, the number of TTL lists: the most distinct idle TTLs the pool has held
+/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs.
+///
 /// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
 /// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
 /// drops the pool's reference. There are no iterators.
@@ -202,8 +205,8 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
-  /// recency); invalidates nothing a caller holds.
+  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth x log
+  /// fan-out) to re-sort the hit's recency); invalidates nothing a caller holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
     expire(now);
@@ -243,7 +246,7 @@ class PromptCachePool {
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + evicted).
+  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists.
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = entry_bytes(caches);
@@ -254,7 +257,8 @@ class PromptCachePool {
     return r;
   }
 
-  /// Removes every unpinned entry idle for at least its TTL; returns how many. O(expired).
+  /// Removes every unpinned entry idle for at least its TTL; returns how many.
+  /// O(expired + T), T = TTL lists.
   std::size_t evict_expired() {
     const std::size_t n = expire(clock_.now());
     release_retired();
@@ -304,7 +308,8 @@ class PromptCachePool {
   }
 
   /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
-  /// then budgets are enforced. Returns false if there is no such entry. O(|ids| + evicted).
+  /// then budgets are enforced. Returns false if there is no such entry. If the clock
+  /// throws, nothing changed. O(|ids| + evicted x T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
