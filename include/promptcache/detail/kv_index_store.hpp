@@ -234,7 +234,7 @@ class KvNodeStore {
 struct KvHold {
   std::uint64_t block_hash = 0;         ///< the worker's name for the block
   std::uint32_t node = 0;               ///< the tree node held
-  std::uint32_t slot = 0;               ///< the worker slot holding it
+  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
   std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
   std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
   std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
