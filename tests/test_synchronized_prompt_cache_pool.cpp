@@ -236,7 +236,7 @@ void stress(const StressConfig& cfg, int ops_per_thread) {
         Pool::InsertOptions io;
         io.ns = ns;
         io.pinned = false;
-        if (rnd(4) == 0) io.ttl = 1000ns;
+        if (rnd(4) == 0) io.ttl = std::chrono::nanoseconds(1000 + rnd(40));  // TTL lists reused
         const R r = pool.insert(ids, payload(ids, rnd(20)), io);
         if (r == R::rejected_empty) failures.fetch_add(1);
       } else if (what < 80) {
