@@ -76,7 +76,8 @@ TEST_CASE("PromptCachePool lookups", "[pool][benchmark]") {
   }
   std::size_t k = 0;
   BENCHMARK("exact lookup hit, N=4096 L=1024") {
-    return pool.find_longest_prefix(hits[k++ % hits.size()])->matched;
+    const auto hit = pool.find_longest_prefix(hits[k++ % hits.size()]);
+    return hit ? hit->matched : 0;
   };
   BENCHMARK("exact lookup miss (diverges at L/2), N=4096 L=1024") {
     return pool.find_longest_prefix(misses[k++ % misses.size()]).has_value();
@@ -85,7 +86,8 @@ TEST_CASE("PromptCachePool lookups", "[pool][benchmark]") {
   Pool common(f.options(promptcache::MatchMode::common_prefix));
   f.fill(common);
   BENCHMARK("common-prefix lookup (diverges at L/2), N=4096 L=1024") {
-    return common.find_longest_prefix(misses[k++ % misses.size()])->matched;
+    const auto hit = common.find_longest_prefix(misses[k++ % misses.size()]);
+    return hit ? hit->matched : 0;
   };
 }
 
