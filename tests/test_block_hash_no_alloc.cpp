@@ -11,62 +11,7 @@
 #include <vector>
 
 #include "catch.hpp"
-
-// GCC sees the malloc/free pair through the replaced operators and warns about
-// a mismatch that is exactly the point of the replacement.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-long g_allocations = 0;
-
-void* counted_allocation(std::size_t n) {
-  ++g_allocations;
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-void* operator new(std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
+#include "support/counting_new.hpp"
 
 namespace {
 using u32 = std::uint32_t;
@@ -74,10 +19,10 @@ using u64 = std::uint64_t;
 }  // namespace
 
 TEST_CASE("operator new replacement is active", "[block_hash]") {
-  const long before = g_allocations;
+  const long before = test_alloc::count;
   auto* p = new int(3);
   delete p;
-  CHECK(g_allocations == before + 1);
+  CHECK(test_alloc::count == before + 1);
 }
 
 TEST_CASE("the span overloads do not allocate", "[block_hash]") {
@@ -100,11 +45,11 @@ TEST_CASE("the span overloads do not allocate", "[block_hash]") {
         CAPTURE(block_size, eagle, with_media);
         promptcache::BlockHashOptions options{.seed = seed, .eagle = eagle};
         if (with_media) options.media = per_block;
-        const long before = g_allocations;
+        const long before = test_alloc::count;
         const std::size_t n = promptcache::local_block_hashes(tokens, block_size, out, options);
         promptcache::detail::local_block_hashes<false>(tokens, block_size, out, options);
         promptcache::sequence_hashes(std::span<const u64>(out).first(n), out, u64{42});
-        CHECK(g_allocations == before);
+        CHECK(test_alloc::count == before);
         CHECK(n > 0);
       }
     }

@@ -15,71 +15,7 @@
 #include <vector>
 
 #include "catch.hpp"
-
-// GCC sees the malloc/free pair through the replaced operators and warns about a mismatch
-// that is exactly the point of the replacement.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-long g_countdown = -1;  // -1: disarmed; 0: the next allocation throws
-long g_allocations = 0;
-}  // namespace
-
-namespace {
-void* counted_allocation(std::size_t n) {
-  if (g_countdown == 0) {
-    g_countdown = -1;
-    throw std::bad_alloc();
-  }
-  if (g_countdown > 0) --g_countdown;
-  ++g_allocations;
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-// Every non-aligned form, so the sanitizers' own operators never pair with ours.
-void* operator new(std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
+#include "support/counting_new.hpp"
 
 namespace {
 
@@ -170,13 +106,13 @@ int fail_every_allocation(Scenario scenario,
     const Dump before = dump(pool);
     const auto stats_before = pool.stats();
     bool threw = false;
-    g_countdown = k;
+    test_alloc::countdown = k;
     try {
       scenario(pool);
     } catch (const std::bad_alloc&) {
       threw = true;
     }
-    g_countdown = -1;
+    test_alloc::countdown = -1;
     if (!threw) return failures;
     ++failures;
     INFO("allocation " << k << " failed");
@@ -200,10 +136,10 @@ Pool::InsertOptions in_ns(std::uint64_t ns) {
 }  // namespace
 
 TEST_CASE("operator new replacement is active") {
-  const long before = g_allocations;
+  const long before = test_alloc::count;
   auto* p = new int(3);
   delete p;
-  CHECK(g_allocations == before + 1);
+  CHECK(test_alloc::count == before + 1);
 }
 
 TEST_CASE("strong guarantee: new leaf under an existing node, with an LRU eviction") {
@@ -238,7 +174,7 @@ TEST_CASE("strong guarantee: lineage extension") {
     Ids ids{1, 2, 3, 4, 5, 6, 7};
     std::vector<Layer> c{Layer(9)};
     const auto r = pool.insert(std::move(ids), std::move(c));
-    g_countdown = -1;
+    test_alloc::countdown = -1;
     REQUIRE(r == Pool::InsertResult::extended);
   });
   CHECK(n >= 2);
@@ -249,7 +185,7 @@ TEST_CASE("strong guarantee: update of equal ids") {
     Ids ids{7, 7, 7};
     std::vector<Layer> c{Layer(9)};
     const auto r = pool.insert(std::move(ids), std::move(c));
-    g_countdown = -1;
+    test_alloc::countdown = -1;
     REQUIRE(r == Pool::InsertResult::updated);
   });
   CHECK(n >= 2);
@@ -437,13 +373,13 @@ TEST_CASE("strong guarantee, randomized: a failed insert leaves no trace in late
         std::vector<Layer> caches{Layer(attempt.tag)};
         const Pool::InsertOptions io = twin_options(attempt);
         bool threw = false;
-        g_countdown = k;
+        test_alloc::countdown = k;
         try {
           a.insert(std::move(ids), std::move(caches), io);
         } catch (const std::bad_alloc&) {
           threw = true;
         }
-        g_countdown = -1;
+        test_alloc::countdown = -1;
         if (!threw) break;
         ++failures_seen;
         a.check_invariants();

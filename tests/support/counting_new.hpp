@@ -1,0 +1,77 @@
+// Replaces the global allocation functions of one test executable with ones
+// that count every allocation and can be armed to make the k-th one throw
+// std::bad_alloc. Include it from exactly one translation unit per executable.
+//
+//   test_alloc::count      allocations so far (only successful ones count)
+//   test_alloc::countdown  -1: disarmed; k >= 0: the allocation after the next
+//                          k succeeds throws (then it disarms itself)
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+// GCC sees the malloc/free pair through the replaced operators and warns about
+// a mismatch that is exactly the point of the replacement.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+namespace test_alloc {
+
+inline long countdown = -1;
+inline long count = 0;
+
+inline void* allocate(std::size_t n) {
+  if (countdown == 0) {
+    countdown = -1;
+    throw std::bad_alloc();
+  }
+  if (countdown > 0) --countdown;
+  ++count;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+inline void* allocate_nothrow(std::size_t n) noexcept {
+  try {
+    return allocate(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace test_alloc
+
+// Every non-aligned form, so the sanitizers' own operators never pair with ours.
+void* operator new(std::size_t n) {
+  return test_alloc::allocate(n);
+}
+void* operator new[](std::size_t n) {
+  return test_alloc::allocate(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return test_alloc::allocate_nothrow(n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  return test_alloc::allocate_nothrow(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
