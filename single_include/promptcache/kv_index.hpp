@@ -201,6 +201,20 @@ inline constexpr std::uint32_t kv_npos = std::numeric_limits<std::uint32_t>::max
   return k;
 }
 
+/// A cheap, well-mixed hash of a 64-bit key (folded multiply: the high and low
+/// halves of the 128-bit product, xored), for hash-table slots. Unlike
+/// kv_mix64 it is not a bijection, so it must not be used for path hashes.
+[[nodiscard]] constexpr std::uint64_t kv_fold_hash(std::uint64_t k) noexcept {
+  constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
+#if defined(__SIZEOF_INT128__)
+  __extension__ using u128 = unsigned __int128;
+  const u128 p = static_cast<u128>(k) * c;
+  return static_cast<std::uint64_t>(p) ^ static_cast<std::uint64_t>(p >> 64U);
+#else
+  return kv_mix64(k ^ c);
+#endif
+}
+
 /// Open-addressing hash table (linear probing, backward-shift deletion, no
 /// tombstones) mapping a (64-bit key, 32-bit tag) pair to a 32-bit value.
 /// `Hash::hash(key, tag)` gives the 64-bit hash; the table stores no hash, so it
@@ -216,6 +230,57 @@ class KvPackedTable {
     std::uint32_t tag;    ///< Second half of the lookup key.
     std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
   };
+
+  /// Where a probe for a key ended: its slot and value when present, else
+  /// kv_npos and the empty slot an insert would fill.
+  struct Probe {
+    std::size_t pos;      ///< Slot index (valid until the table next changes).
+    std::uint32_t value;  ///< The mapped value, or kv_npos when absent.
+  };
+
+  /// Hash::hash(key, tag), for the *_hashed calls (a caller that prefetches
+  /// and then probes computes the hash once). O(1).
+  [[nodiscard]] static constexpr std::uint64_t hash_of(std::uint64_t key,
+                                                       std::uint32_t tag) noexcept {
+    return Hash::hash(key, tag);
+  }
+
+  /// Like prefetch(key, tag) with `hash` = hash_of(key, tag). O(1).
+  void prefetch_hashed(std::uint64_t hash) const noexcept {
+    if (slots_.empty()) return;
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[static_cast<std::size_t>(hash) & mask_]);
+#else
+    (void)hash;
+#endif
+  }
+
+  /// Probes for (key, tag) with `hash` = hash_of(key, tag); the table must
+  /// have slots (any reserve_extra or insert made them). O(1) expected.
+  [[nodiscard]] Probe probe_hashed(std::uint64_t hash, std::uint64_t key,
+                                   std::uint32_t tag) const noexcept {
+    std::size_t i = static_cast<std::size_t>(hash) & mask_;
+    for (;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos || (e.key == key && e.tag == tag)) return Probe{i, e.value};
+      i = (i + 1U) & mask_;
+    }
+  }
+
+  /// Like find(key, tag) with `hash` = hash_of(key, tag). O(1) expected.
+  [[nodiscard]] std::uint32_t find_hashed(std::uint64_t hash, std::uint64_t key,
+                                          std::uint32_t tag) const noexcept {
+    return slots_.empty() ? kv_npos : probe_hashed(hash, key, tag).value;
+  }
+
+  /// Inserts (key, tag) -> value at the empty slot of a probe that found it
+  /// absent, saving insert()'s second probe. The table must be unchanged since
+  /// the probe and have room reserved (reserve_extra), so this cannot rehash.
+  void insert_at(const Probe& p, std::uint64_t key, std::uint32_t tag,
+                 std::uint32_t value) noexcept {
+    slots_[p.pos] = Entry{key, tag, value};
+    ++size_;
+  }
 
   /// The value stored for (key, tag), or kv_npos. O(1) expected.
   [[nodiscard]] std::uint32_t find(std::uint64_t key, std::uint32_t tag) const noexcept {
@@ -276,8 +341,14 @@ class KvPackedTable {
   /// Below load 1/8 the array shrinks, unless `shrink` is false (then earlier
   /// reserve_extra guarantees still hold).
   bool erase(std::uint64_t key, std::uint32_t tag, bool shrink = true) noexcept {
+    return erase_hashed(Hash::hash(key, tag), key, tag, shrink);
+  }
+
+  /// Like erase(key, tag, shrink) with `hash` = hash_of(key, tag).
+  bool erase_hashed(std::uint64_t hash, std::uint64_t key, std::uint32_t tag,
+                    bool shrink = true) noexcept {
     if (slots_.empty()) return false;
-    std::size_t i = static_cast<std::size_t>(Hash::hash(key, tag)) & mask_;
+    std::size_t i = static_cast<std::size_t>(hash) & mask_;
     for (;;) {
       const Entry& e = slots_[i];
       if (e.value == kv_npos) return false;
@@ -299,7 +370,8 @@ class KvPackedTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (shrink && slots_.size() > 16U && size_ * 8U < slots_.size()) shrink_noexcept();
+    // Load below 1/8 of a capacity above 16 (mask_ is the capacity - 1).
+    if (shrink && mask_ >= 16U && size_ * 8U <= mask_) shrink_noexcept();
     return true;
   }
 
@@ -466,21 +538,17 @@ class KvNodeStore {
       n = free_head_;
       free_head_ = parent(n);
       --free_count_;
+      // The next allocation reads that row (free rows are usually cold).
+      if (free_head_ != kv_npos) prefetch(free_head_);
     } else {
-      if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
-      if (words_.empty()) {  // the root's row first; its parent is "none"
-        words_.assign(stride_, 0U);
-        words_[0] = root_path_hash;
-        words_[2] = kv_npos;
-      }
-      n = static_cast<std::uint32_t>(rows());
-      words_.resize(words_.size() + stride_, 0U);
+      n = append_row();
     }
     std::uint64_t* r = row(n);
     r[0] = path;
     r[1] = tokens;
     r[2] = parent_node;
-    std::fill(r + 3, r + stride_, std::uint64_t{0});
+    for (std::size_t w = 3; w < stride_; ++w)
+      r[w] = 0U;
     ++live_;
     return n;
   }
@@ -554,6 +622,19 @@ class KvNodeStore {
  private:
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
 
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append_row() {
+    if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
+    if (words_.empty()) {  // the root's row first; its parent is "none"
+      words_.assign(stride_, 0U);
+      words_[0] = root_path_hash;
+      words_[2] = kv_npos;
+    }
+    const auto n = static_cast<std::uint32_t>(rows());
+    words_.resize(words_.size() + stride_, 0U);
+    return n;
+  }
+
   [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
     return std::max<std::size_t>(1U, (slots + 63U) / 64U);
   }
@@ -580,7 +661,7 @@ class KvNodeStore {
 struct KvHold {
   std::uint64_t block_hash = 0;         ///< the worker's name for the block
   std::uint32_t node = 0;               ///< the tree node held
-  std::uint32_t slot = 0;               ///< the worker slot holding it
+  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
   std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
   std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
   std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
@@ -616,17 +697,18 @@ class KvHoldStore {
   }
 
   /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
-  std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node, std::uint32_t slot,
-                         std::uint32_t parent) {
+  /// Always inlined: it runs once per stored block (other compilers ignore
+  /// the gnu:: attribute).
+  [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
+                                                std::uint32_t slot, std::uint32_t parent) {
     std::uint32_t h;
     if (free_head_ != kv_npos) {
       h = free_head_;
       free_head_ = holds_[h].next;
       --free_count_;
+      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
     } else {
-      if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
-      h = static_cast<std::uint32_t>(holds_.size());
-      holds_.emplace_back();
+      h = append();
     }
     KvHold& x = holds_[h];
     x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
@@ -651,6 +733,7 @@ class KvHoldStore {
       if (x.next != kv_npos) holds_[x.next].prev = x.prev;
     }
     x.next = free_head_;
+    x.slot = kv_npos;  // marks it free (see is_free)
     x.parent = kv_npos;
     x.first_child = kv_npos;
     free_head_ = h;
@@ -661,6 +744,12 @@ class KvHoldStore {
       free_head_ = kv_npos;
       free_count_ = 0;
     }
+  }
+
+  /// True when hold `h` (an index below the pool size) was released and not
+  /// reused since. O(1).
+  [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
+    return holds_[h].slot == kv_npos;
   }
 
   /// Holds in use (sentinels included). O(1).
@@ -674,6 +763,14 @@ class KvHoldStore {
 
  private:
   static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append() {
+    if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
+    const auto h = static_cast<std::uint32_t>(holds_.size());
+    holds_.emplace_back();
+    return h;
+  }
 
   std::vector<KvHold> holds_;
   std::uint32_t free_head_ = kv_npos;
@@ -1231,7 +1328,7 @@ class KvIndex {
  private:
   struct NameHash {
     static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-      return detail::kv_mix64(key);
+      return detail::kv_fold_hash(key);
     }
   };
 
@@ -1438,6 +1535,7 @@ class KvIndex {
     // chunk are issued up front and their cache misses overlap.
     constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
+    std::uint64_t name_hashes[chunk];
     std::uint32_t found[chunk];
     std::uint64_t path = nodes_.path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
@@ -1446,7 +1544,8 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
         edges_.prefetch(path, 0);
-        names.prefetch(blocks[base + j].block_hash, 0);
+        name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
+        names.prefetch_hashed(name_hashes[j]);
       }
       // Nodes that already exist (a prefix other workers hold) are found in a
       // first pass so that their rows are on the way before they are written.
@@ -1468,17 +1567,18 @@ class KvIndex {
           edges_.insert(paths[j], cur_node, child);
           fresh_node = true;
         }
-        const std::uint32_t existing = names.find(b.block_hash, 0);
-        if (existing != detail::kv_npos) {
-          if (holds_[existing].node == child) {  // re-store of a held block
+        // One probe serves both the lookup and the insert (room is reserved).
+        const auto name = names.probe_hashed(name_hashes[j], b.block_hash, 0);
+        if (name.value != detail::kv_npos) {
+          if (holds_[name.value].node == child) {  // re-store of a held block
             ++r.blocks_already_held;
-            cur_hold = existing;
+            cur_hold = name.value;
             cur_node = child;
             continue;
           }
-        } else if (!nodes_.test(child, slot)) {
+        } else if (fresh_node || !nodes_.test(child, slot)) {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-          names.insert(b.block_hash, 0, h);
+          names.insert_at(name, b.block_hash, 0, h);
           nodes_.set(child, slot);
           ++slots_[slot].blocks;
           ++added;
@@ -1503,7 +1603,7 @@ class KvIndex {
   void undo_chain(std::uint32_t h, std::size_t added) noexcept {
     for (std::size_t i = 0; i < added; ++i) {
       const std::uint32_t parent = holds_[h].parent;
-      release_hold(h);
+      release_hold(h, name_hash(holds_[h].block_hash));
       h = parent;
     }
   }
@@ -1515,12 +1615,15 @@ class KvIndex {
     auto& names = slots_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
+    std::uint64_t name_hashes[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      for (std::size_t j = 0; j < m; ++j)
-        names.prefetch(block_hashes[base + j], 0);
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.find(block_hashes[base + j], 0);
+        name_hashes[j] = names.hash_of(block_hashes[base + j], 0);
+        names.prefetch_hashed(name_hashes[j]);
+      }
+      for (std::size_t j = 0; j < m; ++j) {
+        hs[j] = names.find_hashed(name_hashes[j], block_hashes[base + j], 0);
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
@@ -1528,15 +1631,15 @@ class KvIndex {
       for (std::size_t j = 0; j < m; ++j)
         if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
       for (std::size_t j = 0; j < m; ++j) {
-        // Found again: an earlier name of this event may have cascaded it away.
-        const std::uint32_t h =
-            hs[j] == detail::kv_npos ? hs[j] : names.find(block_hashes[base + j], 0);
-        if (h == detail::kv_npos) {
+        // An earlier name of this event may have cascaded it away. A removal
+        // allocates nothing, so a freed hold is not reused meanwhile.
+        const std::uint32_t h = hs[j];
+        if (h == detail::kv_npos || holds_.is_free(h)) {
           ++r.blocks_not_held;
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree(h) - 1U;
+        r.blocks_cascaded += remove_subtree_hashed(h, name_hashes[j]) - 1U;
       }
     }
   }
@@ -1554,6 +1657,13 @@ class KvIndex {
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
   std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
+    return remove_subtree_hashed(top, name_hash(holds_[top].block_hash), shrink);
+  }
+
+  // As above, with `top_name_hash` the name-table hash of `top`'s block hash
+  // (a removal has it from its lookup).
+  std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
+                                    bool shrink = true) noexcept {
     std::size_t n = 0;
     std::uint32_t h = top;
     for (;;) {
@@ -1561,19 +1671,24 @@ class KvIndex {
         h = holds_[h].first_child;
       const std::uint32_t up = holds_[h].parent;
       const bool last = h == top;
-      release_hold(h, shrink);
+      release_hold(h, last ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
       ++n;
       if (last) return n;
       h = up;
     }
   }
 
+  [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
+    return detail::KvPackedTable<NameHash>::hash_of(block_hash, 0);
+  }
+
   // Releases a childless hold: its name, its holder bit, and the node when no
-  // worker holds it any more.
-  void release_hold(std::uint32_t h, bool shrink = true) noexcept {
-    const detail::KvHold x = holds_[h];
-    slots_[x.slot].names.erase(x.block_hash, 0, shrink);
-    --slots_[x.slot].blocks;
+  // worker holds it any more. `hash`: name_hash of its block hash.
+  void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
+    const detail::KvHold& x = holds_[h];
+    Slot& s = slots_[x.slot];
+    s.names.erase_hashed(hash, x.block_hash, 0, shrink);
+    --s.blocks;
     if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }

@@ -33,6 +33,13 @@ class ManualClock {
 
   /// A new, independent time starting at the epoch (0 ns). Allocates once.
   ManualClock() : now_(std::make_shared<std::atomic<rep>>(0)) {}
+  /// Another handle to the same time. O(1), never allocates. There is no move constructor:
+  /// moving copies, so a handle moved into a pool keeps driving its time (never null).
+  ManualClock(const ManualClock&) noexcept = default;
+  /// Makes this a handle to `other`'s time. O(1).
+  ManualClock& operator=(const ManualClock&) noexcept = default;
+  /// Drops this handle; the time lives while any handle does.
+  ~ManualClock() = default;
 
   /// The current time of this handle's shared timeline. O(1), noexcept.
   [[nodiscard]] time_point now() const noexcept {

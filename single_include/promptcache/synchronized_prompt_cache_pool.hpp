@@ -311,6 +311,13 @@ class SynchronizedPromptCachePool;
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
+/// Costs below use T, the number of TTL lists: the most distinct idle TTLs the pool has held
+/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs.
+///
+/// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
+/// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
+/// drops the pool's reference. There are no iterators.
+///
 /// Not thread-safe; see SynchronizedPromptCachePool. Not copyable or movable (hold it
 /// by unique_ptr if it has to move).
 template <class LayerCache, std::integral Token = std::uint32_t,
@@ -386,15 +393,19 @@ class PromptCachePool {
     if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
       throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
     }
-    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr});
+    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr, 0});
   }
 
   /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
   static PromptCachePool with_defaults() { return PromptCachePool(Options{}); }
 
+  /// Not copyable (entries are shared through hits; nothing is deep-copied).
   PromptCachePool(const PromptCachePool&) = delete;
+  /// Not copy-assignable (see the copy constructor).
   PromptCachePool& operator=(const PromptCachePool&) = delete;
+  /// Not movable (hold the pool by unique_ptr to move it).
   PromptCachePool(PromptCachePool&&) = delete;
+  /// Not move-assignable (see the move constructor).
   PromptCachePool& operator=(PromptCachePool&&) = delete;
 
   /// Releases every entry (snapshots held by callers stay valid). O(entries + nodes).
@@ -411,8 +422,8 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired) (common-prefix mode: + O(depth x log fan-out) to re-sort the hit's
-  /// recency); invalidates nothing a caller holds.
+  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth x log
+  /// fan-out) to re-sort the hit's recency); invalidates nothing a caller holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
     expire(now);
@@ -452,7 +463,7 @@ class PromptCachePool {
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + evicted).
+  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists.
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = entry_bytes(caches);
@@ -463,7 +474,8 @@ class PromptCachePool {
     return r;
   }
 
-  /// Removes every unpinned entry idle for at least its TTL; returns how many. O(expired).
+  /// Removes every unpinned entry idle for at least its TTL; returns how many.
+  /// O(expired + T), T = TTL lists.
   std::size_t evict_expired() {
     const std::size_t n = expire(clock_.now());
     release_retired();
@@ -513,14 +525,16 @@ class PromptCachePool {
   }
 
   /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
-  /// then budgets are enforced. Returns false if there is no such entry. O(|ids| + evicted).
+  /// then budgets are enforced. Returns false if there is no such entry. If the clock
+  /// throws, nothing changed. O(|ids| + evicted x T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
     if (s->pinned) {
+      const time_point now = clock_.now();  // first: if the clock throws, nothing changed
       s->pinned = false;
       --stats_.pinned_entries;
-      s->last_used = clock_.now();
+      s->last_used = now;
       s->seq = ++seq_;
       list_push_back(s);
       if (options_.match == MatchMode::common_prefix) propagate(s->node);
@@ -562,11 +576,15 @@ class PromptCachePool {
     stats_ = fresh;
   }
 
-  /// The size of an entry holding `caches` (sum of CacheBytes over them). O(|caches|).
+  /// The size of an entry holding `caches` (sum of CacheBytes over them, saturating at
+  /// SIZE_MAX so that an absurd size is too large rather than wrapping to a small one).
+  /// O(|caches|).
   [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
     std::size_t total = 0;
-    for (const LayerCache& c : caches)
-      total += static_cast<std::size_t>(cache_bytes_(c));
+    for (const LayerCache& c : caches) {
+      const auto b = static_cast<std::size_t>(cache_bytes_(c));
+      total = b > SIZE_MAX - total ? SIZE_MAX : total + b;
+    }
     return total;
   }
 
@@ -590,10 +608,12 @@ class PromptCachePool {
     return m;
   }
 
-  /// Verifies every structural invariant (tree shape, labels, lists, gauges); throws
-  /// std::logic_error describing the first violation. O(entries + nodes). For tests.
+  /// Verifies every structural invariant (tree shape, labels, heaps, lists, TTL classes,
+  /// gauges); throws std::logic_error describing the first violation. For tests: O(nodes x
+  /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
     std::size_t entries = 0, pinned = 0, bytes = 0;
+    std::vector<std::size_t> members(classes_.size(), 0);
     for (const auto& kv : roots_) {
       const namespace_id nsv = kv.first;
       const Node* root = kv.second.get();
@@ -630,6 +650,8 @@ class PromptCachePool {
           ++entries;
           bytes += s->bytes;
           require(s->node == n && s->ns == nsv, "slot back link");
+          require(s->ttl_class < classes_.size(), "ttl class index");
+          ++members[s->ttl_class];
           require(s->entry->ids.size() == n->depth, "entry length");
           const Node* p = n;
           std::size_t end = n->depth;
@@ -652,6 +674,11 @@ class PromptCachePool {
         }
       });
     }
+    const auto ns0 = roots_.find(0);
+    require(root0_ == (ns0 == roots_.end() ? nullptr : ns0->second.get()), "root0 cache");
+    require(!classes_.empty() && classes_[0].ttl == options_.ttl, "default ttl class");
+    for (std::size_t i = 0; i < classes_.size(); ++i)
+      require(classes_[i].members == members[i], "ttl class members");
     std::size_t listed = 0;
     for (const TtlClass& cls : classes_) {
       const Slot* prev = nullptr;
@@ -712,10 +739,14 @@ class PromptCachePool {
     detail::PoolChildMap<Token, Node> children;
   };
 
+  // The entries sharing one idle TTL. A class left without members (pinned ones included:
+  // they rejoin the list when unpinned) is reused for the next new TTL value, so per-request
+  // TTLs cost only as many classes as distinct TTLs are stored at once.
   struct TtlClass {
     duration ttl;
-    Slot* head;  // least recently used
-    Slot* tail;  // most recently used
+    Slot* head;           // least recently used
+    Slot* tail;           // most recently used
+    std::size_t members;  // stored entries of this class, pinned or not
   };
 
   enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
@@ -1052,6 +1083,7 @@ class PromptCachePool {
     }
     --stats_.entries;
     stats_.bytes -= s->bytes;
+    --classes_[s->ttl_class].members;
     count_removal(why);
     retire(std::move(n->slot));
 
@@ -1118,6 +1150,7 @@ class PromptCachePool {
         }
         --stats_.entries;
         stats_.bytes -= s->bytes;
+        --classes_[s->ttl_class].members;
         ++stats_.evicted_explicit;
         ++n;
         retire(std::move(x->slot));
@@ -1190,11 +1223,17 @@ class PromptCachePool {
 
     // Phase 1: every allocation. Nothing observable changes until phase 2.
     const duration ttl = o.ttl.value_or(options_.ttl);
-    std::size_t ttl_class = 0;
-    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl)
+    std::size_t ttl_class = 0, vacant = 0;  // class 0 keeps Options::ttl: never vacant
+    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl) {
+      if (vacant == 0 && ttl_class != 0 && classes_[ttl_class].members == 0) vacant = ttl_class;
       ++ttl_class;
+    }
     if (ttl_class == classes_.size()) {
-      classes_.push_back(TtlClass{ttl, nullptr, nullptr});  // an unused class is harmless
+      if (vacant != 0) {
+        ttl_class = vacant;  // takes `ttl` in phase 2
+      } else {
+        classes_.push_back(TtlClass{ttl, nullptr, nullptr, 0});  // an empty class is harmless
+      }
     }
     const bool common_mode = options_.match == MatchMode::common_prefix;
     auto slot = std::make_unique<Slot>();
@@ -1238,6 +1277,8 @@ class PromptCachePool {
     entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
     s->entry = std::move(entry);
     s->ttl_class = ttl_class;
+    classes_[ttl_class].ttl = ttl;
+    ++classes_[ttl_class].members;
     s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
@@ -1293,6 +1334,7 @@ class PromptCachePool {
       }
       --stats_.entries;
       stats_.bytes -= replaced->bytes;
+      --classes_[replaced->ttl_class].members;
     }
     target->slot = std::move(slot);
     s->node = target;
@@ -1395,7 +1437,14 @@ class SynchronizedPromptCachePool {
     pool_.defer_release_ = true;
   }
 
+  /// 16 entries, 5 minute idle TTL, 8-token minimum (see PromptCachePool::with_defaults).
+  static SynchronizedPromptCachePool with_defaults() {
+    return SynchronizedPromptCachePool(Options{});
+  }
+
+  /// Not copyable or movable (it owns a mutex and a pool that cannot move).
   SynchronizedPromptCachePool(const SynchronizedPromptCachePool&) = delete;
+  /// Not assignable (see the copy constructor).
   SynchronizedPromptCachePool& operator=(const SynchronizedPromptCachePool&) = delete;
 
   /// See PromptCachePool::find_longest_prefix. Locks once; evicted entries are released
@@ -1495,6 +1544,10 @@ class SynchronizedPromptCachePool {
   void reset_stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     pool_.reset_stats();
+  }
+  /// See PromptCachePool::entry_bytes (no lock: CacheBytes must be safe to call concurrently).
+  [[nodiscard]] std::size_t entry_bytes(const std::vector<LayerCache>& caches) const {
+    return pool_.entry_bytes(caches);
   }
   /// See PromptCachePool::memory_usage.
   [[nodiscard]] PoolMemory memory_usage() const {
