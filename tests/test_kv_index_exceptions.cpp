@@ -13,69 +13,7 @@
 #include <vector>
 
 #include "catch.hpp"
-
-// GCC sees the malloc/free pair through the replaced operators and warns about
-// a mismatch that is exactly the point of the replacement.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-long g_countdown = -1;  // -1: disarmed; 0: the next allocation throws
-long g_allocations = 0;
-
-void* counted_allocation(std::size_t n) {
-  if (g_countdown == 0) {
-    g_countdown = -1;
-    throw std::bad_alloc();
-  }
-  if (g_countdown > 0) --g_countdown;
-  ++g_allocations;
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-// Every non-aligned form, so the sanitizers' own operators never pair with ours.
-void* operator new(std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_allocation(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
+#include "support/counting_new.hpp"
 
 namespace {
 
@@ -178,13 +116,13 @@ int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers
     KvIndex index = base;
     bool threw = false;
     g_expectations_met = true;
-    g_countdown = k;
+    test_alloc::countdown = k;
     try {
       op(index);
     } catch (const std::bad_alloc&) {
       threw = true;
     }
-    g_countdown = -1;
+    test_alloc::countdown = -1;
     INFO("allocation " << k << " failed");
     REQUIRE(index.check_invariants());
     if (!threw) {
@@ -202,10 +140,10 @@ int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers
 }  // namespace
 
 TEST_CASE("operator new replacement is active", "[kv_index]") {
-  const long before = g_allocations;
+  const long before = test_alloc::count;
   auto* p = new int(3);
   delete p;
-  CHECK(g_allocations == before + 1);
+  CHECK(test_alloc::count == before + 1);
 }
 
 TEST_CASE("store: strong guarantee", "[kv_index]") {
