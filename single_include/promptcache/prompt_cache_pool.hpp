@@ -1050,11 +1050,9 @@ class PromptCachePool {
     }
   }
 
-  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
-  // node left with one child into it, and re-points labels that lived in the entry's ids.
-  void remove_slot(Slot* s, Reason why) noexcept {
-    Node* n = s->node;
-    const Entry* old = s->entry.get();
+  // Takes a departing entry off its recency list (or the pinned count) and out of the
+  // gauges and its TTL class, and counts why it left. The tree is the caller's to repair.
+  void unaccount(Slot* s, Reason why) noexcept {
     if (s->pinned) {
       --stats_.pinned_entries;
     } else {
@@ -1064,6 +1062,14 @@ class PromptCachePool {
     stats_.bytes -= s->bytes;
     --classes_[s->ttl_class].members;
     count_removal(why);
+  }
+
+  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
+  // node left with one child into it, and re-points labels that lived in the entry's ids.
+  void remove_slot(Slot* s, Reason why) noexcept {
+    Node* n = s->node;
+    const Entry* old = s->entry.get();
+    unaccount(s, why);
     retire(std::move(n->slot));
 
     const bool common = options_.match == MatchMode::common_prefix;
@@ -1121,16 +1127,7 @@ class PromptCachePool {
       stack = x->parent;
       x->children.for_each(push);
       if (x->slot) {
-        Slot* s = x->slot.get();
-        if (s->pinned) {
-          --stats_.pinned_entries;
-        } else {
-          list_unlink(s);
-        }
-        --stats_.entries;
-        stats_.bytes -= s->bytes;
-        --classes_[s->ttl_class].members;
-        ++stats_.evicted_explicit;
+        unaccount(x->slot.get(), Reason::explicit_removal);
         ++n;
         retire(std::move(x->slot));
       }
