@@ -1,0 +1,115 @@
+// Tests of CoarseSteadyClock: a std::chrono steady clock the pool can use. No sleeps and no
+// timing assertions: only the clock's type requirements, monotonicity, and a pool driven by it.
+#include <promptcache/coarse_steady_clock.hpp>
+#include <promptcache/prompt_cache_pool.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <ratio>
+#include <type_traits>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace {
+
+using promptcache::CoarseSteadyClock;
+
+struct Layer {
+  int tag = 0;
+};
+
+using Pool = promptcache::PromptCachePool<Layer, std::uint32_t, CoarseSteadyClock>;
+using Ids = std::vector<std::uint32_t>;
+
+// What the pool (and std::chrono) needs of a Clock.
+static_assert(CoarseSteadyClock::is_steady);
+static_assert(
+    std::is_same_v<CoarseSteadyClock::duration,
+                   std::chrono::duration<CoarseSteadyClock::rep, CoarseSteadyClock::period>>);
+static_assert(std::is_same_v<CoarseSteadyClock::time_point::clock, CoarseSteadyClock>);
+static_assert(std::is_same_v<CoarseSteadyClock::time_point::duration, CoarseSteadyClock::duration>);
+static_assert(std::is_signed_v<CoarseSteadyClock::rep>);
+static_assert(std::is_same_v<decltype(CoarseSteadyClock::now()), CoarseSteadyClock::time_point>);
+static_assert(noexcept(CoarseSteadyClock::now()));
+static_assert(noexcept(std::declval<const CoarseSteadyClock&>().now()));  // as the pool calls it
+static_assert(std::is_nothrow_default_constructible_v<CoarseSteadyClock>);
+static_assert(std::is_nothrow_copy_constructible_v<CoarseSteadyClock>);
+static_assert(std::is_trivially_copyable_v<CoarseSteadyClock>);
+#if defined(__cpp_lib_chrono) && __cpp_lib_chrono >= 201907L && !defined(_LIBCPP_VERSION)
+static_assert(std::chrono::is_clock_v<CoarseSteadyClock>);
+#endif
+// The pool's TTLs (minutes) convert to the clock's duration without a cast.
+static_assert(std::is_convertible_v<std::chrono::minutes, Pool::duration>);
+
+}  // namespace
+
+TEST_CASE("CoarseSteadyClock is monotonic over many reads") {
+  const CoarseSteadyClock clock;
+  CoarseSteadyClock::time_point prev = clock.now();
+  CHECK(prev.time_since_epoch() > CoarseSteadyClock::duration::zero());
+  std::size_t backwards = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const CoarseSteadyClock::time_point t = CoarseSteadyClock::now();
+    if (t < prev) ++backwards;
+    prev = t;
+  }
+  CHECK(backwards == 0);
+}
+
+TEST_CASE("CoarseSteadyClock reports a positive resolution") {
+  const CoarseSteadyClock::duration res = CoarseSteadyClock::resolution();
+  CHECK(res > CoarseSteadyClock::duration::zero());
+  // A coarse tick is at most a second on any sane kernel (typically 1-4 ms).
+  CHECK(res <= std::chrono::seconds(1));
+}
+
+TEST_CASE("PromptCachePool works with CoarseSteadyClock") {
+  Pool::Options o;
+  o.max_entries = 4;
+  o.ttl = std::chrono::minutes(5);
+  o.min_cacheable_tokens = 2;
+  Pool pool(o);
+
+  const Ids a{1, 2, 3, 4};
+  const Ids b{1, 2, 9};
+  CHECK(pool.insert(a, {Layer{1}}) == Pool::InsertResult::inserted);
+  CHECK(pool.insert(b, {Layer{2}}) == Pool::InsertResult::inserted);
+  REQUIRE(pool.size() == 2);
+
+  const Ids query{1, 2, 3, 4, 5};
+  auto hit = pool.find_longest_prefix(query);
+  REQUIRE(hit.has_value());
+  CHECK(hit->matched == 4);
+  CHECK(hit->entry->caches.at(0).tag == 1);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{7, 8, 9}).has_value());
+
+  // Nothing is five minutes old yet.
+  CHECK(pool.evict_expired() == 0);
+  CHECK(pool.size() == 2);
+  pool.check_invariants();
+}
+
+TEST_CASE("PromptCachePool with CoarseSteadyClock: ttl 0 expires every unpinned entry") {
+  Pool::Options o;
+  o.max_entries = 8;
+  o.ttl = CoarseSteadyClock::duration::zero();
+  o.min_cacheable_tokens = 1;
+  Pool pool(o);
+
+  CHECK(pool.insert_or_update(Ids{1, 2, 3}, {Layer{1}}, 0, 0, false) ==
+        Pool::InsertResult::inserted);
+  CHECK(pool.insert_or_update(Ids{4, 5, 6}, {Layer{2}}, 0, 0, true) ==
+        Pool::InsertResult::inserted);
+  CHECK(pool.insert_or_update(Ids{7, 8}, {Layer{3}}, 0, 0, false) == Pool::InsertResult::inserted);
+  REQUIRE(pool.size() == 3);
+
+  // Even within one coarse tick (no time has to pass), a zero TTL expires the unpinned ones.
+  CHECK(pool.evict_expired() == 2);
+  CHECK(pool.size() == 1);
+  auto pinned = pool.find_longest_prefix(Ids{4, 5, 6, 7});
+  REQUIRE(pinned.has_value());
+  CHECK(pinned->matched == 3);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2, 3}).has_value());
+  pool.check_invariants();
+}
