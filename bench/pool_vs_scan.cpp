@@ -6,6 +6,8 @@
 // Exact mode: a query is a stored entry plus 3 new tokens (the hit matches L tokens).
 // Common-prefix mode: a query follows a stored entry up to a random point past the shared
 // prefix, then diverges (the hit matches that many tokens and must trim the rest).
+// Pool columns: with steady_clock (the default), with CoarseSteadyClock, and with a frozen
+// clock (no clock read: the cost of the index alone).
 // Floor: one memcmp of the query against the matched entry's ids, i.e. reading every matched
 // token once, which any exact answer has to do.
 //
@@ -20,6 +22,7 @@
 // Usage: pool_vs_scan [--json] [--quick] [--max-gib X] [--mode exact|common|both]
 //                     [--n N] [--len L] [--no-contention]
 // (--n / --len run only the cells with that many entries / that query length.)
+#include <promptcache/coarse_steady_clock.hpp>
 #include <promptcache/prompt_cache_pool.hpp>
 #include <promptcache/synchronized_prompt_cache_pool.hpp>
 
@@ -45,16 +48,29 @@ struct Layer {
   std::uint64_t handle = 0;  // a cheap handle, as an engine's shared KV tensors would be
 };
 
-// steady_clock, or a frozen time point when g_frozen is set: the same pool is measured with
-// the real clock read (what a server pays) and without it (the cost of the index alone).
-bool g_frozen = false;
+// steady_clock, CoarseSteadyClock, or a frozen time point, as g_clock says: the same pool is
+// measured with the real clock read (what a server pays with the default clock), with the
+// coarse clock (what it pays with CoarseSteadyClock) and without any read (the index alone).
+// Every variant pays the same switch. CLOCK_MONOTONIC_COARSE and steady_clock's
+// CLOCK_MONOTONIC share their epoch on Linux, so switching between them mid-run keeps TTLs sane.
+enum class ClockKind { steady, coarse, frozen };
+ClockKind g_clock = ClockKind::steady;
 struct BenchClock {
   using duration = std::chrono::steady_clock::duration;
   using rep = duration::rep;
   using period = duration::period;
   using time_point = std::chrono::steady_clock::time_point;
   time_point now() const noexcept {
-    return g_frozen ? frozen_at : std::chrono::steady_clock::now();
+    switch (g_clock) {
+      case ClockKind::coarse:
+        return time_point(std::chrono::duration_cast<duration>(
+            promptcache::CoarseSteadyClock::now().time_since_epoch()));
+      case ClockKind::frozen:
+        return frozen_at;
+      case ClockKind::steady:
+        break;
+    }
+    return std::chrono::steady_clock::now();
   }
   time_point frozen_at = std::chrono::steady_clock::now();
 };
@@ -100,7 +116,7 @@ struct Cell {
   std::size_t n = 0, len = 0;
   bool skipped = false;
   std::string note;
-  double pool_ns = 0, pool_noclock_ns = 0, scan_ns = 0, floor_ns = 0;
+  double pool_ns = 0, pool_coarse_ns = 0, pool_noclock_ns = 0, scan_ns = 0, floor_ns = 0;
   std::size_t index_bytes = 0, id_bytes = 0;
 };
 
@@ -194,9 +210,11 @@ Cell run_cell(const std::string& mode, std::size_t n, std::size_t len, bool quic
     g_sink = g_sink + (hit ? hit->matched : 0);
   };
   c.pool_ns = ns_per_op(pool_lookup, nq, 50000000, t);
-  g_frozen = true;
+  g_clock = ClockKind::coarse;
+  c.pool_coarse_ns = ns_per_op(pool_lookup, nq, 50000000, t);
+  g_clock = ClockKind::frozen;
   c.pool_noclock_ns = ns_per_op(pool_lookup, nq, 50000000, t);
-  g_frozen = false;
+  g_clock = ClockKind::steady;
   c.floor_ns = ns_per_op(
       [&](std::size_t i) {
         const std::size_t k = i % nq;
@@ -348,10 +366,12 @@ int main(int argc, char** argv) {
             std::printf("%-6s N=%-6zu L=%-6zu %s\n", c.mode.c_str(), c.n, c.len, c.note.c_str());
           } else {
             std::printf(
-                "%-6s N=%-6zu L=%-6zu pool %7.0f ns (no clock %7.0f)  scan %12.0f ns  floor %6.0f "
-                "ns  scan/pool %9.1fx  pool/floor %5.2fx (no clock %5.2fx)  index/ids %.3f\n",
-                c.mode.c_str(), c.n, c.len, c.pool_ns, c.pool_noclock_ns, c.scan_ns, c.floor_ns,
-                c.scan_ns / c.pool_ns, c.pool_ns / c.floor_ns, c.pool_noclock_ns / c.floor_ns,
+                "%-6s N=%-6zu L=%-6zu pool %7.0f ns (coarse %7.0f, no clock %7.0f)  scan %12.0f ns"
+                "  floor %6.0f ns  scan/pool %9.1fx  pool/floor %5.2fx (coarse %5.2fx, no clock "
+                "%5.2fx)  index/ids %.3f\n",
+                c.mode.c_str(), c.n, c.len, c.pool_ns, c.pool_coarse_ns, c.pool_noclock_ns,
+                c.scan_ns, c.floor_ns, c.scan_ns / c.pool_ns, c.pool_ns / c.floor_ns,
+                c.pool_coarse_ns / c.floor_ns, c.pool_noclock_ns / c.floor_ns,
                 static_cast<double>(c.index_bytes) / static_cast<double>(c.id_bytes));
           }
           std::fflush(stdout);
@@ -384,12 +404,14 @@ int main(int argc, char** argv) {
       } else {
         std::printf(
             "    {\"mode\": \"%s\", \"entries\": %zu, \"query_tokens\": %zu, \"pool_ns\": %.1f, "
-            "\"pool_without_clock_ns\": %.1f, \"scan_ns\": %.1f, \"floor_ns\": %.1f, "
-            "\"scan_over_pool\": %.2f, \"pool_over_floor\": %.3f, "
-            "\"pool_without_clock_over_floor\": %.3f, \"index_bytes\": %zu, \"id_bytes\": %zu}",
-            c.mode.c_str(), c.n, c.len, c.pool_ns, c.pool_noclock_ns, c.scan_ns, c.floor_ns,
-            c.scan_ns / c.pool_ns, c.pool_ns / c.floor_ns, c.pool_noclock_ns / c.floor_ns,
-            c.index_bytes, c.id_bytes);
+            "\"pool_coarse_clock_ns\": %.1f, \"pool_without_clock_ns\": %.1f, \"scan_ns\": "
+            "%.1f, \"floor_ns\": %.1f, \"scan_over_pool\": %.2f, \"pool_over_floor\": %.3f, "
+            "\"pool_coarse_clock_over_floor\": %.3f, \"pool_without_clock_over_floor\": %.3f, "
+            "\"index_bytes\": %zu, \"id_bytes\": %zu}",
+            c.mode.c_str(), c.n, c.len, c.pool_ns, c.pool_coarse_ns, c.pool_noclock_ns, c.scan_ns,
+            c.floor_ns, c.scan_ns / c.pool_ns, c.pool_ns / c.floor_ns,
+            c.pool_coarse_ns / c.floor_ns, c.pool_noclock_ns / c.floor_ns, c.index_bytes,
+            c.id_bytes);
       }
       std::printf("%s\n", i + 1 < cells.size() ? "," : "");
     }
@@ -408,16 +430,18 @@ int main(int argc, char** argv) {
       std::printf("target (%s): N=4096 L=4096 scan/pool = %.0fx (>= 200x: %s)\n", c.mode.c_str(),
                   c.scan_ns / c.pool_ns, c.scan_ns / c.pool_ns >= 200 ? "met" : "MISSED");
     }
-    double worst = 0, worst_noclock = 0;
+    double worst = 0, worst_coarse = 0, worst_noclock = 0;
     for (const Cell& c : cells) {
       if (c.skipped) continue;
       worst = std::max(worst, c.pool_ns / c.floor_ns);
+      worst_coarse = std::max(worst_coarse, c.pool_coarse_ns / c.floor_ns);
       worst_noclock = std::max(worst_noclock, c.pool_noclock_ns / c.floor_ns);
     }
     std::printf(
-        "target: pool/floor <= 3x in every cell: worst %.2fx (%s); without the clock "
-        "read %.2fx (%s)\n",
-        worst, worst <= 3 ? "met" : "MISSED", worst_noclock, worst_noclock <= 3 ? "met" : "MISSED");
+        "target: pool/floor <= 3x in every cell: worst %.2fx (%s); with CoarseSteadyClock "
+        "%.2fx (%s); without the clock read %.2fx (%s)\n",
+        worst, worst <= 3 ? "met" : "MISSED", worst_coarse, worst_coarse <= 3 ? "met" : "MISSED",
+        worst_noclock, worst_noclock <= 3 ? "met" : "MISSED");
   }
   return 0;
 }
