@@ -677,7 +677,7 @@ class PromptCachePool {
       list_unlink(s);
       list_push_back(s);
     }
-    if (options_.match == MatchMode::common_prefix) propagate(s->node);
+    if (options_.match == MatchMode::common_prefix) propagate_touch(s);
   }
 
   // ---- common-prefix aggregates ---------------------------------------------------------
@@ -767,6 +767,32 @@ class PromptCachePool {
       y->best = compute_best(y);
       heap_update(y->parent, y);
     }
+  }
+
+  // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
+  // so an ancestor's best becomes s exactly when s beats its old best, the heap item only
+  // moves up, and once an ancestor keeps a best other than s nothing above it changes.
+  // Same result as propagate(s->node), without recomputing bests from the heaps.
+  static void propagate_touch(Slot* s) noexcept {
+    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
+      if (y->best != s && !better(s, y->best)) return;
+      y->best = s;
+      heap_raise(y->parent, y->heap_pos, HeapItem{s->len, s->seq, y});
+    }
+  }
+
+  // Puts `c` (a better key than the item it replaces) at position i and sifts it up.
+  static void heap_raise(Node* p, std::size_t i, const HeapItem c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
   }
 
   Slot* lru_victim() const noexcept {
