@@ -5,6 +5,7 @@
 #pragma once
 
 #include "promptcache/block_hash.hpp"
+#include "promptcache/coarse_steady_clock.hpp"
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_index.hpp"
 #include "promptcache/manual_clock.hpp"
