@@ -832,8 +832,14 @@ class PromptCachePool {
     while (pos < limit) {
       const Node* c = node->children.find(q[pos]);
       if (c == nullptr) break;
+      // An edge the query covers usually matches in full (every edge on the path but the
+      // last), and for a short one a single memcmp confirms that twice as fast as the
+      // narrowing loop of common_length.
       const std::size_t k =
-          common_length(c->label, q.data() + pos, std::min(c->label_len, limit - pos));
+          c->label_len < 128 && c->label_len <= limit - pos &&
+                  equal_tokens(c->label, q.data() + pos, c->label_len)
+              ? c->label_len
+              : common_length(c->label, q.data() + pos, std::min(c->label_len, limit - pos));
       if (k < c->label_len) {  // the query leaves the tree (or hits the cap) inside this edge
         m.slot = c->best;
         m.matched = pos + k;
@@ -873,7 +879,7 @@ class PromptCachePool {
       list_unlink(s);
       list_push_back(s);
     }
-    if (options_.match == MatchMode::common_prefix) propagate(s->node);
+    if (options_.match == MatchMode::common_prefix) propagate_touch(s);
   }
 
   // ---- common-prefix aggregates ---------------------------------------------------------
@@ -963,6 +969,32 @@ class PromptCachePool {
       y->best = compute_best(y);
       heap_update(y->parent, y);
     }
+  }
+
+  // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
+  // so an ancestor's best becomes s exactly when s beats its old best, the heap item only
+  // moves up, and once an ancestor keeps a best other than s nothing above it changes.
+  // Same result as propagate(s->node), without recomputing bests from the heaps.
+  static void propagate_touch(Slot* s) noexcept {
+    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
+      if (y->best != s && !better(s, y->best)) return;
+      y->best = s;
+      heap_raise(y->parent, y->heap_pos, HeapItem{s->len, s->seq, y});
+    }
+  }
+
+  // Puts `c` (a better key than the item it replaces) at position i and sifts it up.
+  static void heap_raise(Node* p, std::size_t i, const HeapItem c) noexcept {
+    std::vector<HeapItem>& h = p->heap;
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
   }
 
   Slot* lru_victim() const noexcept {
