@@ -3335,7 +3335,9 @@ class PromptCachePool {
     return a.len < b.len || (a.len == b.len && a.seq > b.seq);
   }
 
-  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+  static HeapItem item_of(Node* c) noexcept {
+    return HeapItem{c->best->len, c->best->seq, c};
+  }
 
   // Restores the heap order around position i (the item there changed its key). A 4-ary
   // heap: a touch only sifts up, and half as many levels as a binary heap.
@@ -3494,7 +3496,9 @@ class PromptCachePool {
     }
   }
 
-  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
+  Slot* take_retired() noexcept {
+    return std::exchange(retired_, nullptr);
+  }
 
   static void free_retired(Slot* chain) noexcept {
     while (chain != nullptr) {
