@@ -59,6 +59,188 @@
 #include <utility>
 #include <vector>
 
+// ---- begin promptcache/detail/mismatch.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+// promptcache: detail/mismatch.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The index of the first differing byte of two buffers: the inner loop of a
+// common-prefix lookup, which must find where a query leaves a stored edge.
+// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
+// step with AVX2 when the CPU has it (checked once, at the first call) and
+// with SSE2 otherwise; elsewhere 8 bytes per step.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define PROMPTCACHE_DETAIL_SSE2 1
+#include <emmintrin.h>
+#endif
+
+// AVX2 by run-time dispatch needs the GNU target attribute and CPU detection; a build that
+// already targets AVX2 (-mavx2, -march=x86-64-v3) uses it unconditionally.
+#if defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
+#elif defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+    (defined(__x86_64__) || defined(__i386__))
+#define PROMPTCACHE_DETAIL_AVX2 1
+#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace promptcache::detail {
+
+// Each stage advances from `at` over equal bytes in steps of its width and returns either the
+// first differing byte (found) or where fewer than one step is left. Positions travel by
+// value: through a reference, every step would store it, since the byte pointers may alias it.
+struct MismatchStep {
+  std::size_t at;
+  bool found;
+};
+
+inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                   std::size_t i) noexcept {
+  for (; n - i >= 8; i += 8) {
+    std::uint64_t x = 0, y = 0;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    if (x != y) {
+      // The first differing byte is the lowest-addressed one: the low end of the word on a
+      // little-endian host, the high end on a big-endian one.
+      const std::uint64_t d = x ^ y;
+      const int bit =
+          std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
+      i += static_cast<std::size_t>(bit) / 8;
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+inline std::uint32_t equal_mask16(const unsigned char* a, const unsigned char* b) noexcept {
+  const __m128i eq = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
+}
+
+inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                  std::size_t i) noexcept {
+  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
+  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
+  for (; n - i >= 64; i += 64) {
+    const __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    const __m128i e1 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 16)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 16)));
+    const __m128i e2 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 32)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 32)));
+    const __m128i e3 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 48)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 48)));
+    const __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
+    if (_mm_movemask_epi8(all) != 0xFFFF) {
+      const auto m = [](__m128i e) {
+        return static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(e)));
+      };
+      const std::uint64_t eq = m(e0) | m(e1) << 16 | m(e2) << 32 | m(e3) << 48;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  for (; n - i >= 16; i += 16) {
+    const std::uint32_t eq = equal_mask16(a + i, b + i);
+    if (eq != 0xFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+[[gnu::target("avx2")]]
+#endif
+inline MismatchStep
+mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
+              std::size_t i) noexcept {
+  for (; n - i >= 64; i += 64) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
+      const std::uint64_t eq =
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  if (n - i >= 32) {
+    const std::uint32_t eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)))));
+    if (eq != 0xFFFFFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+    i += 32;
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+// Asked once per process; the function-local static makes the first call thread-safe.
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+#endif
+
+/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
+/// Reads each byte at most once. O(n).
+inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
+  const auto* a = static_cast<const unsigned char*>(pa);
+  const auto* b = static_cast<const unsigned char*>(pb);
+  MismatchStep r{0, false};
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+  // Below 64 bytes the call would not pay for itself.
+  if (n >= 64 && cpu_has_avx2()) r = mismatch_avx2(a, b, n, r.at);
+#elif defined(PROMPTCACHE_DETAIL_AVX2)
+  r = mismatch_avx2(a, b, n, r.at);
+#endif
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+  if (!r.found) r = mismatch_sse2(a, b, n, r.at);
+#endif
+  if (!r.found) r = mismatch_words(a, b, n, r.at);
+  if (r.found) return r.at;
+  std::size_t i = r.at;
+  while (i < n && a[i] == b[i])
+    ++i;
+  return i;
+}
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+// ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
 #ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 #define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
@@ -66,8 +248,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The children of one radix-tree node of PromptCachePool, keyed by the first
-// token of each child's edge. An open-addressing table (linear probing,
-// backward-shift deletion, load factor <= 1/2) so that a node with 65536
+// token of each child's edge. Each entry also keeps a copy of the child's label
+// (pointer and length), so a lookup can compare the label while the child node
+// itself is still on its way from memory (the pool keeps the copy in sync). An open-addressing
+// table (linear probing, backward-shift deletion, load factor <= 1/2) so that a node with 65536
 // children costs the same per lookup as a node with two. Growth is split in
 // two steps, reserve() (may throw) and insert_reserved() (never throws),
 // so the pool can do every allocation of an insert before it changes anything.
@@ -85,9 +269,14 @@ namespace promptcache::detail {
 template <std::integral Token, class Node>
 class PoolChildMap {
  public:
+  /// label_len in a slot when the label is too long for 32 bits: read the node's instead.
+  static constexpr std::uint32_t kLongLabel = 0xFFFFFFFFU;
+
   struct Slot {
     Token key{};
-    Node* node = nullptr;  // nullptr marks an empty slot
+    std::uint32_t label_len = 0;   // the child's label length, or kLongLabel; fills padding
+    const Token* label = nullptr;  // the child's label (its edge's tokens)
+    Node* node = nullptr;          // nullptr marks an empty slot
   };
 
   PoolChildMap() noexcept = default;
@@ -114,12 +303,20 @@ class PoolChildMap {
   [[nodiscard]] std::size_t table_bytes() const noexcept { return capacity_ * sizeof(Slot); }
 
   [[nodiscard]] Node* find(Token key) const noexcept {
-    if (capacity_ == 0) return nullptr;
-    const std::size_t mask = capacity_ - 1;
+    const Slot* s = find_slot(key);
+    return s == nullptr ? nullptr : s->node;
+  }
+
+  /// The entry (node and label) of the child under `key`, or nullptr.
+  [[nodiscard]] const Slot* find_slot(Token key) const noexcept {
+    if (!slots_) return nullptr;
+    // The mask from shift_ (capacity is 2^(64 - shift_)), so a lookup reads only the first
+    // 12 bytes of the map, which the pool keeps on its node's first cache line.
+    const std::size_t mask = ~std::size_t{0} >> shift_;
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
-      if (s.key == key) return s.node;
+      if (s.key == key) return &s;
     }
   }
 
@@ -136,28 +333,25 @@ class PoolChildMap {
     grown.capacity_ = new_capacity;
     grown.shift_ = shift_for(new_capacity);
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) grown.place(slots_[i].key, slots_[i].node);
+      if (slots_[i].node != nullptr) grown.place(slots_[i]);
     }
     grown.size_ = size_;
     swap(grown);
   }
 
   /// Adds a child whose key is not present; requires a preceding reserve().
-  void insert_reserved(Token key, Node* node) noexcept {
-    place(key, node);
+  void insert_reserved(Token key, Node* node, const Token* label, std::size_t label_len) noexcept {
+    place(Slot{key, short_len(label_len), label, node});
     ++size_;
   }
 
-  /// Replaces the node stored under an existing key.
-  void replace(Token key, Node* node) noexcept {
-    const std::size_t mask = capacity_ - 1;
-    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
-      if (slots_[i].key == key && slots_[i].node != nullptr) {
-        slots_[i].node = node;
-        return;
-      }
-    }
+  /// Replaces the node (and its label) stored under an existing key.
+  void replace(Token key, Node* node, const Token* label, std::size_t label_len) noexcept {
+    existing(key) = Slot{key, short_len(label_len), label, node};
   }
+
+  /// Updates the label stored under an existing key (the child's label moved, same length).
+  void set_label(Token key, const Token* label) noexcept { existing(key).label = label; }
 
   /// Removes an existing key (backward-shift deletion keeps probe chains intact).
   void erase(Token key) noexcept {
@@ -205,6 +399,10 @@ class PoolChildMap {
   }
 
  private:
+  static std::uint32_t short_len(std::size_t n) noexcept {
+    return n < kLongLabel ? static_cast<std::uint32_t>(n) : kLongLabel;
+  }
+
   static unsigned shift_for(std::size_t capacity) noexcept {
     unsigned bits = 0;
     while ((std::size_t{1} << bits) < capacity)
@@ -227,33 +425,37 @@ class PoolChildMap {
     other.capacity_ = new_capacity;
     other.shift_ = shift_for(new_capacity);
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+      if (slots_[i].node != nullptr) other.place(slots_[i]);
     }
     other.size_ = size_;
     swap(other);
   }
 
-  void place(Token key, Node* node) noexcept {
+  void place(const Slot& slot) noexcept {
     const std::size_t mask = capacity_ - 1;
-    std::size_t i = index_of(key);
+    std::size_t i = index_of(slot.key);
     while (slots_[i].node != nullptr)
       i = (i + 1) & mask;
-    slots_[i] = Slot{key, node};
+    slots_[i] = slot;
   }
 
-  std::unique_ptr<Slot[]> slots_;
+  Slot& existing(Token key) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+      i = (i + 1) & mask;
+    return slots_[i];
+  }
+
+  std::unique_ptr<Slot[]> slots_;  // find() reads slots_ and shift_ only: keep them first
+  unsigned shift_ = 64;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
-  unsigned shift_ = 64;
 };
 
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // ---- end promptcache/detail/pool_child_map.hpp ----
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace promptcache {
 
@@ -629,17 +831,28 @@ class PromptCachePool {
           require(c->parent == n, "parent link");
           require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
           require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
+          const auto* e = n->children.find_slot(c->first);
+          require(e->label == c->label && label_len_of(e) == c->label_len, "label copy");
         });
         if (options_.match == MatchMode::common_prefix) {
           require(n->heap.size() == n->children.size(), "heap size");
+          std::size_t stale = 0;
+          for (const Node* c = n->stale; c != nullptr; c = c->stale_next, ++stale)
+            require(c->parent == n && c->is_stale && stale < n->heap.size(), "stale list");
           for (std::size_t i = 0; i < n->heap.size(); ++i) {
             const HeapItem& it = n->heap[i];
-            require(it.node->parent == n && it.node->heap_pos == i, "heap links");
-            require(it.len == it.node->best->len && it.seq == it.node->best->seq, "heap keys");
+            const Node* c = it.node;
+            require(c->parent == n && c->heap_pos == i, "heap links");
+            // A stale item has its child's length and an older touch order; others are exact.
+            require(it.len == c->best->len &&
+                        (c->is_stale ? it.seq <= c->best->seq : it.seq == c->best->seq),
+                    "heap keys");
             require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
+            if (c->is_stale) --stale;
           }
+          require(stale == 0, "stale list members");
         } else {
-          require(n->heap.empty(), "heap outside common-prefix mode");
+          require(n->heap.empty() && n->stale == nullptr, "heap outside common-prefix mode");
         }
         if (n == root) return;
         require(n->slot || n->children.size() >= 2, "unmerged or empty node");
@@ -707,19 +920,20 @@ class PromptCachePool {
 
   struct Node;
 
-  // The pool's record of one stored entry.
+  // The pool's record of one stored entry. What a hit reads and writes (entry, recency links,
+  // touch order, TTL class, pinned) fills the first cache line; the rest is for inserts.
   struct Slot {
     std::shared_ptr<const Entry> entry;
-    Node* node = nullptr;
     Slot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
     Slot* next = nullptr;  // ... and the retired chain once removed
-    time_point last_used{};
+    Node* node = nullptr;
     std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
-    std::size_t len = 0;    // entry->ids.size(), kept here to spare a dereference
-    std::size_t ttl_class = 0;
+    time_point last_used{};
+    std::uint32_t ttl_class = 0;  // index into classes_ (at most one class per stored entry)
+    bool pinned = false;
+    std::size_t len = 0;  // entry->ids.size(), kept here to spare a dereference
     std::size_t bytes = 0;
     namespace_id ns = 0;
-    bool pinned = false;
   };
 
   // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
@@ -730,18 +944,23 @@ class PromptCachePool {
     Node* node;
   };
 
+  // The fields a lookup reads (label, depths, best, child table) come first, so that a node
+  // on the lookup path costs one cache line rather than two or three.
   struct Node {
-    Node* parent = nullptr;
     const Token* label = nullptr;  // points into owner->ids
     std::size_t label_len = 0;
-    std::size_t depth = 0;         // tokens from the root through the end of the label
-    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
-    Token first{};                 // label[0], kept here so teardown never reads freed ids
-    std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
-    Slot* best = nullptr;          // common-prefix mode: shortest, then most recent slot below
-    std::vector<HeapItem> heap;    // common-prefix mode: children as a binary heap by best
-    std::size_t heap_pos = 0;      // index in the parent's heap
+    std::size_t depth = 0;  // tokens from the root through the end of the label
+    Slot* best = nullptr;   // common-prefix mode: shortest, then most recent slot below
+    Node* parent = nullptr;
+    bool is_stale = false;  // listed in the parent's stale list
+    Token first{};          // label[0], kept here so teardown never reads freed ids
     detail::PoolChildMap<Token, Node> children;
+    Node* stale = nullptr;         // children whose heap item a touch made stale (see below)
+    Node* stale_next = nullptr;    // next in the parent's stale list
+    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
+    std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
+    std::vector<HeapItem> heap;    // common-prefix mode: children as a 4-ary heap by best
+    std::size_t heap_pos = 0;      // index in the parent's heap
   };
 
   // The entries sharing one idle TTL. A class left without members (pinned ones included:
@@ -781,8 +1000,9 @@ class PromptCachePool {
     return std::memcmp(a, b, n * sizeof(Token)) == 0;
   }
 
-  // Length of the common prefix of a[0, n) and b[0, n). memcmp only says "differs", so long
-  // stretches go through memcmp in big blocks and the rest is compared 64 bytes at a time.
+  // Length of the common prefix of a[0, n) and b[0, n). Long equal stretches go through
+  // memcmp in big blocks (libc's is the fastest "equal?"); the block that differs, and
+  // anything short, through detail::mismatch, which also says where.
   // Forced inline: left out of line, g++ laid out find_longest_prefix so that exact-prefix
   // lookups (which never call this) got ~10% slower.
   [[gnu::always_inline]] static std::size_t common_length(const Token* a, const Token* b,
@@ -792,52 +1012,8 @@ class PromptCachePool {
       i += 1024;
     while (n - i >= 256 && equal_tokens(a + i, b + i, 128))
       i += 128;
-#if defined(__SSE2__)
-    {
-      // 64 bytes per step: a byte-equality mask whose first zero bit is the first differing
-      // byte, so the differing token comes out of one countr_zero instead of a token loop.
-      const char* pa = reinterpret_cast<const char*>(a);
-      const char* pb = reinterpret_cast<const char*>(b);
-      std::size_t byte = i * sizeof(Token);
-      const std::size_t bytes = n * sizeof(Token);
-      while (bytes - byte >= 64) {
-        const __m128i e0 = eq16(pa + byte, pb + byte);
-        const __m128i e1 = eq16(pa + byte + 16, pb + byte + 16);
-        const __m128i e2 = eq16(pa + byte + 32, pb + byte + 32);
-        const __m128i e3 = eq16(pa + byte + 48, pb + byte + 48);
-        const __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
-        if (mask16(all) != 0xFFFFU) {
-          const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
-                                   std::uint64_t{mask16(e2)} << 32 |
-                                   std::uint64_t{mask16(e3)} << 48;
-          return (byte + static_cast<std::size_t>(std::countr_zero(~eq))) / sizeof(Token);
-        }
-        byte += 64;
-      }
-      while (bytes - byte >= 16) {
-        const std::uint32_t eq = mask16(eq16(pa + byte, pb + byte));
-        if (eq != 0xFFFFU) {
-          return (byte + static_cast<std::size_t>(std::countr_zero(~eq))) / sizeof(Token);
-        }
-        byte += 16;
-      }
-      i = byte / sizeof(Token);
-    }
-#endif
-    while (i < n && a[i] == b[i])
-      ++i;
-    return i;
+    return i + detail::mismatch(a + i, b + i, (n - i) * sizeof(Token)) / sizeof(Token);
   }
-
-#if defined(__SSE2__)
-  static __m128i eq16(const char* a, const char* b) noexcept {
-    return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-  }
-  static std::uint32_t mask16(__m128i v) noexcept {
-    return static_cast<std::uint32_t>(_mm_movemask_epi8(v));
-  }
-#endif
 
   static bool better(const Slot* a, const Slot* b) noexcept {
     return a->len < b->len || (a->len == b->len && a->seq > b->seq);
@@ -865,20 +1041,26 @@ class PromptCachePool {
     return node->slot.get();
   }
 
+  // A child's label length from its parent's table (the node's copy only for huge labels).
+  static std::size_t label_len_of(
+      const typename detail::PoolChildMap<Token, Node>::Slot* e) noexcept {
+    return e->label_len != detail::PoolChildMap<Token, Node>::kLongLabel ? e->label_len
+                                                                         : e->node->label_len;
+  }
+
   Match match_exact(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
     Match m;
     const Node* node = root_of(ns);
     if (node == nullptr) return m;
     std::size_t pos = 0;
     while (pos < limit) {
-      const Node* c = node->children.find(q[pos]);
-      if (c == nullptr || c->depth > limit ||
-          !equal_tokens(c->label, q.data() + pos, c->label_len)) {
-        break;
-      }
-      node = c;
-      pos = c->depth;
-      if (c->slot) m.slot = c->slot.get();
+      const auto* e = node->children.find_slot(q[pos]);
+      if (e == nullptr) break;
+      const std::size_t len = label_len_of(e);
+      if (len > limit - pos || !equal_tokens(e->label, q.data() + pos, len)) break;
+      node = e->node;
+      pos += len;
+      if (node->slot) m.slot = node->slot.get();
     }
     if (m.slot != nullptr) m.matched = m.slot->len;
     return m;
@@ -890,23 +1072,27 @@ class PromptCachePool {
     if (node == nullptr) return m;
     std::size_t pos = 0;
     while (pos < limit) {
-      const Node* c = node->children.find(q[pos]);
-      if (c == nullptr) break;
+      // The label (pointer and length) comes from the parent's table, not the child: the
+      // compare then runs while the child node is still a cache miss away.
+      const auto* e = node->children.find_slot(q[pos]);
+      if (e == nullptr) break;
+      const Token* label = e->label;
+      const std::size_t len = label_len_of(e);
       // An edge the query covers usually matches in full (every edge on the path but the
       // last), and for a short one a single memcmp confirms that twice as fast as the
       // narrowing loop of common_length.
       const std::size_t k =
-          c->label_len < 128 && c->label_len <= limit - pos &&
-                  equal_tokens(c->label, q.data() + pos, c->label_len)
-              ? c->label_len
-              : common_length(c->label, q.data() + pos, std::min(c->label_len, limit - pos));
-      if (k < c->label_len) {  // the query leaves the tree (or hits the cap) inside this edge
+          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
+              ? len
+              : common_length(label, q.data() + pos, std::min(len, limit - pos));
+      const Node* c = e->node;
+      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
         m.slot = c->best;
         m.matched = pos + k;
         return m;
       }
       node = c;
-      pos = c->depth;
+      pos += len;
     }
     if (node->parent != nullptr) {
       m.slot = node->best;
@@ -944,15 +1130,31 @@ class PromptCachePool {
 
   // ---- common-prefix aggregates ---------------------------------------------------------
   // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
-  // children in a binary heap ordered by their best, so any change costs O(log fan-out) per
-  // level up to the root, removals included.
+  // children in a heap ordered by their best, so any change costs O(log fan-out) per level up
+  // to the root, removals included.
+  //
+  // A lookup hit only makes its slot the most recent: the bests on its path are set at once
+  // (lookups read them), but the items in the parents' heaps, whose keys only improved, are
+  // just listed as stale and re-sifted by the next operation that reads or reshapes that heap
+  // (flush_stale). Lookups then never sift (a sift at fan-out 65536 is 8 levels of scattered
+  // node writes), and the sift work, one raise per touched child, moves to inserts and
+  // removals. Stored keys always form a valid heap; a stale item is only older than its
+  // child's best, so the raise restores it.
 
   static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
     return a.len < b.len || (a.len == b.len && a.seq > b.seq);
   }
 
-  static HeapItem item_of(Node* c) noexcept {
-    return HeapItem{c->best->len, c->best->seq, c};
+  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
+
+  // Re-sifts the items that touches made stale; every other heap operation starts with it.
+  static void flush_stale(Node* p) noexcept {
+    for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
+      Node* next = std::exchange(c->stale_next, nullptr);
+      c->is_stale = false;
+      heap_raise(p, c->heap_pos, item_of(c));
+      c = next;
+    }
   }
 
   // Restores the heap order around position i (the item there changed its key). A 4-ary
@@ -988,24 +1190,28 @@ class PromptCachePool {
 
   // Child c's best (or its key) changed: refresh its item and reposition it.
   static void heap_update(Node* p, Node* c) noexcept {
+    flush_stale(p);
     p->heap[c->heap_pos] = item_of(c);
     heap_fix(p, c->heap_pos);
   }
 
   // `now` takes the heap position of `before` (a split or merge swapping one child for another).
   static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    flush_stale(p);
     now->heap_pos = before->heap_pos;
     p->heap[now->heap_pos] = item_of(now);
   }
 
   // Adds child c; requires reserved capacity (phase 1 of insert).
   static void heap_push(Node* p, Node* c) noexcept {
+    flush_stale(p);
     p->heap.push_back(item_of(c));
     c->heap_pos = p->heap.size() - 1;
     heap_fix(p, c->heap_pos);
   }
 
   static void heap_erase(Node* p, Node* c) noexcept {
+    flush_stale(p);
     std::vector<HeapItem>& h = p->heap;
     const std::size_t i = c->heap_pos;
     const HeapItem last = h.back();
@@ -1017,7 +1223,8 @@ class PromptCachePool {
     }
   }
 
-  static Slot* compute_best(const Node* y) noexcept {
+  static Slot* compute_best(Node* y) noexcept {
+    flush_stale(y);
     Slot* b = y->slot.get();
     if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
       b = y->heap[0].node->best;
@@ -1034,14 +1241,17 @@ class PromptCachePool {
   }
 
   // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
-  // so an ancestor's best becomes s exactly when s beats its old best, the heap item only
-  // moves up, and once an ancestor keeps a best other than s nothing above it changes.
-  // Same result as propagate(s->node), without recomputing bests from the heaps.
+  // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
+  // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
+  // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
   static void propagate_touch(Slot* s) noexcept {
     for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
       if (y->best != s && !better(s, y->best)) return;
       y->best = s;
-      heap_raise(y->parent, y->heap_pos, HeapItem{s->len, s->seq, y});
+      if (!y->is_stale) {
+        y->is_stale = true;
+        y->stale_next = std::exchange(y->parent->stale, y);
+      }
     }
   }
 
@@ -1112,9 +1322,7 @@ class PromptCachePool {
     }
   }
 
-  Slot* take_retired() noexcept {
-    return std::exchange(retired_, nullptr);
-  }
+  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
 
   static void free_retired(Slot* chain) noexcept {
     while (chain != nullptr) {
@@ -1181,11 +1389,12 @@ class PromptCachePool {
     if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
       Node* c = x->children.any();
       Node* p = x->parent;
+      if (common) flush_stale(x);  // c must not stay listed in x
       c->label_len += x->label_len;
       c->label = c->owner->ids.data() + (c->depth - c->label_len);
       c->first = x->first;
       c->parent = p;
-      p->children.replace(x->first, c);
+      p->children.replace(x->first, c, c->label, c->label_len);
       if (common) heap_substitute(p, x, c);
       x->children = detail::PoolChildMap<Token, Node>{};
       delete x;
@@ -1197,6 +1406,7 @@ class PromptCachePool {
         const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
         y->owner = o;
         y->label = o->ids.data() + (y->depth - y->label_len);
+        y->parent->children.set_label(y->first, y->label);
       }
     }
     if (common) propagate(lowest);
@@ -1218,6 +1428,7 @@ class PromptCachePool {
     root->children.for_each(push);
     root->children = detail::PoolChildMap<Token, Node>{};
     root->heap.clear();
+    root->stale = nullptr;
     while (stack != nullptr) {
       Node* x = stack;
       stack = x->parent;
@@ -1348,7 +1559,8 @@ class PromptCachePool {
     Slot* s = slot.get();
     entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
     s->entry = std::move(entry);
-    s->ttl_class = ttl_class;
+    // At most one class per stored entry (plus class 0): 2^32 classes would need 2^32 slots.
+    s->ttl_class = static_cast<std::uint32_t>(ttl_class);
     classes_[ttl_class].ttl = ttl;
     ++classes_[ttl_class].members;
     s->len = n;
@@ -1367,12 +1579,12 @@ class PromptCachePool {
       m->depth = pos + common;
       m->first = child->first;
       m->owner = child->owner;
-      node->children.replace(child->first, m);
+      node->children.replace(child->first, m, m->label, m->label_len);
       child->label += common;
       child->label_len -= common;
       child->first = child->label[0];
       child->parent = m;
-      m->children.insert_reserved(child->first, child);
+      m->children.insert_reserved(child->first, child, child->label, child->label_len);
       if (common_mode) {
         m->best = child->best;  // same key: m takes child's place in node's heap as is
         heap_substitute(node, child, m);
@@ -1393,7 +1605,7 @@ class PromptCachePool {
       l->depth = n;
       l->first = e->ids[pos];
       l->owner = e;
-      node->children.insert_reserved(l->first, l);
+      node->children.insert_reserved(l->first, l, l->label, l->label_len);
       target = l;
     }
     std::unique_ptr<Slot> replaced;
@@ -1424,6 +1636,7 @@ class PromptCachePool {
         if (y->owner == old) {
           y->owner = e;
           y->label = e->ids.data() + (y->depth - y->label_len);
+          y->parent->children.set_label(y->first, y->label);
         }
       }
       retire(std::move(replaced));

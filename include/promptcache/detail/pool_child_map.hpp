@@ -2,8 +2,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The children of one radix-tree node of PromptCachePool, keyed by the first
-// token of each child's edge. An open-addressing table (linear probing,
-// backward-shift deletion, load factor <= 1/2) so that a node with 65536
+// token of each child's edge. Each entry also keeps a copy of the child's label
+// (pointer and length), so a lookup can compare the label while the child node
+// itself is still on its way from memory (the pool keeps the copy in sync). An open-addressing
+// table (linear probing, backward-shift deletion, load factor <= 1/2) so that a node with 65536
 // children costs the same per lookup as a node with two. Growth is split in
 // two steps, reserve() (may throw) and insert_reserved() (never throws),
 // so the pool can do every allocation of an insert before it changes anything.
@@ -22,9 +24,14 @@ namespace promptcache::detail {
 template <std::integral Token, class Node>
 class PoolChildMap {
  public:
+  /// label_len in a slot when the label is too long for 32 bits: read the node's instead.
+  static constexpr std::uint32_t kLongLabel = 0xFFFFFFFFU;
+
   struct Slot {
     Token key{};
-    Node* node = nullptr;  // nullptr marks an empty slot
+    std::uint32_t label_len = 0;   // the child's label length, or kLongLabel; fills padding
+    const Token* label = nullptr;  // the child's label (its edge's tokens)
+    Node* node = nullptr;          // nullptr marks an empty slot
   };
 
   PoolChildMap() noexcept = default;
@@ -51,12 +58,20 @@ class PoolChildMap {
   [[nodiscard]] std::size_t table_bytes() const noexcept { return capacity_ * sizeof(Slot); }
 
   [[nodiscard]] Node* find(Token key) const noexcept {
-    if (capacity_ == 0) return nullptr;
-    const std::size_t mask = capacity_ - 1;
+    const Slot* s = find_slot(key);
+    return s == nullptr ? nullptr : s->node;
+  }
+
+  /// The entry (node and label) of the child under `key`, or nullptr.
+  [[nodiscard]] const Slot* find_slot(Token key) const noexcept {
+    if (!slots_) return nullptr;
+    // The mask from shift_ (capacity is 2^(64 - shift_)), so a lookup reads only the first
+    // 12 bytes of the map, which the pool keeps on its node's first cache line.
+    const std::size_t mask = ~std::size_t{0} >> shift_;
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
-      if (s.key == key) return s.node;
+      if (s.key == key) return &s;
     }
   }
 
@@ -73,28 +88,25 @@ class PoolChildMap {
     grown.capacity_ = new_capacity;
     grown.shift_ = shift_for(new_capacity);
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) grown.place(slots_[i].key, slots_[i].node);
+      if (slots_[i].node != nullptr) grown.place(slots_[i]);
     }
     grown.size_ = size_;
     swap(grown);
   }
 
   /// Adds a child whose key is not present; requires a preceding reserve().
-  void insert_reserved(Token key, Node* node) noexcept {
-    place(key, node);
+  void insert_reserved(Token key, Node* node, const Token* label, std::size_t label_len) noexcept {
+    place(Slot{key, short_len(label_len), label, node});
     ++size_;
   }
 
-  /// Replaces the node stored under an existing key.
-  void replace(Token key, Node* node) noexcept {
-    const std::size_t mask = capacity_ - 1;
-    for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
-      if (slots_[i].key == key && slots_[i].node != nullptr) {
-        slots_[i].node = node;
-        return;
-      }
-    }
+  /// Replaces the node (and its label) stored under an existing key.
+  void replace(Token key, Node* node, const Token* label, std::size_t label_len) noexcept {
+    existing(key) = Slot{key, short_len(label_len), label, node};
   }
+
+  /// Updates the label stored under an existing key (the child's label moved, same length).
+  void set_label(Token key, const Token* label) noexcept { existing(key).label = label; }
 
   /// Removes an existing key (backward-shift deletion keeps probe chains intact).
   void erase(Token key) noexcept {
@@ -142,6 +154,10 @@ class PoolChildMap {
   }
 
  private:
+  static std::uint32_t short_len(std::size_t n) noexcept {
+    return n < kLongLabel ? static_cast<std::uint32_t>(n) : kLongLabel;
+  }
+
   static unsigned shift_for(std::size_t capacity) noexcept {
     unsigned bits = 0;
     while ((std::size_t{1} << bits) < capacity)
@@ -164,24 +180,32 @@ class PoolChildMap {
     other.capacity_ = new_capacity;
     other.shift_ = shift_for(new_capacity);
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) other.place(slots_[i].key, slots_[i].node);
+      if (slots_[i].node != nullptr) other.place(slots_[i]);
     }
     other.size_ = size_;
     swap(other);
   }
 
-  void place(Token key, Node* node) noexcept {
+  void place(const Slot& slot) noexcept {
     const std::size_t mask = capacity_ - 1;
-    std::size_t i = index_of(key);
+    std::size_t i = index_of(slot.key);
     while (slots_[i].node != nullptr)
       i = (i + 1) & mask;
-    slots_[i] = Slot{key, node};
+    slots_[i] = slot;
   }
 
-  std::unique_ptr<Slot[]> slots_;
+  Slot& existing(Token key) noexcept {
+    const std::size_t mask = capacity_ - 1;
+    std::size_t i = index_of(key);
+    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+      i = (i + 1) & mask;
+    return slots_[i];
+  }
+
+  std::unique_ptr<Slot[]> slots_;  // find() reads slots_ and shift_ only: keep them first
+  unsigned shift_ = 64;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
-  unsigned shift_ = 64;
 };
 
 }  // namespace promptcache::detail

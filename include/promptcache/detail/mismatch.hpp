@@ -1,0 +1,178 @@
+// promptcache: detail/mismatch.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The index of the first differing byte of two buffers: the inner loop of a
+// common-prefix lookup, which must find where a query leaves a stored edge.
+// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
+// step with AVX2 when the CPU has it (checked once, at the first call) and
+// with SSE2 otherwise; elsewhere 8 bytes per step.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define PROMPTCACHE_DETAIL_SSE2 1
+#include <emmintrin.h>
+#endif
+
+// AVX2 by run-time dispatch needs the GNU target attribute and CPU detection; a build that
+// already targets AVX2 (-mavx2, -march=x86-64-v3) uses it unconditionally.
+#if defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
+#elif defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+    (defined(__x86_64__) || defined(__i386__))
+#define PROMPTCACHE_DETAIL_AVX2 1
+#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace promptcache::detail {
+
+// Each stage advances from `at` over equal bytes in steps of its width and returns either the
+// first differing byte (found) or where fewer than one step is left. Positions travel by
+// value: through a reference, every step would store it, since the byte pointers may alias it.
+struct MismatchStep {
+  std::size_t at;
+  bool found;
+};
+
+inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                   std::size_t i) noexcept {
+  for (; n - i >= 8; i += 8) {
+    std::uint64_t x = 0, y = 0;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    if (x != y) {
+      // The first differing byte is the lowest-addressed one: the low end of the word on a
+      // little-endian host, the high end on a big-endian one.
+      const std::uint64_t d = x ^ y;
+      const int bit =
+          std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
+      i += static_cast<std::size_t>(bit) / 8;
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+inline std::uint32_t equal_mask16(const unsigned char* a, const unsigned char* b) noexcept {
+  const __m128i eq = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
+}
+
+inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                  std::size_t i) noexcept {
+  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
+  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
+  for (; n - i >= 64; i += 64) {
+    const __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    const __m128i e1 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 16)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 16)));
+    const __m128i e2 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 32)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 32)));
+    const __m128i e3 =
+        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 48)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 48)));
+    const __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
+    if (_mm_movemask_epi8(all) != 0xFFFF) {
+      const auto m = [](__m128i e) {
+        return static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(e)));
+      };
+      const std::uint64_t eq = m(e0) | m(e1) << 16 | m(e2) << 32 | m(e3) << 48;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  for (; n - i >= 16; i += 16) {
+    const std::uint32_t eq = equal_mask16(a + i, b + i);
+    if (eq != 0xFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+[[gnu::target("avx2")]]
+#endif
+inline MismatchStep
+mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
+              std::size_t i) noexcept {
+  for (; n - i >= 64; i += 64) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
+      const std::uint64_t eq =
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  if (n - i >= 32) {
+    const std::uint32_t eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)))));
+    if (eq != 0xFFFFFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+    i += 32;
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+// Asked once per process; the function-local static makes the first call thread-safe.
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+#endif
+
+/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
+/// Reads each byte at most once. O(n).
+inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
+  const auto* a = static_cast<const unsigned char*>(pa);
+  const auto* b = static_cast<const unsigned char*>(pb);
+  MismatchStep r{0, false};
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+  // Below 64 bytes the call would not pay for itself.
+  if (n >= 64 && cpu_has_avx2()) r = mismatch_avx2(a, b, n, r.at);
+#elif defined(PROMPTCACHE_DETAIL_AVX2)
+  r = mismatch_avx2(a, b, n, r.at);
+#endif
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+  if (!r.found) r = mismatch_sse2(a, b, n, r.at);
+#endif
+  if (!r.found) r = mismatch_words(a, b, n, r.at);
+  if (r.found) return r.at;
+  std::size_t i = r.at;
+  while (i < n && a[i] == b[i])
+    ++i;
+  return i;
+}
+
+}  // namespace promptcache::detail
