@@ -76,14 +76,13 @@ class SynchronizedPromptCachePool {
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = pool_.entry_bytes(caches);
-    auto entry = std::make_shared<Entry>(
-        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    auto slot = pool_type::make_record(std::move(ids), std::move(caches), options);
     Retired retired;
     std::lock_guard<std::mutex> lock(mutex_);
-    const InsertResult r = pool_.insert_prepared(entry, bytes, options);
+    const InsertResult r = pool_.insert_prepared(slot, bytes, options);
     retired.chain = pool_.take_retired();
     return r;
-    // A rejected `entry` is destroyed after the lock is released (declared before it).
+    // A rejected entry (`slot`) is released after the lock is (declared before it).
   }
 
   /// Seed-style insert (see PromptCachePool::insert_or_update).

@@ -3058,9 +3058,8 @@ class PromptCachePool {
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = entry_bytes(caches);
-    auto entry = std::make_shared<Entry>(
-        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
-    const InsertResult r = insert_prepared(entry, bytes, options);
+    SlotPtr slot = make_record(std::move(ids), std::move(caches), options);
+    const InsertResult r = insert_prepared(slot, bytes, options);
     release_retired();
     return r;
   }
@@ -3190,8 +3189,9 @@ class PromptCachePool {
       visit(root.get(), [&](const Node* n) {
         m.index_bytes += sizeof(Node) + n->children.table_bytes();
         if (n->slot) {
-          // The record, plus the Entry object and its shared_ptr control block (not its ids).
-          m.index_bytes += sizeof(Slot) + sizeof(Entry) + 2 * sizeof(void*) + sizeof(long) * 2;
+          // The record and the Entry object in one block with the shared_ptr control block
+          // (not the ids).
+          m.index_bytes += sizeof(Record) + 2 * sizeof(void*);
           m.id_bytes += n->slot->entry->ids.size() * sizeof(Token);
         }
       });
@@ -3303,6 +3303,9 @@ class PromptCachePool {
   friend class SynchronizedPromptCachePool<LayerCache, Token, Clock, CacheBytes>;
 
   struct Node;
+  struct Slot;
+  struct SlotRelease;
+  using SlotPtr = std::unique_ptr<Slot, SlotRelease>;
 
   // The pool's record of one stored entry. What a hit reads and writes (entry, recency links,
   // touch order, TTL class, pinned) fills the first cache line; the rest is for inserts.
@@ -3319,6 +3322,36 @@ class PromptCachePool {
     std::size_t bytes = 0;
     namespace_id ns = 0;
   };
+
+  // A stored entry's record and its snapshot share one allocation with the snapshot's
+  // reference count, so a hit (which touches the record and copies the snapshot) reaches one
+  // block, not two. The record owns the block through its own `entry` (an aliasing
+  // shared_ptr); SlotRelease ends that when the pool lets go of the record, and the block
+  // then lives exactly as long as the snapshots handed out.
+  struct Record {
+    Slot slot;
+    Entry entry;
+  };
+
+  struct SlotRelease {
+    void operator()(Slot* s) const noexcept {
+      // Moved out first: the last reference frees the block that holds *s.
+      std::shared_ptr<const Entry> last = std::move(s->entry);
+    }
+  };
+
+  static SlotPtr make_record(std::vector<Token>&& ids, std::vector<LayerCache>&& caches,
+                             const InsertOptions& o) {
+    auto block = std::make_shared<Record>();
+    Entry* e = &block->entry;
+    e->ids = std::move(ids);
+    e->caches = std::move(caches);
+    e->fed_images = o.fed_images;
+    e->fed_audios = o.fed_audios;
+    Slot* s = &block->slot;
+    s->entry = std::shared_ptr<const Entry>(std::move(block), e);
+    return SlotPtr(s);
+  }
 
   // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
   // the (mostly cached) heap array instead of chasing two pointers per comparison.
@@ -3342,7 +3375,7 @@ class PromptCachePool {
     Node* stale = nullptr;         // children whose heap item a touch made stale (see below)
     Node* stale_next = nullptr;    // next in the parent's stale list
     const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
-    std::unique_ptr<Slot> slot;    // the entry whose ids end exactly here
+    SlotPtr slot;                  // the entry whose ids end exactly here
     std::vector<HeapItem> heap;    // common-prefix mode: children as a 4-ary heap by best
     std::size_t heap_pos = 0;      // index in the parent's heap
   };
@@ -3688,7 +3721,7 @@ class PromptCachePool {
 
   // ---- removal --------------------------------------------------------------------------
 
-  void retire(std::unique_ptr<Slot> s) noexcept {
+  void retire(SlotPtr s) noexcept {
     Slot* raw = s.release();
     raw->prev = nullptr;
     raw->next = retired_;
@@ -3702,7 +3735,7 @@ class PromptCachePool {
     while (retired_ != nullptr) {
       Slot* s = retired_;
       retired_ = s->next;
-      delete s;
+      SlotRelease{}(s);
     }
   }
 
@@ -3712,7 +3745,7 @@ class PromptCachePool {
     while (chain != nullptr) {
       Slot* s = chain;
       chain = s->next;
-      delete s;
+      SlotRelease{}(s);
     }
   }
 
@@ -3831,10 +3864,11 @@ class PromptCachePool {
 
   // The core of insert, after the entry is built and sized (callers may do that unlocked).
   // Takes ownership of `entry` only when it is stored.
-  InsertResult insert_prepared(std::shared_ptr<Entry>& entry, std::size_t bytes,
-                               const InsertOptions& o) {
+  // Links a record built by make_record. Publishing moves `slot` into the tree; if the entry
+  // is rejected or anything throws, `slot` is left with the caller, who releases it.
+  InsertResult insert_prepared(SlotPtr& slot, std::size_t bytes, const InsertOptions& o) {
     const time_point now = clock_.now();
-    const std::vector<Token>& ids = entry->ids;
+    const std::vector<Token>& ids = slot->entry->ids;
     const std::size_t n = ids.size();
     if (n == 0) {
       ++stats_.rejected_empty;
@@ -3903,7 +3937,6 @@ class PromptCachePool {
       }
     }
     const bool common_mode = options_.match == MatchMode::common_prefix;
-    auto slot = std::make_unique<Slot>();
     std::unique_ptr<Node> leaf, mid;
     bool created_root = false;
     try {
@@ -3939,10 +3972,10 @@ class PromptCachePool {
     }
 
     // Phase 2: link; nothing below throws.
-    const Entry* e = entry.get();
     Slot* s = slot.get();
-    entry->pinned = o.pinned || (exact != nullptr && exact->pinned);  // not yet published
-    s->entry = std::move(entry);
+    const Entry* e = s->entry.get();
+    // Not yet published, and the Entry object itself is not const (see make_record).
+    const_cast<Entry*>(e)->pinned = o.pinned || (exact != nullptr && exact->pinned);
     // At most one class per stored entry (plus class 0): 2^32 classes would need 2^32 slots.
     s->ttl_class = static_cast<std::uint32_t>(ttl_class);
     classes_[ttl_class].ttl = ttl;
@@ -3992,7 +4025,7 @@ class PromptCachePool {
       node->children.insert_reserved(l->first, l, l->label, l->label_len);
       target = l;
     }
-    std::unique_ptr<Slot> replaced;
+    SlotPtr replaced;
     if (exact != nullptr) {
       replaced = std::move(target->slot);
       if (replaced->pinned) {
@@ -4151,14 +4184,13 @@ class SynchronizedPromptCachePool {
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = pool_.entry_bytes(caches);
-    auto entry = std::make_shared<Entry>(
-        Entry{std::move(ids), std::move(caches), options.fed_images, options.fed_audios, false});
+    auto slot = pool_type::make_record(std::move(ids), std::move(caches), options);
     Retired retired;
     std::lock_guard<std::mutex> lock(mutex_);
-    const InsertResult r = pool_.insert_prepared(entry, bytes, options);
+    const InsertResult r = pool_.insert_prepared(slot, bytes, options);
     retired.chain = pool_.take_retired();
     return r;
-    // A rejected `entry` is destroyed after the lock is released (declared before it).
+    // A rejected entry (`slot`) is released after the lock is (declared before it).
   }
 
   /// Seed-style insert (see PromptCachePool::insert_or_update).
