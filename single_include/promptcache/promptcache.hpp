@@ -2465,14 +2465,15 @@ class ManualClock {
 #include <emmintrin.h>
 #endif
 
-// AVX2 by run-time dispatch needs the GNU target attribute and CPU detection; a build that
-// already targets AVX2 (-mavx2, -march=x86-64-v3) uses it unconditionally.
-#if defined(__AVX2__)
-#define PROMPTCACHE_DETAIL_AVX2 1
-#elif defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
+// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
+// the build targets it (MSVC /arch:AVX2).
+#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
     (defined(__x86_64__) || defined(__i386__))
 #define PROMPTCACHE_DETAIL_AVX2 1
 #define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#elif defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
 #endif
 
 #if defined(PROMPTCACHE_DETAIL_AVX2)
@@ -3013,8 +3014,9 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth x log
-  /// fan-out) to re-sort the hit's recency); invalidates nothing a caller holds.
+  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth) to record the
+  /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
+  /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
     expire(now);
@@ -3054,7 +3056,9 @@ class PromptCachePool {
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists.
+  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists; common-prefix mode adds
+  /// O(depth x log fan-out) per change, plus one sift for each child that lookups touched
+  /// since the last change to its parent (amortized O(1) per lookup).
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
                       const InsertOptions& options = {}) {
     const std::size_t bytes = entry_bytes(caches);

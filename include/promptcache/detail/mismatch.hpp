@@ -18,14 +18,15 @@
 #include <emmintrin.h>
 #endif
 
-// AVX2 by run-time dispatch needs the GNU target attribute and CPU detection; a build that
-// already targets AVX2 (-mavx2, -march=x86-64-v3) uses it unconditionally.
-#if defined(__AVX2__)
-#define PROMPTCACHE_DETAIL_AVX2 1
-#elif defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
+// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
+// the build targets it (MSVC /arch:AVX2).
+#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
     (defined(__x86_64__) || defined(__i386__))
 #define PROMPTCACHE_DETAIL_AVX2 1
 #define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#elif defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
 #endif
 
 #if defined(PROMPTCACHE_DETAIL_AVX2)
