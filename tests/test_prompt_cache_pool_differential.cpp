@@ -317,6 +317,10 @@ struct Config {
   std::uint32_t max_len = 10;    // length of fresh random ids
   std::uint32_t max_extend = 4;  // tokens an extension appends
   std::size_t cap = 24;          // longest ids inserted
+  // Share of steps forced to be lookups. Lookup-heavy runs pile up the heap sifts a hit defers
+  // (stale children) before the next insert or removal has to settle them.
+  std::uint32_t extra_lookup_pct = 0;
+  int invariants_every = 16;  // steps between check_invariants() calls
 };
 
 // The token values a run draws from: small values first, then (for signed types) negative
@@ -416,7 +420,8 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
   int tag = 0;
   for (int step = 0; step < steps; ++step) {
     CAPTURE(step);
-    const std::uint32_t op = rnd(100);
+    std::uint32_t op = rnd(100);
+    if (cfg.extra_lookup_pct != 0 && rnd(100) < cfg.extra_lookup_pct) op = 60;  // a lookup
     if (op < 45) {
       Ids ids = rnd(5) == 0 ? random_ids(cfg.max_len) : derived();
       if (ids.size() > cfg.cap) ids.resize(cfg.cap);
@@ -481,7 +486,7 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
       REQUIRE(pool.erase_namespace(ns) == model.erase_namespace(ns));
     }
     check_same(pool, model);
-    if (step % 16 == 0) pool.check_invariants();
+    if (step % cfg.invariants_every == 0) pool.check_invariants();
   }
   pool.check_invariants();
 }
@@ -535,6 +540,30 @@ TEST_CASE("differential: common-prefix mode") {
   const Config cfg{"common", o, 1, false, false};
   for (std::uint32_t seed = 31; seed <= 35; ++seed)
     run(cfg, seed, 4000);
+}
+
+TEST_CASE("differential: common-prefix mode, lookup-heavy (deferred heap sifts)") {
+  // A hit leaves its ancestors' heap items stale until the next change to that heap; a removal
+  // that makes a stale child's best worse once left a heap out of order (found in review: a
+  // longer entry won over a shorter one sharing as much). Many lookups between changes, wide
+  // and narrow fan-out, invariants after every step.
+  for (const std::uint32_t extra : {50U, 85U}) {
+    Pool::Options narrow = opts(60, 100000, 0);
+    narrow.match = MatchMode::common_prefix;
+    Config a{"common-lookups", narrow, 1, false, false, 4, 50};
+    a.extra_lookup_pct = extra;
+    a.invariants_every = 1;
+    Pool::Options wide = opts(1000, 100000, 0);
+    wide.match = MatchMode::common_prefix;
+    Config b{"common-lookups-wide", wide, 1, false, false, 200, 5};
+    b.max_len = 3;
+    b.extra_lookup_pct = extra;
+    b.invariants_every = 1;
+    for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+      run(a, seed, 2000);
+      run(b, seed, 2000);
+    }
+  }
 }
 
 TEST_CASE("differential: common-prefix mode with every option") {

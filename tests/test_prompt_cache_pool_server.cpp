@@ -99,6 +99,26 @@ TEST_CASE("common-prefix: prefer no trim, then the shortest entry, then the most
   pool.check_invariants();
 }
 
+TEST_CASE("common-prefix: a removal after lookups keeps the shortest entry preferred") {
+  // Lookups leave heap items stale until the next change; here the erase makes the best of a
+  // stale child worse, and the shortest entry (tag 1) must still beat a longer one (tag 2).
+  ManualClock clock;
+  Pool pool(base_options(MatchMode::common_prefix), clock);
+  pool.insert({100, 3, 7, 7}, layer(1));
+  pool.insert({100, 2, 5, 5, 5}, layer(2));
+  pool.insert({100, 1, 6, 6, 6, 6}, layer(3));
+  pool.insert({100, 1, 7, 7, 7, 7}, layer(4));
+  pool.insert({100, 1, 5}, layer(5));
+  REQUIRE(pool.find_longest_prefix(Ids{100, 2, 5, 5, 5}));
+  REQUIRE(pool.find_longest_prefix(Ids{100, 1, 5}));
+  REQUIRE(pool.erase(Ids{100, 1, 5}));
+  pool.check_invariants();
+  const auto hit = pool.find_longest_prefix(Ids{100, 42});
+  CHECK(tag_of(hit) == 1);
+  CHECK(hit->matched == 1);
+  CHECK(hit->trim() == 3);
+}
+
 TEST_CASE("common-prefix: a longer lineage retires every unpinned strict prefix") {
   ManualClock clock;
   Pool pool(base_options(MatchMode::common_prefix), clock);

@@ -3569,11 +3569,14 @@ class PromptCachePool {
   static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
 
   // Re-sifts the items that touches made stale; every other heap operation starts with it.
+  // A listed key only improved (propagate flushes before it makes a best worse), but each item
+  // is sifted both ways anyway, so a missed flush cannot leave a heap out of order.
   static void flush_stale(Node* p) noexcept {
     for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
       Node* next = std::exchange(c->stale_next, nullptr);
       c->is_stale = false;
-      heap_raise(p, c->heap_pos, item_of(c));
+      p->heap[c->heap_pos] = item_of(c);
+      heap_fix(p, c->heap_pos);
       c = next;
     }
   }
@@ -3656,6 +3659,9 @@ class PromptCachePool {
   // The subtree of x changed: recompute best from x up, fixing each parent's heap.
   static void propagate(Node* x) noexcept {
     for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      // Settle the parent's stale items while y's best is still the one they were listed
+      // with: y's new best may be worse, and a stale item is only ever raised.
+      flush_stale(y->parent);
       y->best = compute_best(y);
       heap_update(y->parent, y);
     }
