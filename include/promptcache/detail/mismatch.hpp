@@ -20,9 +20,10 @@
 
 // With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
 // portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
-// the build targets it (MSVC /arch:AVX2).
+// the build targets it (MSVC /arch:AVX2); so does clang-cl, whose __builtin_cpu_supports needs
+// a compiler-rt that MSVC-style links do not include.
 #if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
-    (defined(__x86_64__) || defined(__i386__))
+    !defined(_MSC_VER) && (defined(__x86_64__) || defined(__i386__))
 #define PROMPTCACHE_DETAIL_AVX2 1
 #define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
 #elif defined(__AVX2__)
