@@ -1175,9 +1175,8 @@ class PromptCachePool {
   // (lookups read them), but the items in the parents' heaps, whose keys only improved, are
   // just listed as stale and re-sifted by the next operation that reads or reshapes that heap
   // (flush_stale). Lookups then never sift (a sift at fan-out 65536 is 8 levels of scattered
-  // node writes), and the sift work, one raise per touched child, moves to inserts and
-  // removals. Stored keys always form a valid heap; a stale item is only older than its
-  // child's best, so the raise restores it.
+  // node writes), and the sift work, one per touched child, moves to inserts and removals.
+  // Stored keys always form a valid heap, so settling the listed items one at a time is exact.
 
   static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
     return a.len < b.len || (a.len == b.len && a.seq > b.seq);
@@ -1199,7 +1198,7 @@ class PromptCachePool {
   }
 
   // Restores the heap order around position i (the item there changed its key). A 4-ary
-  // heap: a touch only sifts up, and half as many levels as a binary heap.
+  // heap: half as many levels to sift up through as a binary heap.
   static constexpr std::size_t kArity = 4;
   static void heap_fix(Node* p, std::size_t i) noexcept {
     std::vector<HeapItem>& h = p->heap;
@@ -1297,20 +1296,6 @@ class PromptCachePool {
         y->stale_next = std::exchange(y->parent->stale, y);
       }
     }
-  }
-
-  // Puts `c` (a better key than the item it replaces) at position i and sifts it up.
-  static void heap_raise(Node* p, std::size_t i, const HeapItem c) noexcept {
-    std::vector<HeapItem>& h = p->heap;
-    while (i > 0) {
-      const std::size_t up = (i - 1) / kArity;
-      if (!item_better(c, h[up])) break;
-      h[i] = h[up];
-      h[i].node->heap_pos = i;
-      i = up;
-    }
-    h[i] = c;
-    c.node->heap_pos = i;
   }
 
   Slot* lru_victim() const noexcept {
