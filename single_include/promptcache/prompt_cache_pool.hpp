@@ -1255,7 +1255,7 @@ class PromptCachePool {
   static void propagate(Node* x) noexcept {
     for (Node* y = x; y->parent != nullptr; y = y->parent) {
       // Settle the parent's stale items while y's best is still the one they were listed
-      // with: y's new best may be worse, and a stale item is only ever raised.
+      // with (y's new best may be worse), so a listed key has only ever improved.
       flush_stale(y->parent);
       y->best = compute_best(y);
       heap_update(y->parent, y);
