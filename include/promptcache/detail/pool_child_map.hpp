@@ -111,10 +111,7 @@ class PoolChildMap {
   /// Removes an existing key (backward-shift deletion keeps probe chains intact).
   void erase(Token key) noexcept {
     const std::size_t mask = capacity_ - 1;
-    std::size_t i = index_of(key);
-    while (!(slots_[i].key == key && slots_[i].node != nullptr))
-      i = (i + 1) & mask;
-    std::size_t hole = i;
+    std::size_t hole = static_cast<std::size_t>(&existing(key) - slots_.get());
     for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
       const std::size_t home = index_of(slots_[j].key);
       // Move j into the hole unless its home lies cyclically in (hole, j].
