@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <ratio>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -112,4 +114,34 @@ TEST_CASE("PromptCachePool with CoarseSteadyClock: ttl 0 expires every unpinned 
   CHECK(pinned->matched == 3);
   CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2, 3}).has_value());
   pool.check_invariants();
+}
+
+namespace {
+
+// A LayerCache type of its own (internal linkage), so this pool's insert has one call site and
+// GCC inlines it as far as an engine's single call site would be.
+struct Handle {
+  std::uint64_t id = 0;
+};
+
+}  // namespace
+
+TEST_CASE("PromptCachePool with CoarseSteadyClock: inserts with default InsertOptions in a loop") {
+  // Also a compile-time check: built at -O2 with -Werror (the opt preset), this inlines insert
+  // far enough that GCC 12 warned of an uninitialized std::optional payload (the TTL of a
+  // default InsertOptions{}); the pool silences that false positive where it arises.
+  using HandlePool = promptcache::PromptCachePool<Handle, std::uint32_t, CoarseSteadyClock>;
+  HandlePool::Options o;
+  o.max_entries = 64;
+  o.min_cacheable_tokens = 0;
+  auto pool = std::make_unique<HandlePool>(o);
+  for (std::uint32_t i = 0; i < 100; ++i) {
+    Ids ids{1, 2, i};
+    pool->insert(std::move(ids), {Handle{i}});
+  }
+  CHECK(pool->size() == 64);
+  const auto hit = pool->find_longest_prefix(Ids{1, 2, 99, 5});
+  REQUIRE(hit.has_value());
+  CHECK(hit->entry->caches[0].id == 99);
+  pool->check_invariants();
 }

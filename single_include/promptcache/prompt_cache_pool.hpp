@@ -1511,7 +1511,16 @@ class PromptCachePool {
     }
 
     // Phase 1: every allocation. Nothing observable changes until phase 2.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+// GCC 12 at -O2 warns that a disengaged optional's payload "may be used uninitialized" when a
+// default InsertOptions{} is inlined this far (a known false positive for std::optional).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
     const duration ttl = o.ttl.value_or(options_.ttl);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
     std::size_t ttl_class = 0, vacant = 0;  // class 0 keeps Options::ttl: never vacant
     while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl) {
       if (vacant == 0 && ttl_class != 0 && classes_[ttl_class].members == 0) vacant = ttl_class;
