@@ -5,6 +5,7 @@
 //   test_alloc::count      allocations so far (only successful ones count)
 //   test_alloc::countdown  -1: disarmed; k >= 0: the allocation after the next
 //                          k succeeds throws (then it disarms itself)
+//   test_alloc::replacement_active()  whether these functions are the ones in use
 #pragma once
 
 #include <cstddef>
@@ -75,3 +76,16 @@ void operator delete(void* p, const std::nothrow_t&) noexcept {
 void operator delete[](void* p, const std::nothrow_t&) noexcept {
   std::free(p);
 }
+
+namespace test_alloc {
+
+// One direct call of the allocation function must count once. (A new-expression would not
+// do: clang at -O2 removes a new/delete pair whose result is unused.)
+inline bool replacement_active() {
+  const long before = count;
+  void* p = ::operator new(sizeof(int));
+  ::operator delete(p);
+  return count == before + 1;
+}
+
+}  // namespace test_alloc
