@@ -329,16 +329,7 @@ class PoolChildMap {
     std::size_t new_capacity = capacity_ == 0 ? 2 : capacity_ * 2;
     while (2 * (size_ + extra) > new_capacity)
       new_capacity *= 2;
-    std::unique_ptr<Slot[]> table(new Slot[new_capacity]);
-    PoolChildMap grown;
-    grown.slots_ = std::move(table);
-    grown.capacity_ = new_capacity;
-    grown.shift_ = shift_for(new_capacity);
-    for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) grown.place(slots_[i]);
-    }
-    grown.size_ = size_;
-    swap(grown);
+    move_to(std::unique_ptr<Slot[]>(new Slot[new_capacity]), new_capacity);
   }
 
   /// Adds a child whose key is not present; requires a preceding reserve().
@@ -418,7 +409,11 @@ class PoolChildMap {
 
   void rebuild(std::size_t new_capacity) noexcept {
     std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[new_capacity]);
-    if (!table) return;
+    if (table) move_to(std::move(table), new_capacity);
+  }
+
+  // Re-places every child into `table` (new_capacity empty slots) and makes it the map's.
+  void move_to(std::unique_ptr<Slot[]> table, std::size_t new_capacity) noexcept {
     PoolChildMap other;
     other.slots_ = std::move(table);
     other.capacity_ = new_capacity;
