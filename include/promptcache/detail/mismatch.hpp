@@ -64,9 +64,12 @@ inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* 
 }
 
 #if defined(PROMPTCACHE_DETAIL_SSE2)
-inline std::uint32_t equal_mask16(const unsigned char* a, const unsigned char* b) noexcept {
-  const __m128i eq = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+// Byte equality of a[0, 16) and b[0, 16) (0xFF where equal), and its 16-bit mask.
+inline __m128i equal_bytes16(const unsigned char* a, const unsigned char* b) noexcept {
+  return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+}
+inline std::uint32_t mask16(__m128i eq) noexcept {
   return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
 }
 
@@ -75,29 +78,19 @@ inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b
   // The AND of four equality masks says whether 64 bytes are equal; only a differing block
   // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
   for (; n - i >= 64; i += 64) {
-    const __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
-                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    const __m128i e1 =
-        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 16)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 16)));
-    const __m128i e2 =
-        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 32)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 32)));
-    const __m128i e3 =
-        _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 48)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 48)));
-    const __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
-    if (_mm_movemask_epi8(all) != 0xFFFF) {
-      const auto m = [](__m128i e) {
-        return static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(e)));
-      };
-      const std::uint64_t eq = m(e0) | m(e1) << 16 | m(e2) << 32 | m(e3) << 48;
+    const __m128i e0 = equal_bytes16(a + i, b + i);
+    const __m128i e1 = equal_bytes16(a + i + 16, b + i + 16);
+    const __m128i e2 = equal_bytes16(a + i + 32, b + i + 32);
+    const __m128i e3 = equal_bytes16(a + i + 48, b + i + 48);
+    if (mask16(_mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3))) != 0xFFFFU) {
+      const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
+                               std::uint64_t{mask16(e2)} << 32 | std::uint64_t{mask16(e3)} << 48;
       i += static_cast<std::size_t>(std::countr_zero(~eq));
       return {i, true};
     }
   }
   for (; n - i >= 16; i += 16) {
-    const std::uint32_t eq = equal_mask16(a + i, b + i);
+    const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
     if (eq != 0xFFFFU) {
       i += static_cast<std::size_t>(std::countr_zero(~eq));
       return {i, true};
