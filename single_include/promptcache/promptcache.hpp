@@ -3553,15 +3553,15 @@ class PromptCachePool {
 
   static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
 
-  // Re-sifts the items that touches made stale; every other heap operation starts with it.
+  // Re-sifts the items that touches made stale. Every other heap operation starts with it
+  // (propagate, for heap_update).
   // A listed key only improved (propagate flushes before it makes a best worse), but each item
   // is sifted both ways anyway, so a missed flush cannot leave a heap out of order.
   static void flush_stale(Node* p) noexcept {
     for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
       Node* next = std::exchange(c->stale_next, nullptr);
       c->is_stale = false;
-      p->heap[c->heap_pos] = item_of(c);
-      heap_fix(p, c->heap_pos);
+      heap_update(p, c);
       c = next;
     }
   }
@@ -3597,9 +3597,10 @@ class PromptCachePool {
     c.node->heap_pos = i;
   }
 
-  // Child c's best (or its key) changed: refresh its item and reposition it.
+  // Child c's best (or its key) changed: refresh its item and reposition it. The stored keys
+  // of the other items form a valid heap, stale ones included, so this is exact for c; the
+  // caller settles p's stale list first when it matters (propagate, flush_stale itself).
   static void heap_update(Node* p, Node* c) noexcept {
-    flush_stale(p);
     p->heap[c->heap_pos] = item_of(c);
     heap_fix(p, c->heap_pos);
   }
