@@ -18,6 +18,13 @@
 // overloads (and, for a block with more than 32 media hashes, a scratch vector).
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_BLOCK_HASH_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_BLOCK_HASH_HPP
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -253,3 +260,5 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 }
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_BLOCK_HASH_HPP

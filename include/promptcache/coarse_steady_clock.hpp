@@ -10,6 +10,13 @@
 // CLOCK_MONOTONIC_COARSE (the kernel's last tick, ~3 ns, resolution one tick: 1-4 ms).
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_COARSE_STEADY_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
+
 #include <chrono>
 #include <cstdint>
 #include <ratio>
@@ -68,3 +75,5 @@ class CoarseSteadyClock {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_COARSE_STEADY_CLOCK_HPP

@@ -7,6 +7,12 @@
 // applied, must be dropped, or reveals that events were lost.
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_CURSOR_HPP) && (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_CURSOR_HPP
+
 #include <concepts>
 #include <cstdint>
 #include <limits>
@@ -110,3 +116,5 @@ class CursorState {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_CURSOR_HPP

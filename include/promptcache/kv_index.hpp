@@ -17,6 +17,13 @@
 // with each other (find_matches keeps its scratch space on the stack).
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_KV_INDEX_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_KV_INDEX_HPP
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -959,3 +966,5 @@ class KvIndex {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_KV_INDEX_HPP

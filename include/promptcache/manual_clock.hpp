@@ -6,6 +6,13 @@
 // time, so a test can hand a copy to the pool and keep advancing its own.
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_MANUAL_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_MANUAL_CLOCK_HPP
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -56,3 +63,5 @@ class ManualClock {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_MANUAL_CLOCK_HPP

@@ -15,6 +15,13 @@
 // entry. Lookup and insert cost O(query length), whatever the pool size.
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -1302,3 +1309,5 @@ class PromptCachePool {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_PROMPT_CACHE_POOL_HPP

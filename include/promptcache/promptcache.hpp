@@ -1,10 +1,19 @@
 // promptcache: promptcache.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// Umbrella header: includes every public promptcache header.
+// Umbrella header: every public promptcache header that needs nothing but the
+// standard library (the promptcache::promptcache target). Headers with a
+// third-party dependency are included on their own, with the target of the same
+// name: block_hash.hpp (xxHash, promptcache::block_hash).
 #pragma once
 
-#include "promptcache/block_hash.hpp"
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PROMPTCACHE_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPTCACHE_HPP
+
 #include "promptcache/coarse_steady_clock.hpp"
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_index.hpp"
@@ -12,3 +21,5 @@
 #include "promptcache/prompt_cache_pool.hpp"
 #include "promptcache/synchronized_prompt_cache_pool.hpp"
 #include "promptcache/version.hpp"
+
+#endif  // PROMPTCACHE_PROMPTCACHE_HPP

@@ -6,6 +6,13 @@
 // its snapshot, and destroying the LayerCaches of evicted entries happen outside it.
 #pragma once
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -37,7 +44,7 @@ class SynchronizedPromptCachePool {
   using InsertResult = typename pool_type::InsertResult;                    ///< Insert outcome.
   using InsertOptions = typename pool_type::InsertOptions;                  ///< Per-insert options.
 
-  /// Seed-style constructor (see PromptCachePool).
+  /// Positional constructor: max entries, idle TTL, minimum tokens (see PromptCachePool).
   SynchronizedPromptCachePool(std::size_t max_entries, duration ttl,
                               std::size_t min_cacheable_tokens, Clock clock = Clock{})
       : pool_(max_entries, ttl, min_cacheable_tokens, std::move(clock)) {
@@ -85,7 +92,7 @@ class SynchronizedPromptCachePool {
     // A rejected entry (`slot`) is released after the lock is (declared before it).
   }
 
-  /// Seed-style insert (see PromptCachePool::insert_or_update).
+  /// Positional insert (see PromptCachePool::insert_or_update).
   InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
                                 std::size_t fed_images, std::size_t fed_audios, bool pinned) {
     InsertOptions o;
@@ -200,3 +207,5 @@ class SynchronizedPromptCachePool {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
