@@ -2,7 +2,9 @@
 # installed (Debian packages), installing them when run as root.
 # shellcheck shell=bash
 
-PROMPTCACHE_PACKAGES=(cmake g++ catch2 libxxhash-dev python3 pkg-config)
+# What scripts/demo needs: a compiler, CMake and xxHash (the examples hash
+# blocks). scripts/test adds the test framework and the tools its tests use.
+PROMPTCACHE_PACKAGES=(cmake g++ libxxhash-dev)
 
 promptcache_missing_packages() {
   local missing=() pkg
@@ -14,7 +16,7 @@ promptcache_missing_packages() {
 
 promptcache_ensure_packages() {
   if ! command -v dpkg-query >/dev/null 2>&1; then
-    echo "note: not a Debian system; make sure cmake, a C++20 compiler, Catch2 and xxHash are installed" >&2
+    echo "note: not a Debian system; make sure these (or their equivalents) are installed: ${PROMPTCACHE_PACKAGES[*]}" >&2
     return 0
   fi
   local missing

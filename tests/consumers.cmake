@@ -13,46 +13,94 @@ function(promptcache_add_consumer_test name mode)
       --build-generator "${CMAKE_GENERATOR}" --build-noclean --build-options
       "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=Release"
       "-DPROMPTCACHE_CONSUME=${mode}" "-DPROMPTCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
-      "-DCMAKE_PREFIX_PATH=${_pc_prefix}" ${ARGN} --test-command promptcache_consumer)
+      "-DCMAKE_PREFIX_PATH=${_pc_prefix}" "-DCMAKE_INSTALL_PREFIX=${_pc_consumer_bin}/${name}-prefix"
+      ${ARGN} --test-command promptcache_consumer)
   set_tests_properties(${name} PROPERTIES LABELS consumer)
 endfunction()
 
+# A consumer that uses only the std-only headers on a machine view without
+# xxHash (CMake cannot find it, and the compiler sees an xxhash.h that fails).
+set(_pc_no_xxhash "-DPROMPTCACHE_CONSUMER_BLOCK_HASH=OFF" "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
+
 if(PROMPTCACHE_INSTALL)
+  # Installed with --prefix: nothing may point at the configure-time prefix.
   add_test(NAME consumer_install COMMAND "${CMAKE_COMMAND}" --install "${PROJECT_BINARY_DIR}"
                                          --prefix "${_pc_prefix}")
   set_tests_properties(consumer_install PROPERTIES FIXTURES_SETUP promptcache_installed
                                                    LABELS consumer)
 
-  promptcache_add_consumer_test(consumer_find_package find_package)
-  set_tests_properties(consumer_find_package PROPERTIES FIXTURES_REQUIRED promptcache_installed)
-
-  # A major version we do not provide must be refused by the version file.
+  promptcache_add_consumer_test(consumer_find_package find_package
+                                "-DPROMPTCACHE_REQUIRE_VERSION=${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
+  promptcache_add_consumer_test(consumer_find_package_no_xxhash find_package ${_pc_no_xxhash})
+  # Asking for the block_hash component where xxHash is missing fails, and says why.
+  promptcache_add_consumer_test(consumer_find_package_block_hash_no_xxhash find_package
+                                "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
+  set_tests_properties(consumer_find_package_block_hash_no_xxhash
+                       PROPERTIES PASS_REGULAR_EXPRESSION "component 'block_hash' needs xxHash 0.8.1")
+  # A major version we do not provide must be refused by the version file...
   promptcache_add_consumer_test(consumer_find_package_wrong_version find_package
                                 "-DPROMPTCACHE_REQUIRE_VERSION=99")
-  set_tests_properties(consumer_find_package_wrong_version
-                       PROPERTIES FIXTURES_REQUIRED promptcache_installed WILL_FAIL TRUE)
+  set(_pc_refused "not find a configuration file for package \"promptcache\" that is[ \n]+compatible")
+  set_tests_properties(consumer_find_package_wrong_version PROPERTIES PASS_REGULAR_EXPRESSION "${_pc_refused}")
+  set(_pc_version_tests consumer_find_package consumer_find_package_no_xxhash
+                        consumer_find_package_block_hash_no_xxhash consumer_find_package_wrong_version)
+  # ...and, before 1.0, every minor version is a breaking release: 0.2 must not
+  # satisfy a request for 0.1.
+  if(PROJECT_VERSION_MAJOR EQUAL 0 AND PROJECT_VERSION_MINOR GREATER 0)
+    math(EXPR _pc_older_minor "${PROJECT_VERSION_MINOR} - 1")
+    promptcache_add_consumer_test(consumer_find_package_older_minor find_package
+                                  "-DPROMPTCACHE_REQUIRE_VERSION=0.${_pc_older_minor}")
+    set_tests_properties(consumer_find_package_older_minor PROPERTIES PASS_REGULAR_EXPRESSION "${_pc_refused}")
+    list(APPEND _pc_version_tests consumer_find_package_older_minor)
+  endif()
+  set_tests_properties(${_pc_version_tests} PROPERTIES FIXTURES_REQUIRED promptcache_installed)
 
-  # The installed pkg-config file names the installed headers.
+  # pkg-config: compile and run programs with the flags the installed .pc files
+  # give, with and without xxHash visible.
   find_program(PROMPTCACHE_PKG_CONFIG pkg-config)
   if(PROMPTCACHE_PKG_CONFIG)
     add_test(NAME consumer_pkg_config
-             COMMAND "${CMAKE_COMMAND}" -E env "PKG_CONFIG_PATH=${_pc_prefix}/share/pkgconfig"
-                     "${PROMPTCACHE_PKG_CONFIG}" --cflags --modversion promptcache)
-    set_tests_properties(
-      consumer_pkg_config PROPERTIES FIXTURES_REQUIRED promptcache_installed LABELS consumer
-                                     PASS_REGULAR_EXPRESSION "${PROJECT_VERSION}")
+             COMMAND "${CMAKE_COMMAND}" "-DPKG_CONFIG=${PROMPTCACHE_PKG_CONFIG}"
+                     "-DCXX=${CMAKE_CXX_COMPILER}" "-DPREFIX=${_pc_prefix}"
+                     "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DWORK_DIR=${_pc_consumer_bin}/pkg_config"
+                     "-DVERSION=${PROJECT_VERSION}" -P "${PROJECT_SOURCE_DIR}/tests/pkg_config_consumer.cmake")
+    set_tests_properties(consumer_pkg_config PROPERTIES FIXTURES_REQUIRED promptcache_installed
+                                                        LABELS consumer)
   endif()
 endif()
 
 promptcache_add_consumer_test(consumer_add_subdirectory add_subdirectory)
+promptcache_add_consumer_test(consumer_add_subdirectory_no_xxhash add_subdirectory ${_pc_no_xxhash})
+# A parent project that installs its own export set: works with PROMPTCACHE_INSTALL=ON.
+promptcache_add_consumer_test(consumer_add_subdirectory_export add_subdirectory
+                              "-DPROMPTCACHE_CONSUMER_EXPORT=ON")
 promptcache_add_consumer_test(consumer_fetchcontent fetchcontent)
 promptcache_add_consumer_test(consumer_single_include single_include)
+promptcache_add_consumer_test(consumer_single_include_no_xxhash single_include ${_pc_no_xxhash})
+
+# Installing, and building the demo (scripts/demo's preset), need no Catch2.
+add_test(NAME consumer_without_catch2
+         COMMAND "${CMAKE_COMMAND}" "-DCXX=${CMAKE_CXX_COMPILER}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}"
+                 "-DWORK_DIR=${_pc_consumer_bin}/without_catch2" -P "${PROJECT_SOURCE_DIR}/tests/without_catch2.cmake")
+set_tests_properties(consumer_without_catch2 PROPERTIES LABELS consumer)
+
+# A C++17 consumer gets one clear #error per header, not pages of errors.
+add_test(NAME consumer_cxx17_error
+         COMMAND "${CMAKE_COMMAND}" "-DCXX=${CMAKE_CXX_COMPILER}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}"
+                 "-DWORK_DIR=${_pc_consumer_bin}/cxx17" -P "${PROJECT_SOURCE_DIR}/tests/cxx17_consumer.cmake")
+set_tests_properties(consumer_cxx17_error PROPERTIES LABELS consumer)
+
+# The vcpkg port's check of the checkout (CMake) agrees with the digest recorded
+# by scripts/amalgamate.py (Python).
+add_test(NAME port_source_hash COMMAND "${CMAKE_COMMAND}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" -P
+                                       "${PROJECT_SOURCE_DIR}/tests/port_source_hash.cmake")
 
 # The generated single-include headers must match the sources.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   add_test(NAME single_include_up_to_date
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/scripts/amalgamate.py" --check)
+  add_test(NAME docs_consistent COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_docs.py")
   add_test(NAME packaging_metadata
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
                    "${PROJECT_VERSION}")

@@ -1,6 +1,10 @@
-// Uses every public header through the umbrella header, the way a downstream
-// project would after installing or vendoring promptcache.
+// Uses the public headers the way a downstream project would after installing
+// or vendoring promptcache: the umbrella header (standard library only) and,
+// when PROMPTCACHE_CONSUMER_BLOCK_HASH is defined, block_hash.hpp (xxHash).
 #include <promptcache/promptcache.hpp>
+#ifdef PROMPTCACHE_CONSUMER_BLOCK_HASH
+#include <promptcache/block_hash.hpp>
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -28,14 +32,8 @@ bool pool_works() {
   return hit && hit->matched == 32 && hit->entry->caches.size() == 2;
 }
 
-bool hash_and_index_work() {
-  std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
-  const auto local = promptcache::local_block_hashes(tokens, 4);
-  const auto seq = promptcache::sequence_hashes(local);
-  // Dynamo's published values for these two blocks.
-  if (local.size() != 2 || local[0] != 14643705804678351452ULL || seq[1] != 4945711292740353085ULL)
-    return false;
-
+// The index takes any well-mixed 64-bit block hashes.
+bool index_works(const std::vector<std::uint64_t>& local, const std::vector<std::uint64_t>& seq) {
   promptcache::KvIndex index;
   promptcache::kv_event::Stored stored;
   for (std::size_t i = 0; i < local.size(); ++i)
@@ -43,7 +41,22 @@ bool hash_and_index_work() {
   const promptcache::KvWorker worker{7, 0};
   if (!index.apply(worker, {0, stored}).ok()) return false;
   const auto matches = index.find_matches(local);
-  return matches.size() == 1 && matches[0].worker == worker && matches[0].blocks == 2;
+  return matches.size() == 1 && matches[0].worker == worker && matches[0].blocks == local.size();
+}
+
+bool hash_and_index_work() {
+#ifdef PROMPTCACHE_CONSUMER_BLOCK_HASH
+  std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto local = promptcache::local_block_hashes(tokens, 4);
+  const auto seq = promptcache::sequence_hashes(local);
+  // Dynamo's published values for these two blocks.
+  if (local.size() != 2 || local[0] != 14643705804678351452ULL || seq[1] != 4945711292740353085ULL)
+    return false;
+  return index_works(local, seq);
+#else
+  return index_works({0x9E3779B97F4A7C15ULL, 0xBF58476D1CE4E5B9ULL},
+                     {0x94D049BB133111EBULL, 0x2545F4914F6CDD1DULL});
+#endif
 }
 
 }  // namespace
@@ -52,8 +65,13 @@ int main() {
   const bool ok_cursor = cursor_works();
   const bool ok_pool = pool_works();
   const bool ok_index = hash_and_index_work();
-  std::printf("promptcache %d.%d.%d: cursor %s, pool %s, block hash + index %s\n",
-              PROMPTCACHE_VERSION_MAJOR, PROMPTCACHE_VERSION_MINOR, PROMPTCACHE_VERSION_PATCH,
-              ok_cursor ? "ok" : "broken", ok_pool ? "ok" : "broken", ok_index ? "ok" : "broken");
+#ifdef PROMPTCACHE_CONSUMER_BLOCK_HASH
+  const char* index_label = "block hash + index";
+#else
+  const char* index_label = "index (no xxHash)";
+#endif
+  std::printf("promptcache %d.%d.%d: cursor %s, pool %s, %s %s\n", PROMPTCACHE_VERSION_MAJOR,
+              PROMPTCACHE_VERSION_MINOR, PROMPTCACHE_VERSION_PATCH, ok_cursor ? "ok" : "broken",
+              ok_pool ? "ok" : "broken", index_label, ok_index ? "ok" : "broken");
   return ok_cursor && ok_pool && ok_index ? 0 : 1;
 }
