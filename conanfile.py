@@ -17,6 +17,10 @@ class PromptcacheConan(ConanFile):
     topics = ("llm", "kv-cache", "prompt-cache", "inference", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
+    # block_hash.hpp and its target promptcache::block_hash need xxHash; the
+    # other headers (promptcache::promptcache) need only the standard library.
+    options = {"with_block_hash": [True, False]}
+    default_options = {"with_block_hash": True}
     exports_sources = ("CMakeLists.txt", "LICENSE", "cmake/*", "include/*")
     no_copy_source = True
 
@@ -28,10 +32,20 @@ class PromptcacheConan(ConanFile):
         self.version = ".".join(parts)
 
     def requirements(self):
-        self.requires("xxhash/[>=0.8.1 <0.9]")
+        if self.options.with_block_hash:
+            self.requires("xxhash/[>=0.8.1 <0.9]")
 
     def validate(self):
-        check_min_cppstd(self, 20)
+        # Conan's default profiles say compiler.cppstd=gnu17; say how to fix it.
+        try:
+            check_min_cppstd(self, 20)
+        except ConanInvalidConfiguration as e:
+            raise ConanInvalidConfiguration(
+                f"promptcache is a C++20 library, but this profile has compiler.cppstd="
+                f"{self.settings.get_safe('compiler.cppstd')}. Build and consume it with C++20 or "
+                "later: add -s compiler.cppstd=20 (or gnu20, 23, gnu23) to the conan command, e.g. "
+                "`conan create . --build=missing -s compiler.cppstd=20`, or set compiler.cppstd in "
+                "your profile.") from e
         if self.settings.compiler == "gcc" and int(str(self.settings.compiler.version).split(".")[0]) < 11:
             raise ConanInvalidConfiguration("promptcache needs GCC 11 or newer (C++20 concepts)")
 
@@ -62,8 +76,15 @@ class PromptcacheConan(ConanFile):
 
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "promptcache")
-        self.cpp_info.set_property("cmake_target_name", "promptcache::promptcache")
-        self.cpp_info.set_property("pkg_config_name", "promptcache")
-        self.cpp_info.bindirs = []
-        self.cpp_info.libdirs = []
-        self.cpp_info.requires = ["xxhash::xxhash"]
+        core = self.cpp_info.components["promptcache"]
+        core.set_property("cmake_target_name", "promptcache::promptcache")
+        core.set_property("pkg_config_name", "promptcache")
+        core.bindirs = []
+        core.libdirs = []
+        if self.options.with_block_hash:
+            block_hash = self.cpp_info.components["block_hash"]
+            block_hash.set_property("cmake_target_name", "promptcache::block_hash")
+            block_hash.set_property("pkg_config_name", "promptcache-block-hash")
+            block_hash.bindirs = []
+            block_hash.libdirs = []
+            block_hash.requires = ["promptcache", "xxhash::xxhash"]

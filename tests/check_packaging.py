@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Checks the vcpkg port and the Conan recipe offline (neither tool is reachable
-from CI): the files parse, name the same package, depend on xxHash, and carry
-the version CMake read from version.hpp.
+from CI): the files parse, name the same package, carry the version CMake read
+from version.hpp, make xxHash the dependency of block hashing only, and the
+port's recorded source digest matches the checkout. The recipe's validate()
+and package_info() run against a minimal stand-in of the Conan API (the few
+names the recipe imports), to check what a default profile (gnu17) is told.
 
 Usage: tests/check_packaging.py <cmake-version>
 """
 import ast
+import importlib.util
 import json
 import pathlib
 import re
 import sys
+import types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 failures = []
@@ -21,32 +26,148 @@ def check(cond, what):
         failures.append(what)
 
 
-def main(version):
+def check_vcpkg(version):
     port = json.loads((ROOT / "ports/promptcache/vcpkg.json").read_text())
     check(port.get("name") == "promptcache", "vcpkg.json names the port promptcache")
-    port_version = port.get("version-semver") or port.get("version")
+    port_version = port.get("version") or port.get("version-semver")
     check(port_version == version, f"vcpkg.json version {port_version} == CMake {version}")
-    deps = [d if isinstance(d, str) else d.get("name") for d in port.get("dependencies", [])]
-    check("xxhash" in deps, "vcpkg.json depends on xxhash")
+    top = [d if isinstance(d, str) else d.get("name") for d in port.get("dependencies", [])]
+    check("xxhash" not in top, "xxhash is not a dependency of the whole port")
+    feature = port.get("features", {}).get("block-hash", {})
+    xx = [d for d in feature.get("dependencies", []) if isinstance(d, dict) and d.get("name") == "xxhash"]
+    check(len(xx) == 1 and xx[0].get("version>=") == "0.8.1",
+          "feature block-hash depends on xxhash with version>= 0.8.1")
+    check("block-hash" in port.get("default-features", []), "block-hash is a default feature")
     portfile = (ROOT / "ports/promptcache/portfile.cmake").read_text()
+    check("set(VCPKG_BUILD_TYPE release)" in portfile, "portfile builds the release configuration only")
     check("share/cmake/promptcache" in portfile, "portfile fixes up share/cmake/promptcache")
+    check("source.sha512" in portfile and "FATAL_ERROR" in portfile,
+          "portfile refuses a checkout that does not match source.sha512")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import amalgamate  # noqa: E402  (the one implementation of the digest)
+    recorded = (ROOT / "ports/promptcache/source.sha512").read_text()
+    check(recorded == amalgamate.port_source_hash(),
+          "ports/promptcache/source.sha512 matches the headers (else run scripts/amalgamate.py)")
+    usage = (ROOT / "ports/promptcache/usage").read_text()
+    check("promptcache::block_hash" in usage and "COMPONENTS block_hash" in usage,
+          "usage shows the block_hash component")
 
+
+class _Settings:
+    def __init__(self, values):
+        self._values = values
+
+    def get_safe(self, name):
+        return self._values.get(name)
+
+    def __getattr__(self, name):  # settings.compiler, settings.compiler.version
+        prefix = name + "."
+        sub = {k[len(prefix):]: v for k, v in self._values.items() if k.startswith(prefix)}
+        if sub:
+            s = _Settings(sub)
+            s._str = self._values.get(name)
+            return s
+        if name in self._values:
+            return self._values[name]
+        raise AttributeError(name)
+
+    def __str__(self):
+        return str(getattr(self, "_str", ""))
+
+    def __eq__(self, other):
+        return str(self) == other
+
+
+class _Options(dict):
+    __getattr__ = dict.__getitem__
+
+
+class _Components(dict):
+    def __missing__(self, key):
+        self[key] = _CppInfo()
+        return self[key]
+
+
+class _CppInfo:
+    def __init__(self):
+        self.properties = {}
+        self.requires = []
+        self.components = _Components()
+
+    def set_property(self, key, value):
+        self.properties[key] = value
+
+
+def _load_recipe():
+    """The recipe class, imported against a stand-in of the Conan API."""
+    conan = types.ModuleType("conan")
+    errors = types.ModuleType("conan.errors")
+
+    class ConanInvalidConfiguration(Exception):
+        pass
+
+    errors.ConanInvalidConfiguration = ConanInvalidConfiguration
+
+    class ConanFile:
+        pass
+
+    conan.ConanFile = ConanFile
+
+    def check_min_cppstd(conanfile, minimum):  # as Conan's: "gnu17" is 17
+        cppstd = conanfile.settings.get_safe("compiler.cppstd")
+        if cppstd and int(re.sub(r"^gnu", "", cppstd)) < int(minimum):
+            raise ConanInvalidConfiguration(
+                f"Current cppstd ({cppstd}) is lower than the required C++ standard ({minimum}).")
+
+    build = types.ModuleType("conan.tools.build")
+    build.check_min_cppstd = check_min_cppstd
+    cmake = types.ModuleType("conan.tools.cmake")
+    files = types.ModuleType("conan.tools.files")
+    for mod, names in ((cmake, ("CMake", "CMakeToolchain", "cmake_layout")),
+                       (files, ("copy", "load", "rmdir"))):
+        for n in names:
+            setattr(mod, n, None)
+    modules = {"conan": conan, "conan.errors": errors, "conan.tools": types.ModuleType("conan.tools"),
+               "conan.tools.build": build, "conan.tools.cmake": cmake, "conan.tools.files": files}
+    saved = {k: sys.modules.get(k) for k in modules}
+    sys.modules.update(modules)
+    try:
+        spec = importlib.util.spec_from_file_location("promptcache_recipe", ROOT / "conanfile.py")
+        recipe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(recipe)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    classes = [v for v in vars(recipe).values() if isinstance(v, type) and issubclass(v, ConanFile)
+               and v is not ConanFile]
+    return classes, ConanInvalidConfiguration
+
+
+def _instance(cls, cppstd, with_block_hash=True):
+    r = cls()
+    r.settings = _Settings({"compiler": "gcc", "compiler.version": "12", "compiler.cppstd": cppstd})
+    r.options = _Options(with_block_hash=with_block_hash)
+    r.cpp_info = _CppInfo()
+    r.required = []
+    r.requires = lambda ref: r.required.append(ref)
+    return r
+
+
+def check_conan(version):
     recipe_src = (ROOT / "conanfile.py").read_text()
     tree = ast.parse(recipe_src)  # raises (and fails the test) on a syntax error
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
-    check(len(classes) == 1, "conanfile.py defines one recipe class")
-    attrs = {}
-    for node in classes[0].body if classes else []:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    attrs[t.id] = node.value.value
-    check(attrs.get("name") == "promptcache", "recipe name is promptcache")
-    check(attrs.get("package_type") == "header-library", "recipe is a header-library")
-    check(re.search(r'requires\("xxhash/', recipe_src) is not None, "recipe requires xxhash")
-    check("check_min_cppstd(self, 20)" in recipe_src, "recipe validates C++20")
-    check('"cmake_target_name", "promptcache::promptcache"' in recipe_src,
-          "recipe exports the promptcache::promptcache target")
+    check(len([n for n in tree.body if isinstance(n, ast.ClassDef)]) == 1,
+          "conanfile.py defines one recipe class")
+    classes, invalid = _load_recipe()
+    if len(classes) != 1:
+        check(False, "the recipe class imports against the Conan API")
+        return
+    cls = classes[0]
+    check(getattr(cls, "name", None) == "promptcache", "recipe name is promptcache")
+    check(getattr(cls, "package_type", None) == "header-library", "recipe is a header-library")
 
     # The recipe's set_version reads version.hpp: apply the same regexes here.
     header = (ROOT / "include/promptcache/version.hpp").read_text()
@@ -56,10 +177,49 @@ def main(version):
     check("set_version" in recipe_src and "version.hpp" in recipe_src,
           "recipe takes its version from version.hpp")
 
+    # A default profile (gnu17) is refused with instructions; C++20 and later pass.
+    try:
+        _instance(cls, "gnu17").validate()
+        message = None
+    except invalid as e:
+        message = str(e)
+    check(message is not None and "-s compiler.cppstd=20" in message,
+          f"a gnu17 profile is told to pass -s compiler.cppstd=20 (got: {message})")
+    for ok_std in ("20", "gnu20", "23"):
+        try:
+            _instance(cls, ok_std).validate()
+            passed = True
+        except invalid:
+            passed = False
+        check(passed, f"compiler.cppstd={ok_std} is accepted")
+
+    # xxHash belongs to the block_hash component only.
+    for with_bh in (True, False):
+        r = _instance(cls, "20", with_bh)
+        r.requirements()
+        r.package_info()
+        comps = r.cpp_info.components
+        core = comps.get("promptcache")
+        check(core is not None and core.properties.get("cmake_target_name") == "promptcache::promptcache"
+              and not core.requires, f"with_block_hash={with_bh}: promptcache::promptcache needs nothing")
+        has_xx = any(ref.startswith("xxhash/") for ref in r.required)
+        bh = comps.get("block_hash")
+        if with_bh:
+            check(has_xx and bh is not None
+                  and bh.properties.get("cmake_target_name") == "promptcache::block_hash"
+                  and "xxhash::xxhash" in bh.requires,
+                  "with_block_hash=True: promptcache::block_hash requires xxhash::xxhash")
+        else:
+            check(not has_xx and bh is None, "with_block_hash=False: no xxhash, no block_hash component")
+
     ast.parse((ROOT / "test_package/conanfile.py").read_text())
     check("find_package(promptcache CONFIG REQUIRED)" in (ROOT / "test_package/CMakeLists.txt").read_text(),
           "test_package consumes promptcache through find_package")
 
+
+def main(version):
+    check_vcpkg(version)
+    check_conan(version)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
