@@ -9,7 +9,8 @@
 //
 // The toy model's per-layer state is a running digest behind a shared_ptr: copying a
 // LayerCache is a refcount bump (as with an engine's shared KV tensors), and prefilling
-// costs work per token and layer. Every resumed state is checked against a full recompute.
+// costs work per token and layer. Every resumed state is checked against a full recompute,
+// and the program stops with an error if one differs.
 #include <promptcache/prompt_cache_pool.hpp>
 
 #include <chrono>
@@ -66,51 +67,58 @@ class ToyModel {
 
 using Pool = promptcache::PromptCachePool<LayerCache, Token>;
 
+// Where a call's prefill started from.
+enum class Resumed { nothing, system_prompt, own_state };
+
 struct Totals {
-  std::size_t calls = 0, hits = 0, prompt_tokens = 0, reused = 0, recomputed = 0;
+  std::size_t calls = 0, prompt_tokens = 0, reused = 0, recomputed = 0, checked = 0;
+  std::size_t resumed[3] = {0, 0, 0};  // indexed by Resumed
   double lookup_ns = 0;
 };
 
+struct Call {
+  Ids reply;
+  std::size_t reused = 0;
+};
+
 // One stateless API call: the full prompt in, the reply out; the pool is the only memory.
-Ids handle_call(Pool& pool, const ToyModel& model, const Ids& prompt, std::size_t reply_len,
-                Totals& totals, std::size_t& reused_out) {
+Call handle_call(Pool& pool, const ToyModel& model, const Ids& prompt, std::size_t reply_len,
+                 Totals& totals) {
   const auto t0 = std::chrono::steady_clock::now();
   auto hit = pool.find_longest_prefix(prompt);
   totals.lookup_ns +=
       std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   std::vector<LayerCache> caches;
-  std::size_t reused = 0;
+  Call call;
   if (hit) {
     caches = hit->entry->caches;  // refcount bumps only
-    reused = hit->matched;
-    ++totals.hits;
+    call.reused = hit->matched;
   }
-  caches = model.prefill(caches, prompt.data() + reused, prompt.size() - reused);
-  // Resumed state must equal a from-scratch prefill: the pool never hands out wrong state.
+  caches = model.prefill(caches, prompt.data() + call.reused, prompt.size() - call.reused);
+  // A resumed state must equal a from-scratch prefill: the pool never hands out wrong state.
   if (model.prefill({}, prompt.data(), prompt.size())[0].state->digest != caches[0].state->digest) {
-    std::fprintf(stderr, "resumed state differs from a full prefill\n");
+    std::fprintf(stderr, "error: the state resumed from the pool differs from a full prefill\n");
     std::exit(1);
   }
+  ++totals.checked;
   Ids full = prompt;
-  Ids reply;
   for (std::size_t i = 0; i < reply_len; ++i) {
     const Token t = model.next_token(caches);
-    reply.push_back(t);
+    call.reply.push_back(t);
     full.push_back(t);
     caches = model.prefill(caches, &t, 1);
   }
   pool.insert(std::move(full), std::move(caches));
   ++totals.calls;
   totals.prompt_tokens += prompt.size();
-  totals.reused += reused;
-  totals.recomputed += prompt.size() - reused;
-  reused_out = reused;
-  return reply;
+  totals.reused += call.reused;
+  totals.recomputed += prompt.size() - call.reused;
+  return call;
 }
 
-Ids words(std::uint32_t seed, std::size_t n) {
+Ids words(std::uint32_t salt, std::size_t n) {
   Ids v;
-  std::uint32_t x = seed * 2654435761U + 1;
+  std::uint32_t x = salt * 2654435761U + 1;
   for (std::size_t i = 0; i < n; ++i) {
     x ^= x << 13;
     x ^= x >> 17;
@@ -120,10 +128,15 @@ Ids words(std::uint32_t seed, std::size_t n) {
   return v;
 }
 
+double percent(std::size_t part, std::size_t whole) {
+  return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+}
+
 }  // namespace
 
 int main() {
   const ToyModel model;
+  constexpr std::size_t kConversations = 6;
   Pool::Options options;
   options.max_entries = 6;  // the system prompt + 5 conversations: LRU pressure on purpose
   options.ttl = std::chrono::minutes(5);
@@ -136,38 +149,67 @@ int main() {
   pinned.pinned = true;
   pool.insert(system, model.prefill({}, system.data(), system.size()), pinned);
 
+  std::printf(
+      "A stateless chat server: every call carries the whole conversation, and the server\n"
+      "prefills only what the prompt cache pool does not already hold.\n"
+      "%zu conversations share a %zu-token system prompt, prefilled once at start and pinned.\n"
+      "The pool keeps at most %zu entries (the system prompt + 5 conversations), evicting the\n"
+      "least recently used, so a conversation that stays idle too long loses its own state.\n\n",
+      kConversations, system.size(), options.max_entries);
+
   // Who calls when: conversations 0-2 are chatty; 3-5 open early and come back only at the
   // end, by which time 3's state has been evicted (LRU) and it resumes from the pinned system
   // prompt, while 4 and 5 still find their own.
   const std::vector<std::vector<std::size_t>> schedule{
       {3, 4, 5, 0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2, 5, 4, 3}};
-  std::vector<Ids> history(6, system);
+  std::vector<Ids> history(kConversations, system);
+  std::vector<std::size_t> turns(kConversations, 0);
   Totals totals;
-  std::printf("%-5s %-5s %8s %8s %10s\n", "conv", "turn", "prompt", "reused", "recomputed");
-  for (std::size_t turn = 0; turn < schedule.size(); ++turn) {
-    for (const std::size_t c : schedule[turn]) {
+  std::printf("%4s %4s %4s  %13s %13s %10s  %s\n", "call", "conv", "turn", "prompt tokens",
+              "reused tokens", "prefilled", "resumed from");
+  for (std::size_t round = 0; round < schedule.size(); ++round) {
+    for (const std::size_t c : schedule[round]) {
       Ids& h = history[c];
-      const Ids user = words(static_cast<std::uint32_t>(100 * c + turn + 2), 30 + 10 * c);
+      const std::size_t turn = ++turns[c];
+      const Ids user = words(static_cast<std::uint32_t>(100 * c + round + 2), 30 + 10 * c);
       h.insert(h.end(), user.begin(), user.end());
-      std::size_t reused = 0;
-      const Ids reply = handle_call(pool, model, h, 24, totals, reused);
-      std::printf("%-5zu %-5zu %8zu %8zu %10zu%s\n", c, turn, h.size(), reused, h.size() - reused,
-                  reused == system.size() ? "   (from the pinned system prompt)" : "");
-      h.insert(h.end(), reply.begin(), reply.end());
+      const Call call = handle_call(pool, model, h, 24, totals);
+      Resumed from = Resumed::nothing;
+      const char* what = "nothing: full prefill";
+      if (call.reused > system.size()) {
+        from = Resumed::own_state;
+        what = "its own previous turn";
+      } else if (call.reused == system.size()) {
+        from = Resumed::system_prompt;
+        what = turn == 1 ? "the system prompt only (first turn)"
+                         : "the system prompt only (its own state was evicted)";
+      }
+      ++totals.resumed[static_cast<int>(from)];
+      std::printf("%4zu %4zu %4zu  %13zu %13zu %10zu  %s\n", totals.calls, c, turn, h.size(),
+                  call.reused, h.size() - call.reused, what);
+      h.insert(h.end(), call.reply.begin(), call.reply.end());
     }
   }
 
   const auto s = pool.stats();
   std::printf(
-      "\ncalls %zu, hit rate %.0f%%, prefill tokens saved %zu of %zu (%.0f%%), "
-      "mean lookup %.0f ns\n",
-      totals.calls, 100.0 * static_cast<double>(totals.hits) / static_cast<double>(totals.calls),
-      totals.reused, totals.prompt_tokens,
-      100.0 * static_cast<double>(totals.reused) / static_cast<double>(totals.prompt_tokens),
-      totals.lookup_ns / static_cast<double>(totals.calls));
+      "\nEvery resumed state was compared with a full prefill of its prompt: %zu of %zu equal.\n",
+      totals.checked, totals.calls);
   std::printf(
-      "pool: %zu entries (%zu pinned); lookups %llu, hits %llu, inserted %llu, "
-      "extended %llu, updated %llu, evicted lru %llu ttl %llu\n",
+      "Calls: %zu. Resumed from their own previous turn: %zu; from the system prompt only: %zu; "
+      "from nothing: %zu.\n",
+      totals.calls, totals.resumed[static_cast<int>(Resumed::own_state)],
+      totals.resumed[static_cast<int>(Resumed::system_prompt)],
+      totals.resumed[static_cast<int>(Resumed::nothing)]);
+  std::printf(
+      "Prompt tokens: %zu, of which %zu (%.0f%%) came from the pool and %zu were prefilled.\n",
+      totals.prompt_tokens, totals.reused, percent(totals.reused, totals.prompt_tokens),
+      totals.recomputed);
+  std::printf("Mean pool lookup: %.0f ns.\n", totals.lookup_ns / static_cast<double>(totals.calls));
+  std::printf(
+      "Pool at exit: %zu entries (%zu pinned). %llu lookups, %llu found a prefix (the system\n"
+      "prompt counts). Inserts: %llu new entries, %llu extended a conversation's entry in place,\n"
+      "%llu replaced identical ids. Evicted: %llu least recently used, %llu idle past the TTL.\n",
       s.entries, s.pinned_entries, static_cast<unsigned long long>(s.lookups),
       static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.inserted),
       static_cast<unsigned long long>(s.extended), static_cast<unsigned long long>(s.updated),
