@@ -1,5 +1,5 @@
 // KvIndex against the naive per-worker hash-set index on one generated KV
-// event workload (issue 6): 64 workers, block size 16, a few shared system
+// event workload: 64 workers, block size 16, a few shared system
 // prompts, multi-turn conversations mostly sticky to one worker, divergent
 // tails, and per-worker LRU caches that evict (leaves first) as they fill.
 //

@@ -1,5 +1,5 @@
-// pool_vs_scan: PromptCachePool against the seed's linear-scan pool and a memcmp floor, in
-// one process on the same data.
+// pool_vs_scan: PromptCachePool against a linear-scan pool (linear_scan_pool.hpp) and a
+// memcmp floor, in one process on the same data.
 //
 // Grid: entries N in {16, 256, 4096, 65536} x query length L in {256, 4096, 32768}. Every
 // entry is a shared system prefix of L/4 tokens then a distinct tail (L tokens in total).
@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "seed_scan_pool.hpp"
+#include "linear_scan_pool.hpp"
 
 namespace {
 
@@ -78,7 +78,7 @@ struct BenchClock {
 };
 
 using Pool = promptcache::PromptCachePool<Layer, Token, BenchClock>;
-using Scan = bench::SeedScanPool<Layer, Token>;
+using Scan = bench::LinearScanPool<Layer, Token>;
 
 volatile std::size_t g_sink = 0;
 

@@ -1,7 +1,6 @@
-// block_hash.hpp's promise that the span overloads never allocate (issue 5:
-// "local block hashes of a token span into a caller's buffer (no
-// allocation)"), checked by counting every call of the replaced global
-// operator new.
+// block_hash.hpp's promise that the span overloads never allocate (local block
+// hashes of a token span into a caller's buffer), checked by counting every
+// call of the replaced global operator new.
 #include <promptcache/block_hash.hpp>
 
 #include <cstdint>

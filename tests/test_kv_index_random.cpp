@@ -39,7 +39,7 @@ struct Outcome {
   bool reset = false;
 };
 
-// The rules of issue 6, written the obvious way.
+// The index's rules (docs/kv_index.md), written the obvious way.
 class Model {
  public:
   explicit Model(KvGapPolicy policy) : policy_(policy) {}

@@ -1,5 +1,6 @@
-// Tests of PromptCachePool: every test of the seed pool (with a manual clock in place of
-// sleeping), each decision of the pool issue, and the structural invariants.
+// Tests of PromptCachePool: the basic contract of a prompt-prefix pool (with a manual clock in
+// place of sleeping), each documented decision (docs/prompt_cache_pool.md), and the structural
+// invariants.
 #include <promptcache/manual_clock.hpp>
 #include <promptcache/prompt_cache_pool.hpp>
 
@@ -38,9 +39,9 @@ Ids iota_ids(std::uint32_t first, std::uint32_t last) {
 
 }  // namespace
 
-// ---- the seed's tests ------------------------------------------------------------------
+// ---- the basic contract ----------------------------------------------------------------
 
-TEST_CASE("seed: find_longest_prefix picks the best match") {
+TEST_CASE("basics: find_longest_prefix picks the best match") {
   ManualClock clock;
   Pool pool(16, 300s, 0, clock);
   pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false);
@@ -54,7 +55,7 @@ TEST_CASE("seed: find_longest_prefix picks the best match") {
   pool.check_invariants();
 }
 
-TEST_CASE("seed: the longer of two stored prefixes wins") {
+TEST_CASE("basics: the longer of two stored prefixes wins") {
   ManualClock clock;
   Pool pool(16, 300s, 0, clock);
   // A pinned [1,2,3] is never replaced, so both entries coexist.
@@ -71,7 +72,7 @@ TEST_CASE("seed: the longer of two stored prefixes wins") {
   CHECK(short_hit->matched == 3);
 }
 
-TEST_CASE("seed: find_longest_prefix returns none when no overlap") {
+TEST_CASE("basics: find_longest_prefix returns none when no overlap") {
   ManualClock clock;
   Pool pool(16, 300s, 0, clock);
   pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false);
@@ -81,7 +82,7 @@ TEST_CASE("seed: find_longest_prefix returns none when no overlap") {
   CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2}));
 }
 
-TEST_CASE("seed: insert_or_update extends an existing lineage in place") {
+TEST_CASE("basics: insert_or_update extends an existing lineage in place") {
   ManualClock clock;
   Pool pool(16, 300s, 0, clock);
   REQUIRE(pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false) == R::inserted);
@@ -94,7 +95,7 @@ TEST_CASE("seed: insert_or_update extends an existing lineage in place") {
   pool.check_invariants();
 }
 
-TEST_CASE("seed: insert_or_update evicts the LRU entry over capacity") {
+TEST_CASE("basics: insert_or_update evicts the LRU entry over capacity") {
   ManualClock clock;
   Pool pool(2, 300s, 0, clock);
   pool.insert_or_update({1}, caches(), 0, 0, false);
@@ -109,7 +110,7 @@ TEST_CASE("seed: insert_or_update evicts the LRU entry over capacity") {
   CHECK(pool.stats().evicted_lru == 1);
 }
 
-TEST_CASE("seed: LRU order holds without any clock movement") {
+TEST_CASE("basics: LRU order holds without any clock movement") {
   ManualClock clock;  // never advanced: recency comes from the order of use, not the time
   Pool pool(2, 300s, 0, clock);
   pool.insert_or_update({1}, caches(), 0, 0, false);
@@ -120,7 +121,7 @@ TEST_CASE("seed: LRU order holds without any clock movement") {
   CHECK(pool.find_exact(Ids{1}));
 }
 
-TEST_CASE("seed: pinned entries survive LRU pressure") {
+TEST_CASE("basics: pinned entries survive LRU pressure") {
   ManualClock clock;
   Pool pool(2, 300s, 0, clock);
   pool.insert_or_update({1}, caches(), 0, 0, true);
@@ -132,7 +133,7 @@ TEST_CASE("seed: pinned entries survive LRU pressure") {
   CHECK(pool.find_longest_prefix(Ids{3}));
 }
 
-TEST_CASE("seed: entries shorter than the minimum are not cached") {
+TEST_CASE("basics: entries shorter than the minimum are not cached") {
   ManualClock clock;
   Pool pool(16, 300s, 8, clock);
   CHECK(pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false) == R::rejected_too_short);
@@ -140,7 +141,7 @@ TEST_CASE("seed: entries shorter than the minimum are not cached") {
   CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2, 3}));
 }
 
-TEST_CASE("seed: a lineage becomes cacheable once it crosses the minimum") {
+TEST_CASE("basics: a lineage becomes cacheable once it crosses the minimum") {
   ManualClock clock;
   Pool pool(16, 300s, 8, clock);
   pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false);
@@ -151,7 +152,7 @@ TEST_CASE("seed: a lineage becomes cacheable once it crosses the minimum") {
   CHECK(pool.find_longest_prefix(turn_two));
 }
 
-TEST_CASE("seed: expired unpinned entries are evicted") {
+TEST_CASE("basics: expired unpinned entries are evicted") {
   ManualClock clock;
   Pool pool(16, 1ms, 0, clock);
   pool.insert_or_update({1, 2, 3}, caches(), 0, 0, false);

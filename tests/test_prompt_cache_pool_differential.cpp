@@ -501,7 +501,7 @@ Pool::Options opts(std::size_t max_entries, std::int64_t ttl, std::size_t min_to
 
 }  // namespace
 
-TEST_CASE("differential: exact-prefix pool (issue 3 rules) matches the linear-scan model") {
+TEST_CASE("differential: exact-prefix pool matches the linear-scan model") {
   const Config cfg{"exact", opts(8, 60, 3), 1, false, false};
   for (std::uint32_t seed = 1; seed <= 6; ++seed)
     run(cfg, seed, 4000);
