@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Checks the documentation: every relative link of README.md, CHANGELOG.md and
+docs/*.md points at a file that exists (and, with #anchor, at a heading of
+that file); every public header has its page docs/<header>.md, listed in the
+docs index and in the README's table of headers; and no file of the
+repository uses words that only make sense inside the team that wrote it.
+
+Usage: tests/check_docs.py
+"""
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# Words a reader outside the team cannot place (written split, so this file
+# does not match itself).
+INTERNAL = [r"seed" + r" 00", r"the " + r"issue\b", r"issues " + r"are silent", r"issue" + r" [0-9]",
+            r"\bsess" + r"ion\b"]
+failures = []
+
+
+def fail(what):
+    print("FAIL " + what)
+    failures.append(what)
+
+
+def anchors(md: pathlib.Path):
+    out = set()
+    for line in md.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^#+\s+(.*)$", line)
+        if m:
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            out.add(text.replace(" ", "-"))
+    return out
+
+
+def check_links(md: pathlib.Path):
+    text = re.sub(r"```.*?```", "", md.read_text(encoding="utf-8"), flags=re.S)
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):
+            continue  # an absolute URL
+        path, _, anchor = target.partition("#")
+        dest = (md.parent / path).resolve() if path else md
+        if not dest.exists():
+            fail(f"{md.relative_to(ROOT)}: link to missing {target}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            fail(f"{md.relative_to(ROOT)}: no heading for #{anchor} in {path or md.name}")
+
+
+def main():
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    for md in [ROOT / "README.md", ROOT / "CHANGELOG.md", *docs]:
+        check_links(md)
+
+    index = (ROOT / "docs/README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for header in sorted((ROOT / "include/promptcache").glob("*.hpp")):
+        page = f"{header.stem}.md"
+        if not (ROOT / "docs" / page).is_file():
+            fail(f"no docs/{page} for include/promptcache/{header.name}")
+        if f"]({page})" not in index:
+            fail(f"docs/README.md does not list {page}")
+        if f"(docs/{page})" not in readme:
+            fail(f"README.md's table of headers does not link docs/{page}")
+
+    try:
+        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        files = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
+                 if not any(part.startswith(("build", ".git")) for part in p.relative_to(ROOT).parts)]
+    pattern = re.compile("|".join(INTERNAL), re.I)
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or path.suffix not in {".md", ".hpp", ".cpp", ".h", ".py", ".txt",
+                                                     ".cmake", ".in", ".json", ""}:
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(lines, 1):
+            if pattern.search(line):
+                fail(f"{name}:{n}: internal wording: {line.strip()[:100]}")
+
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+# The documentation's code: every ```cpp compile block of README.md and docs/*.md
+# is built as its own program with the project's warnings (-Werror in the dev
+# preset), and run as a test when it has a main(). Included after the
+# promptcache_threaded_tests target is defined.
+file(GLOB _pc_docs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/docs/*.md")
+set(_pc_docs "${PROJECT_SOURCE_DIR}/README.md" ${_pc_docs})
+list(SORT _pc_docs)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_pc_docs})
+execute_process(
+  COMMAND "${Python3_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/extract_snippets.py"
+          "${CMAKE_CURRENT_BINARY_DIR}/snippets" ${_pc_docs}
+  WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}" RESULT_VARIABLE _pc_rc OUTPUT_VARIABLE _pc_snippets
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _pc_rc EQUAL 0)
+  message(FATAL_ERROR "tests/extract_snippets.py failed")
+endif()
+string(REPLACE "\n" ";" _pc_snippets "${_pc_snippets}")
+add_custom_target(promptcache_snippets)
+set(_pc_count 0)
+foreach(_pc_line IN LISTS _pc_snippets)
+  string(REPLACE "|" ";" _pc_line "${_pc_line}")
+  list(GET _pc_line 0 _pc_name)
+  list(GET _pc_line 1 _pc_has_main)
+  set(_pc_src "${CMAKE_CURRENT_BINARY_DIR}/snippets/${_pc_name}.cpp")
+  if(_pc_has_main)
+    add_executable(${_pc_name} "${_pc_src}")
+    add_test(NAME ${_pc_name} COMMAND ${_pc_name})
+    set_tests_properties(${_pc_name} PROPERTIES LABELS snippet)
+  else()
+    add_library(${_pc_name} OBJECT "${_pc_src}")
+  endif()
+  target_link_libraries(${_pc_name} PRIVATE promptcache::block_hash promptcache::warnings
+                                            Threads::Threads)
+  add_dependencies(promptcache_snippets ${_pc_name})
+  if(_pc_has_main AND _pc_name MATCHES "synchronized|concurrent|thread")
+    add_dependencies(promptcache_threaded_tests ${_pc_name})  # run by the tsan preset too
+  endif()
+  math(EXPR _pc_count "${_pc_count} + 1")
+endforeach()
+message(STATUS "promptcache: ${_pc_count} documentation snippets compiled")
