@@ -3,8 +3,6 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/block_hash.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
 // promptcache: block_hash.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -24,6 +22,13 @@
 // little-endian hosts. No function allocates except the vector-returning
 // overloads (and, for a block with more than 32 media hashes, a scratch vector).
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_BLOCK_HASH_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_BLOCK_HASH_HPP
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -35,8 +40,8 @@
 #include <vector>
 
 // ---- begin promptcache/detail/block_hash_bytes.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
 // promptcache: detail/block_hash_bytes.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -83,11 +88,11 @@ constexpr void encode_le64(std::span<const std::uint64_t> words, unsigned char* 
 }
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
 // ---- end promptcache/detail/block_hash_bytes.hpp ----
 // ---- begin promptcache/detail/block_hash_xxhash.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
 // promptcache: detail/block_hash_xxhash.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -328,7 +333,7 @@ class Xxh3Stream {
 #endif
 
 #undef PROMPTCACHE_XXH_SCOPED
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
 // ---- end promptcache/detail/block_hash_xxhash.hpp ----
 
 namespace promptcache {
@@ -553,5 +558,6 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 }
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
+
+#endif  // PROMPTCACHE_BLOCK_HASH_HPP
 // ---- end promptcache/block_hash.hpp ----

@@ -3,8 +3,6 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/coarse_steady_clock.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 // promptcache: coarse_steady_clock.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -15,6 +13,13 @@
 // lookup. The pool's TTLs are minutes and its LRU order is a use counter, not a time, so a
 // clock with millisecond resolution loses nothing there: on Linux this one reads
 // CLOCK_MONOTONIC_COARSE (the kernel's last tick, ~3 ns, resolution one tick: 1-4 ms).
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_COARSE_STEADY_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 
 #include <chrono>
 #include <cstdint>
@@ -74,5 +79,6 @@ class CoarseSteadyClock {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
+
+#endif  // PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 // ---- end promptcache/coarse_steady_clock.hpp ----

@@ -3,8 +3,6 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/cursor.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
 // promptcache: cursor.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -12,6 +10,12 @@
 // stream (one per KV-event publisher). A router keeps one CursorState per
 // publisher and asks it, for every incoming event id, whether the event can be
 // applied, must be dropped, or reveals that events were lost.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_CURSOR_HPP) && (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_CURSOR_HPP
 
 #include <concepts>
 #include <cstdint>
@@ -116,5 +120,6 @@ class CursorState {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
+
+#endif  // PROMPTCACHE_CURSOR_HPP
 // ---- end promptcache/cursor.hpp ----

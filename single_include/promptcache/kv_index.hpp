@@ -3,8 +3,6 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/kv_index.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
 // promptcache: kv_index.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -23,6 +21,13 @@
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_KV_INDEX_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_KV_INDEX_HPP
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -36,8 +41,6 @@
 #include <vector>
 
 // ---- begin promptcache/cursor.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
 // promptcache: cursor.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -45,6 +48,12 @@
 // stream (one per KV-event publisher). A router keeps one CursorState per
 // publisher and asks it, for every incoming event id, whether the event can be
 // applied, must be dropped, or reveals that events were lost.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_CURSOR_HPP) && (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_CURSOR_HPP
 
 #include <concepts>
 #include <cstdint>
@@ -149,11 +158,12 @@ class CursorState {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
+
+#endif  // PROMPTCACHE_CURSOR_HPP
 // ---- end promptcache/cursor.hpp ----
 // ---- begin promptcache/detail/kv_index_store.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
 // promptcache: detail/kv_index_store.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -169,8 +179,8 @@ class CursorState {
 #include <vector>
 
 // ---- begin promptcache/detail/kv_index_table.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 // promptcache: detail/kv_index_table.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -439,7 +449,7 @@ class KvPackedTable {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 // ---- end promptcache/detail/kv_index_table.hpp ----
 
 namespace promptcache::detail {
@@ -779,7 +789,7 @@ class KvHoldStore {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
 // ---- end promptcache/detail/kv_index_store.hpp ----
 
 namespace promptcache {
@@ -1708,5 +1718,6 @@ class KvIndex {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
+
+#endif  // PROMPTCACHE_KV_INDEX_HPP
 // ---- end promptcache/kv_index.hpp ----

@@ -3,14 +3,19 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/manual_clock.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
 // promptcache: manual_clock.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
 // A clock that only moves when told to, for driving PromptCachePool's TTLs in
 // tests and simulations without sleeping. Copies are handles to one shared
 // time, so a test can hand a copy to the pool and keep advancing its own.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_MANUAL_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_MANUAL_CLOCK_HPP
 
 #include <atomic>
 #include <chrono>
@@ -62,5 +67,6 @@ class ManualClock {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
+
+#endif  // PROMPTCACHE_MANUAL_CLOCK_HPP
 // ---- end promptcache/manual_clock.hpp ----

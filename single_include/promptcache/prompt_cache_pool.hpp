@@ -3,8 +3,6 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // promptcache: prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -20,6 +18,13 @@
 // entries also sit on an intrusive recency list (one per distinct TTL), which
 // gives the LRU victim in O(1) and lets TTL expiry stop at the first live
 // entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 
 #include <algorithm>
 #include <bit>
@@ -39,8 +44,8 @@
 #include <vector>
 
 // ---- begin promptcache/detail/mismatch.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 // promptcache: detail/mismatch.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -213,11 +218,11 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#define PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // promptcache: detail/pool_child_map.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -420,7 +425,7 @@ class PoolChildMap {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // ---- end promptcache/detail/pool_child_map.hpp ----
 
 namespace promptcache {
@@ -1690,5 +1695,6 @@ class PromptCachePool {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+
+#endif  // PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // ---- end promptcache/prompt_cache_pool.hpp ----

@@ -3,569 +3,22 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/promptcache.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPTCACHE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPTCACHE_HPP
 // promptcache: promptcache.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// Umbrella header: includes every public promptcache header.
+// Umbrella header: every public promptcache header that needs nothing but the
+// standard library (the promptcache::promptcache target). Headers with a
+// third-party dependency are included on their own, with the target of the same
+// name: block_hash.hpp (xxHash, promptcache::block_hash).
 
-// ---- begin promptcache/block_hash.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
-// promptcache: block_hash.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// xxh3 block hashes of token sequences, byte-identical to NVIDIA Dynamo's KV
-// router, so a C++ engine or router can publish and match the same hashes.
-//
-// A sequence of u32 tokens is cut into full blocks of `block_size` tokens (the
-// trailing partial block is not hashed: its KV is not cached yet). Each block
-// gets a *local* hash of its tokens' little-endian bytes, seeded by 1337 plus
-// the LoRA / cache-salt contributions; a block carrying images or other media
-// appends those media's u64 hashes, sorted, after its tokens. The *sequence*
-// hash chains the local hashes, so it identifies the whole prefix ending at a
-// block: seq[0] = local[0], seq[i] = xxh3(LE64(seq[i-1]) || LE64(local[i]), 1337).
-//
-// Everything is header-only (xxHash compiled inline, see
-// detail/block_hash_xxhash.hpp) and hashes the same values on big- and
-// little-endian hosts. No function allocates except the vector-returning
-// overloads (and, for a block with more than 32 media hashes, a scratch vector).
-
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string_view>
-#include <vector>
-
-// ---- begin promptcache/detail/block_hash_bytes.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-// promptcache: detail/block_hash_bytes.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// Little-endian byte encoding for block hashing. Dynamo hashes the
-// little-endian bytes of u32 tokens and u64 hashes; these helpers produce them
-// with shifts, so the result is the same on any host byte order.
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-
-namespace promptcache::detail {
-
-/// Writes `v` as 4 little-endian bytes at `p`. O(1).
-constexpr void store_le32(std::uint32_t v, unsigned char* p) noexcept {
-  p[0] = static_cast<unsigned char>(v);
-  p[1] = static_cast<unsigned char>(v >> 8);
-  p[2] = static_cast<unsigned char>(v >> 16);
-  p[3] = static_cast<unsigned char>(v >> 24);
-}
-
-/// Writes `v` as 8 little-endian bytes at `p`. O(1).
-constexpr void store_le64(std::uint64_t v, unsigned char* p) noexcept {
-  store_le32(static_cast<std::uint32_t>(v), p);
-  store_le32(static_cast<std::uint32_t>(v >> 32), p + 4);
-}
-
-/// Writes `words` as consecutive little-endian u32 at `out`, which must hold
-/// 4 * words.size() bytes. O(words.size()).
-constexpr void encode_le32(std::span<const std::uint32_t> words, unsigned char* out) noexcept {
-  for (const std::uint32_t w : words) {
-    store_le32(w, out);
-    out += 4;
-  }
-}
-
-/// Writes `words` as consecutive little-endian u64 at `out`, which must hold
-/// 8 * words.size() bytes. O(words.size()).
-constexpr void encode_le64(std::span<const std::uint64_t> words, unsigned char* out) noexcept {
-  for (const std::uint64_t w : words) {
-    store_le64(w, out);
-    out += 8;
-  }
-}
-
-}  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-// ---- end promptcache/detail/block_hash_bytes.hpp ----
-// ---- begin promptcache/detail/block_hash_xxhash.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-// promptcache: detail/block_hash_xxhash.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// Compiles xxHash into this translation unit (XXH_INLINE_ALL: every XXH
-// function becomes a `static inline` copy named XXH_INLINE_*), so the library
-// stays header-only and never needs libxxhash at link time, and exposes the few
-// XXH3 entry points block_hash.hpp uses as functions in promptcache::detail.
-//
-// The inline copies have internal linkage, so they cannot clash with a
-// libxxhash the program also links. What could leak is the preprocessor state:
-// XXH_INLINE_ALL maps the public names (XXH3_64bits, XXH3_state_t, ...) to the
-// XXH_INLINE_* copies and defines xxhash.h's include guards. Left alone, a
-// translation unit that includes <xxhash.h> itself before or after this header
-// would silently call (and name types of) the inline copies instead of the
-// library it links, e.g. `void f(XXH3_state_t*)` would mangle differently in
-// two translation units. So every macro xxhash.h touches is saved with
-// push_macro before the include and restored with pop_macro after the wrappers
-// below are defined: afterwards <xxhash.h> means exactly what it meant before.
-//
-// If the translation unit already asked for the inline build itself
-// (XXH_INLINE_ALL or XXH_PRIVATE_API defined, or xxhash.h already included with
-// it), this header reuses those copies and leaves the state as it found it.
-// Known limit: including <xxhash.h> *with* XXH_INLINE_ALL *after* this header
-// in the same translation unit is not supported (include it first instead).
-
-#include <cstddef>
-#include <cstdint>
-
-#if defined(XXH_INLINE_ALL) || defined(XXH_PRIVATE_API) || defined(XXH_INLINE_ALL_31684351384)
-#define PROMPTCACHE_XXH_SCOPED 0
-#else
-#define PROMPTCACHE_XXH_SCOPED 1
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
 #endif
+#if !defined(PROMPTCACHE_PROMPTCACHE_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPTCACHE_HPP
 
-#if PROMPTCACHE_XXH_SCOPED
-// Every name xxhash.h 0.8.x (re)defines in XXH_INLINE_ALL mode, plus its
-// include guards and configuration macros.
-#pragma push_macro("XXH_versionNumber")
-#pragma push_macro("XXH32")
-#pragma push_macro("XXH32_createState")
-#pragma push_macro("XXH32_freeState")
-#pragma push_macro("XXH32_reset")
-#pragma push_macro("XXH32_update")
-#pragma push_macro("XXH32_digest")
-#pragma push_macro("XXH32_copyState")
-#pragma push_macro("XXH32_canonicalFromHash")
-#pragma push_macro("XXH32_hashFromCanonical")
-#pragma push_macro("XXH64")
-#pragma push_macro("XXH64_createState")
-#pragma push_macro("XXH64_freeState")
-#pragma push_macro("XXH64_reset")
-#pragma push_macro("XXH64_update")
-#pragma push_macro("XXH64_digest")
-#pragma push_macro("XXH64_copyState")
-#pragma push_macro("XXH64_canonicalFromHash")
-#pragma push_macro("XXH64_hashFromCanonical")
-#pragma push_macro("XXH3_64bits")
-#pragma push_macro("XXH3_64bits_withSecret")
-#pragma push_macro("XXH3_64bits_withSeed")
-#pragma push_macro("XXH3_64bits_withSecretandSeed")
-#pragma push_macro("XXH3_createState")
-#pragma push_macro("XXH3_freeState")
-#pragma push_macro("XXH3_copyState")
-#pragma push_macro("XXH3_64bits_reset")
-#pragma push_macro("XXH3_64bits_reset_withSeed")
-#pragma push_macro("XXH3_64bits_reset_withSecret")
-#pragma push_macro("XXH3_64bits_reset_withSecretandSeed")
-#pragma push_macro("XXH3_64bits_update")
-#pragma push_macro("XXH3_64bits_digest")
-#pragma push_macro("XXH3_generateSecret")
-#pragma push_macro("XXH3_generateSecret_fromSeed")
-#pragma push_macro("XXH128")
-#pragma push_macro("XXH3_128bits")
-#pragma push_macro("XXH3_128bits_withSeed")
-#pragma push_macro("XXH3_128bits_withSecret")
-#pragma push_macro("XXH3_128bits_withSecretandSeed")
-#pragma push_macro("XXH3_128bits_reset")
-#pragma push_macro("XXH3_128bits_reset_withSeed")
-#pragma push_macro("XXH3_128bits_reset_withSecret")
-#pragma push_macro("XXH3_128bits_reset_withSecretandSeed")
-#pragma push_macro("XXH3_128bits_update")
-#pragma push_macro("XXH3_128bits_digest")
-#pragma push_macro("XXH128_isEqual")
-#pragma push_macro("XXH128_cmp")
-#pragma push_macro("XXH128_canonicalFromHash")
-#pragma push_macro("XXH128_hashFromCanonical")
-#pragma push_macro("XXH_OK")
-#pragma push_macro("XXH_ERROR")
-#pragma push_macro("XXH_errorcode")
-#pragma push_macro("XXH32_canonical_t")
-#pragma push_macro("XXH64_canonical_t")
-#pragma push_macro("XXH128_canonical_t")
-#pragma push_macro("XXH32_state_s")
-#pragma push_macro("XXH32_state_t")
-#pragma push_macro("XXH64_state_s")
-#pragma push_macro("XXH64_state_t")
-#pragma push_macro("XXH3_state_s")
-#pragma push_macro("XXH3_state_t")
-#pragma push_macro("XXH128_hash_t")
-#pragma push_macro("XXH_NAMESPACE")
-#pragma push_macro("XXH_PUBLIC_API")
-#pragma push_macro("XXH_STATIC_LINKING_ONLY")
-#pragma push_macro("XXH_INLINE_ALL")
-#pragma push_macro("XXHASH_H_5627135585666179")
-#pragma push_macro("XXHASH_H_STATIC_13879238742")
-#define XXH_INLINE_ALL
-#endif
-
-#include <xxhash.h>
-
-#if !defined(XXH_VERSION_NUMBER) || XXH_VERSION_NUMBER < 801
-#error "promptcache/block_hash.hpp needs xxHash 0.8.1 or newer"
-#endif
-
-namespace promptcache::detail {
-
-/// Size of an XXH3 secret derived from a seed (XXH3_SECRET_DEFAULT_SIZE).
-inline constexpr std::size_t xxh3_secret_size = 192;
-/// Inputs up to this many bytes are hashed with the seed alone; longer ones
-/// use the secret (XXH3_MIDSIZE_MAX).
-inline constexpr std::size_t xxh3_midsize_max = 240;
-static_assert(xxh3_secret_size == XXH3_SECRET_DEFAULT_SIZE);
-static_assert(xxh3_midsize_max == XXH3_MIDSIZE_MAX);
-
-/// XXH3_64bits: unseeded 64-bit XXH3 of `len` bytes. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len) noexcept {
-  return XXH3_64bits(data, len);
-}
-
-/// XXH3_64bits_withSeed. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len, std::uint64_t seed) noexcept {
-  return XXH3_64bits_withSeed(data, len, seed);
-}
-
-/// Fills `secret` (xxh3_secret_size bytes) with the secret XXH3 derives from
-/// `seed`, so long inputs need not re-derive it on every call. O(1).
-inline void xxh3_secret_from_seed(unsigned char* secret, std::uint64_t seed) noexcept {
-  XXH3_generateSecret_fromSeed(secret, seed);
-}
-
-/// XXH3_64bits_withSecretandSeed with a secret from xxh3_secret_from_seed(seed):
-/// equal to xxh3_64(data, len, seed), minus the per-call secret derivation. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len, const unsigned char* secret,
-                             std::uint64_t seed) noexcept {
-  return XXH3_64bits_withSecretandSeed(data, len, secret, xxh3_secret_size, seed);
-}
-
-/// Streaming XXH3-64 with a seed and its derived secret: the digest equals
-/// xxh3_64(all bytes, seed). Holds ~600 bytes of state, never allocates.
-class Xxh3Stream {
- public:
-  /// Starts an empty stream; `secret` must outlive the stream. O(1).
-  Xxh3Stream(const unsigned char* secret, std::uint64_t seed) noexcept {
-    XXH3_64bits_reset_withSecretandSeed(&state_, secret, xxh3_secret_size, seed);
-  }
-  /// Appends `len` bytes. O(len).
-  void update(const void* data, std::size_t len) noexcept {
-    XXH3_64bits_update(&state_, data, len);
-  }
-  /// The hash of everything appended so far; the stream stays usable. O(1).
-  [[nodiscard]] std::uint64_t digest() const noexcept { return XXH3_64bits_digest(&state_); }
-
- private:
-  XXH3_state_t state_;
-};
-
-}  // namespace promptcache::detail
-
-#if PROMPTCACHE_XXH_SCOPED
-#pragma pop_macro("XXH_versionNumber")
-#pragma pop_macro("XXH32")
-#pragma pop_macro("XXH32_createState")
-#pragma pop_macro("XXH32_freeState")
-#pragma pop_macro("XXH32_reset")
-#pragma pop_macro("XXH32_update")
-#pragma pop_macro("XXH32_digest")
-#pragma pop_macro("XXH32_copyState")
-#pragma pop_macro("XXH32_canonicalFromHash")
-#pragma pop_macro("XXH32_hashFromCanonical")
-#pragma pop_macro("XXH64")
-#pragma pop_macro("XXH64_createState")
-#pragma pop_macro("XXH64_freeState")
-#pragma pop_macro("XXH64_reset")
-#pragma pop_macro("XXH64_update")
-#pragma pop_macro("XXH64_digest")
-#pragma pop_macro("XXH64_copyState")
-#pragma pop_macro("XXH64_canonicalFromHash")
-#pragma pop_macro("XXH64_hashFromCanonical")
-#pragma pop_macro("XXH3_64bits")
-#pragma pop_macro("XXH3_64bits_withSecret")
-#pragma pop_macro("XXH3_64bits_withSeed")
-#pragma pop_macro("XXH3_64bits_withSecretandSeed")
-#pragma pop_macro("XXH3_createState")
-#pragma pop_macro("XXH3_freeState")
-#pragma pop_macro("XXH3_copyState")
-#pragma pop_macro("XXH3_64bits_reset")
-#pragma pop_macro("XXH3_64bits_reset_withSeed")
-#pragma pop_macro("XXH3_64bits_reset_withSecret")
-#pragma pop_macro("XXH3_64bits_reset_withSecretandSeed")
-#pragma pop_macro("XXH3_64bits_update")
-#pragma pop_macro("XXH3_64bits_digest")
-#pragma pop_macro("XXH3_generateSecret")
-#pragma pop_macro("XXH3_generateSecret_fromSeed")
-#pragma pop_macro("XXH128")
-#pragma pop_macro("XXH3_128bits")
-#pragma pop_macro("XXH3_128bits_withSeed")
-#pragma pop_macro("XXH3_128bits_withSecret")
-#pragma pop_macro("XXH3_128bits_withSecretandSeed")
-#pragma pop_macro("XXH3_128bits_reset")
-#pragma pop_macro("XXH3_128bits_reset_withSeed")
-#pragma pop_macro("XXH3_128bits_reset_withSecret")
-#pragma pop_macro("XXH3_128bits_reset_withSecretandSeed")
-#pragma pop_macro("XXH3_128bits_update")
-#pragma pop_macro("XXH3_128bits_digest")
-#pragma pop_macro("XXH128_isEqual")
-#pragma pop_macro("XXH128_cmp")
-#pragma pop_macro("XXH128_canonicalFromHash")
-#pragma pop_macro("XXH128_hashFromCanonical")
-#pragma pop_macro("XXH_OK")
-#pragma pop_macro("XXH_ERROR")
-#pragma pop_macro("XXH_errorcode")
-#pragma pop_macro("XXH32_canonical_t")
-#pragma pop_macro("XXH64_canonical_t")
-#pragma pop_macro("XXH128_canonical_t")
-#pragma pop_macro("XXH32_state_s")
-#pragma pop_macro("XXH32_state_t")
-#pragma pop_macro("XXH64_state_s")
-#pragma pop_macro("XXH64_state_t")
-#pragma pop_macro("XXH3_state_s")
-#pragma pop_macro("XXH3_state_t")
-#pragma pop_macro("XXH128_hash_t")
-#pragma pop_macro("XXH_NAMESPACE")
-#pragma pop_macro("XXH_PUBLIC_API")
-#pragma pop_macro("XXH_STATIC_LINKING_ONLY")
-#pragma pop_macro("XXH_INLINE_ALL")
-#pragma pop_macro("XXHASH_H_5627135585666179")
-#pragma pop_macro("XXHASH_H_STATIC_13879238742")
-#endif
-
-#undef PROMPTCACHE_XXH_SCOPED
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-// ---- end promptcache/detail/block_hash_xxhash.hpp ----
-
-namespace promptcache {
-
-/// Dynamo's base seed: local hashes start from it, sequence hashes always use it.
-inline constexpr std::uint64_t block_hash_default_seed = 1337;
-
-/// The local-hash seed for a LoRA adapter and a cache salt: 1337, plus (wrapping)
-/// xxh3(lora_name) if non-empty, plus xxh3(cache_salt, seed 1) if non-empty. An
-/// empty name counts as absent. O(size of the names).
-[[nodiscard]] inline std::uint64_t block_hash_seed(std::string_view lora_name = {},
-                                                   std::string_view cache_salt = {}) noexcept {
-  std::uint64_t seed = block_hash_default_seed;
-  if (!lora_name.empty()) seed += detail::xxh3_64(lora_name.data(), lora_name.size());
-  if (!cache_salt.empty()) seed += detail::xxh3_64(cache_salt.data(), cache_salt.size(), 1);
-  return seed;
-}
-
-/// How local block hashes are computed; the default is Dynamo's plain text model.
-struct BlockHashOptions {
-  /// The seed from block_hash_seed() (LoRA name and cache salt).
-  std::uint64_t seed = block_hash_default_seed;
-  /// media[i] holds the media hashes carried by block i, in any order (they are
-  /// hashed sorted). Blocks past media.size() and empty entries carry no media.
-  /// Entries past the number of blocks are ignored.
-  std::span<const std::span<const std::uint64_t>> media = {};
-  /// Eagle (speculative decoding): block i hashes the block_size + 1 tokens
-  /// starting at i * block_size, so n tokens give (n - 1) / block_size blocks.
-  bool eagle = false;
-};
-
-/// Number of hashable blocks in `num_tokens` tokens: num_tokens / block_size, or
-/// (num_tokens - 1) / block_size in Eagle mode; 0 when block_size is 0. O(1).
-[[nodiscard]] constexpr std::size_t block_count(std::size_t num_tokens, std::size_t block_size,
-                                                bool eagle = false) noexcept {
-  if (block_size == 0 || num_tokens == 0) return 0;
-  return (eagle ? num_tokens - 1 : num_tokens) / block_size;
-}
-
-namespace detail {
-
-/// Hashes block windows with one seed. Derives the seed's XXH3 secret once,
-/// and only if some input is longer than xxh3_midsize_max bytes (XXH3's own
-/// seeded entry point would re-derive it on every call).
-class BlockHasher {
- public:
-  /// Inputs up to this many bytes are encoded into an inline buffer and hashed
-  /// in one call; longer ones are streamed through it.
-  static constexpr std::size_t buffer_bytes = 2048;
-  /// Blocks with up to this many media hashes sort them without allocating.
-  static constexpr std::size_t inline_media = 32;
-
-  /// A hasher for `seed`; the secret is derived lazily. O(1).
-  explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
-
-  /// xxh3 of `len` bytes at `data` with the seed. O(len).
-  std::uint64_t hash_bytes(const void* data, std::size_t len) noexcept {
-    if (len <= xxh3_midsize_max) return xxh3_64(data, len, seed_);
-    return xxh3_64(data, len, secret(), seed_);
-  }
-
-  /// Local hash of one window of tokens and its (unsorted) media hashes, from
-  /// explicitly encoded little-endian bytes: correct on any host byte order.
-  /// O(window + media log media); allocates only for more than inline_media media.
-  std::uint64_t hash_encoded(std::span<const std::uint32_t> window,
-                             std::span<const std::uint64_t> media) {
-    std::array<std::uint64_t, inline_media> small;
-    std::vector<std::uint64_t> large;
-    std::span<std::uint64_t> sorted;
-    if (media.size() <= inline_media) {
-      sorted = std::span<std::uint64_t>(small.data(), media.size());
-    } else {
-      large.resize(media.size());
-      sorted = large;
-    }
-    std::copy(media.begin(), media.end(), sorted.begin());
-    std::sort(sorted.begin(), sorted.end());
-
-    const std::size_t token_bytes = window.size() * sizeof(std::uint32_t);
-    const std::size_t media_bytes = sorted.size() * sizeof(std::uint64_t);
-    if (token_bytes + media_bytes <= buffer_.size()) {
-      encode_le32(window, buffer_.data());
-      encode_le64(sorted, buffer_.data() + token_bytes);
-      return hash_bytes(buffer_.data(), token_bytes + media_bytes);
-    }
-    Xxh3Stream stream(secret(), seed_);
-    constexpr std::size_t tokens_per_chunk = buffer_bytes / sizeof(std::uint32_t);
-    for (std::size_t i = 0; i < window.size(); i += tokens_per_chunk) {
-      const auto part = window.subspan(i, std::min(tokens_per_chunk, window.size() - i));
-      encode_le32(part, buffer_.data());
-      stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
-    }
-    constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
-    for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
-      const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
-      encode_le64(part, buffer_.data());
-      stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
-    }
-    return stream.digest();
-  }
-
-  /// The XXH3 secret derived from the seed, computed on first use. O(1).
-  const unsigned char* secret() noexcept {
-    if (!has_secret_) {
-      xxh3_secret_from_seed(secret_.data(), seed_);
-      has_secret_ = true;
-    }
-    return secret_.data();
-  }
-
- private:
-  std::uint64_t seed_;
-  bool has_secret_ = false;
-  alignas(64) std::array<unsigned char, xxh3_secret_size> secret_;
-  std::array<unsigned char, buffer_bytes> buffer_;
-};
-
-/// local_block_hashes() with the byte path chosen by the caller. Native = true
-/// hashes token memory in place for blocks without media, which is only
-/// correct on little-endian hosts; Native = false encodes every block
-/// explicitly (the tests run it on little-endian hosts to cover the
-/// big-endian path).
-template <bool Native>
-std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
-                               std::span<std::uint64_t> out, const BlockHashOptions& options) {
-  const std::size_t count = block_count(tokens.size(), block_size, options.eagle);
-  const std::size_t window = options.eagle ? block_size + 1 : block_size;
-  const std::size_t written = std::min(count, out.size());
-  BlockHasher hasher(options.seed);
-  if constexpr (Native) {
-    // The hot path: no media anywhere, one xxh3 call per block straight from
-    // the token memory.
-    if (options.media.empty()) {
-      // Locals, so the stores to out[] cannot force reloads of the seed.
-      const std::size_t bytes = window * sizeof(std::uint32_t);
-      const std::uint64_t seed = options.seed;
-      const std::uint32_t* data = tokens.data();
-      if (bytes <= xxh3_midsize_max) {
-        for (std::size_t i = 0; i < written; ++i) {
-          out[i] = xxh3_64(data + i * block_size, bytes, seed);
-        }
-      } else {
-        const unsigned char* secret = hasher.secret();
-        for (std::size_t i = 0; i < written; ++i) {
-          out[i] = xxh3_64(data + i * block_size, bytes, secret, seed);
-        }
-      }
-      return count;
-    }
-  }
-  for (std::size_t i = 0; i < written; ++i) {
-    const auto block = tokens.subspan(i * block_size, window);
-    const std::span<const std::uint64_t> media =
-        i < options.media.size() ? options.media[i] : std::span<const std::uint64_t>{};
-    if (Native && media.empty()) {
-      out[i] = hasher.hash_bytes(block.data(), block.size_bytes());
-    } else {
-      out[i] = hasher.hash_encoded(block, media);
-    }
-  }
-  return count;
-}
-
-}  // namespace detail
-
-/// Writes the local hash of each hashable block of `tokens` to `out` and returns
-/// the number of blocks, block_count(tokens.size(), block_size, options.eagle).
-/// If that exceeds out.size(), only the first out.size() hashes are computed and
-/// written (compare the result with out.size()). block_size 0 gives 0. Does not
-/// allocate (unless a block has more than 32 media hashes). O(tokens + media).
-inline std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
-                                      std::span<std::uint64_t> out,
-                                      const BlockHashOptions& options = {}) {
-  return detail::local_block_hashes<std::endian::native == std::endian::little>(tokens, block_size,
-                                                                                out, options);
-}
-
-/// The local hash of each hashable block of `tokens`, as a new vector of
-/// block_count(tokens.size(), block_size, options.eagle) hashes. O(tokens + media).
-[[nodiscard]] inline std::vector<std::uint64_t> local_block_hashes(
-    std::span<const std::uint32_t> tokens, std::size_t block_size,
-    const BlockHashOptions& options = {}) {
-  std::vector<std::uint64_t> out(block_count(tokens.size(), block_size, options.eagle));
-  local_block_hashes(tokens, block_size, out, options);
-  return out;
-}
-
-/// The sequence hash of a block whose local hash is `local` and whose previous
-/// block has sequence hash `parent`: xxh3(LE64(parent) || LE64(local), 1337). O(1).
-[[nodiscard]] inline std::uint64_t sequence_hash(std::uint64_t parent,
-                                                 std::uint64_t local) noexcept {
-  std::array<unsigned char, 16> bytes;
-  detail::store_le64(parent, bytes.data());
-  detail::store_le64(local, bytes.data() + 8);
-  return detail::xxh3_64(bytes.data(), bytes.size(), block_hash_default_seed);
-}
-
-/// Writes the sequence hashes of a run of local hashes to `out` and returns
-/// locals.size(). Without `parent` the run starts the sequence (out[0] =
-/// locals[0]); with it, the run continues after the block whose sequence hash is
-/// *parent. If out is smaller, only its first out.size() hashes are written.
-/// `out` may be the same span as `locals` (in-place). O(locals.size()).
-inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
-                                   std::span<std::uint64_t> out,
-                                   std::optional<std::uint64_t> parent = std::nullopt) noexcept {
-  const std::size_t written = std::min(locals.size(), out.size());
-  for (std::size_t i = 0; i < written; ++i) {
-    const std::uint64_t local = locals[i];
-    out[i] = parent ? sequence_hash(*parent, local) : local;
-    parent = out[i];
-  }
-  return locals.size();
-}
-
-/// The sequence hashes of a run of local hashes, as a new vector (see the
-/// span overload for `parent`). O(locals.size()).
-[[nodiscard]] inline std::vector<std::uint64_t> sequence_hashes(
-    std::span<const std::uint64_t> locals, std::optional<std::uint64_t> parent = std::nullopt) {
-  std::vector<std::uint64_t> out(locals.size());
-  sequence_hashes(locals, out, parent);
-  return out;
-}
-
-}  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_BLOCK_HASH_HPP
-// ---- end promptcache/block_hash.hpp ----
 // ---- begin promptcache/coarse_steady_clock.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 // promptcache: coarse_steady_clock.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -576,6 +29,13 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 // lookup. The pool's TTLs are minutes and its LRU order is a use counter, not a time, so a
 // clock with millisecond resolution loses nothing there: on Linux this one reads
 // CLOCK_MONOTONIC_COARSE (the kernel's last tick, ~3 ns, resolution one tick: 1-4 ms).
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_COARSE_STEADY_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 
 #include <chrono>
 #include <cstdint>
@@ -635,11 +95,10 @@ class CoarseSteadyClock {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
+
+#endif  // PROMPTCACHE_COARSE_STEADY_CLOCK_HPP
 // ---- end promptcache/coarse_steady_clock.hpp ----
 // ---- begin promptcache/cursor.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
 // promptcache: cursor.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -647,6 +106,12 @@ class CoarseSteadyClock {
 // stream (one per KV-event publisher). A router keeps one CursorState per
 // publisher and asks it, for every incoming event id, whether the event can be
 // applied, must be dropped, or reveals that events were lost.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_CURSOR_HPP) && (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_CURSOR_HPP
 
 #include <concepts>
 #include <cstdint>
@@ -751,11 +216,10 @@ class CursorState {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_CURSOR_HPP
+
+#endif  // PROMPTCACHE_CURSOR_HPP
 // ---- end promptcache/cursor.hpp ----
 // ---- begin promptcache/kv_index.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
 // promptcache: kv_index.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -774,6 +238,13 @@ class CursorState {
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_KV_INDEX_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_KV_INDEX_HPP
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -787,8 +258,8 @@ class CursorState {
 #include <vector>
 
 // ---- begin promptcache/detail/kv_index_store.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
 // promptcache: detail/kv_index_store.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -804,8 +275,8 @@ class CursorState {
 #include <vector>
 
 // ---- begin promptcache/detail/kv_index_table.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 // promptcache: detail/kv_index_table.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -1074,7 +545,7 @@ class KvPackedTable {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 // ---- end promptcache/detail/kv_index_table.hpp ----
 
 namespace promptcache::detail {
@@ -1414,7 +885,7 @@ class KvHoldStore {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
 // ---- end promptcache/detail/kv_index_store.hpp ----
 
 namespace promptcache {
@@ -2343,17 +1814,23 @@ class KvIndex {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_KV_INDEX_HPP
+
+#endif  // PROMPTCACHE_KV_INDEX_HPP
 // ---- end promptcache/kv_index.hpp ----
 // ---- begin promptcache/manual_clock.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
 // promptcache: manual_clock.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
 // A clock that only moves when told to, for driving PromptCachePool's TTLs in
 // tests and simulations without sleeping. Copies are handles to one shared
 // time, so a test can hand a copy to the pool and keep advancing its own.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_MANUAL_CLOCK_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_MANUAL_CLOCK_HPP
 
 #include <atomic>
 #include <chrono>
@@ -2405,11 +1882,10 @@ class ManualClock {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
+
+#endif  // PROMPTCACHE_MANUAL_CLOCK_HPP
 // ---- end promptcache/manual_clock.hpp ----
 // ---- begin promptcache/prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // promptcache: prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2425,6 +1901,13 @@ class ManualClock {
 // entries also sit on an intrusive recency list (one per distinct TTL), which
 // gives the LRU victim in O(1) and lets TTL expiry stop at the first live
 // entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 
 #include <algorithm>
 #include <bit>
@@ -2444,8 +1927,8 @@ class ManualClock {
 #include <vector>
 
 // ---- begin promptcache/detail/mismatch.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 // promptcache: detail/mismatch.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2618,11 +2101,11 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#define PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // promptcache: detail/pool_child_map.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2825,7 +2308,7 @@ class PoolChildMap {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // ---- end promptcache/detail/pool_child_map.hpp ----
 
 namespace promptcache {
@@ -4095,17 +3578,23 @@ class PromptCachePool {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+
+#endif  // PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // ---- end promptcache/prompt_cache_pool.hpp ----
 // ---- begin promptcache/synchronized_prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 // promptcache: synchronized_prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
 // PromptCachePool behind one mutex, for servers that call it from several threads. The lock
 // covers only the pool's own bookkeeping: sizing an entry (the CacheBytes functor), building
 // its snapshot, and destroying the LayerCaches of evicted entries happen outside it.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 
 #include <chrono>
 #include <concepts>
@@ -4136,7 +3625,7 @@ class SynchronizedPromptCachePool {
   using InsertResult = typename pool_type::InsertResult;                    ///< Insert outcome.
   using InsertOptions = typename pool_type::InsertOptions;                  ///< Per-insert options.
 
-  /// Seed-style constructor (see PromptCachePool).
+  /// Positional constructor: max entries, idle TTL, minimum tokens (see PromptCachePool).
   SynchronizedPromptCachePool(std::size_t max_entries, duration ttl,
                               std::size_t min_cacheable_tokens, Clock clock = Clock{})
       : pool_(max_entries, ttl, min_cacheable_tokens, std::move(clock)) {
@@ -4184,7 +3673,7 @@ class SynchronizedPromptCachePool {
     // A rejected entry (`slot`) is released after the lock is (declared before it).
   }
 
-  /// Seed-style insert (see PromptCachePool::insert_or_update).
+  /// Positional insert (see PromptCachePool::insert_or_update).
   InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
                                 std::size_t fed_images, std::size_t fed_audios, bool pinned) {
     InsertOptions o;
@@ -4299,25 +3788,32 @@ class SynchronizedPromptCachePool {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+
+#endif  // PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 // ---- end promptcache/synchronized_prompt_cache_pool.hpp ----
 // ---- begin promptcache/version.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
 // promptcache: version.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
 // The single source of the library's version: CMakeLists.txt, the Conan recipe
 // and the tests read it from here.
 
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_VERSION_HPP) && (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_VERSION_HPP
+
 #define PROMPTCACHE_VERSION_MAJOR 0
-#define PROMPTCACHE_VERSION_MINOR 1
+#define PROMPTCACHE_VERSION_MINOR 2
 #define PROMPTCACHE_VERSION_PATCH 0
 
 /// The version as one comparable integer: major * 10000 + minor * 100 + patch.
 #define PROMPTCACHE_VERSION \
   (PROMPTCACHE_VERSION_MAJOR * 10000 + PROMPTCACHE_VERSION_MINOR * 100 + PROMPTCACHE_VERSION_PATCH)
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_VERSION_HPP
+
+#endif  // PROMPTCACHE_VERSION_HPP
 // ---- end promptcache/version.hpp ----
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPTCACHE_HPP
+
+#endif  // PROMPTCACHE_PROMPTCACHE_HPP
 // ---- end promptcache/promptcache.hpp ----

@@ -3,14 +3,19 @@
 // Do not edit: edit the sources and regenerate.
 #pragma once
 // ---- begin promptcache/synchronized_prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 // promptcache: synchronized_prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
 // PromptCachePool behind one mutex, for servers that call it from several threads. The lock
 // covers only the pool's own bookkeeping: sizing an entry (the CacheBytes functor), building
 // its snapshot, and destroying the LayerCaches of evicted entries happen outside it.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 
 #include <chrono>
 #include <concepts>
@@ -24,8 +29,6 @@
 #include <vector>
 
 // ---- begin promptcache/prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // promptcache: prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -41,6 +44,13 @@
 // entries also sit on an intrusive recency list (one per distinct TTL), which
 // gives the LRU victim in O(1) and lets TTL expiry stop at the first live
 // entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PROMPT_CACHE_POOL_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 
 #include <algorithm>
 #include <bit>
@@ -60,8 +70,8 @@
 #include <vector>
 
 // ---- begin promptcache/detail/mismatch.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 // promptcache: detail/mismatch.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -234,11 +244,11 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#define PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // promptcache: detail/pool_child_map.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -441,7 +451,7 @@ class PoolChildMap {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // ---- end promptcache/detail/pool_child_map.hpp ----
 
 namespace promptcache {
@@ -1711,7 +1721,8 @@ class PromptCachePool {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+
+#endif  // PROMPTCACHE_PROMPT_CACHE_POOL_HPP
 // ---- end promptcache/prompt_cache_pool.hpp ----
 
 namespace promptcache {
@@ -1732,7 +1743,7 @@ class SynchronizedPromptCachePool {
   using InsertResult = typename pool_type::InsertResult;                    ///< Insert outcome.
   using InsertOptions = typename pool_type::InsertOptions;                  ///< Per-insert options.
 
-  /// Seed-style constructor (see PromptCachePool).
+  /// Positional constructor: max entries, idle TTL, minimum tokens (see PromptCachePool).
   SynchronizedPromptCachePool(std::size_t max_entries, duration ttl,
                               std::size_t min_cacheable_tokens, Clock clock = Clock{})
       : pool_(max_entries, ttl, min_cacheable_tokens, std::move(clock)) {
@@ -1780,7 +1791,7 @@ class SynchronizedPromptCachePool {
     // A rejected entry (`slot`) is released after the lock is (declared before it).
   }
 
-  /// Seed-style insert (see PromptCachePool::insert_or_update).
+  /// Positional insert (see PromptCachePool::insert_or_update).
   InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
                                 std::size_t fed_images, std::size_t fed_audios, bool pinned) {
     InsertOptions o;
@@ -1895,5 +1906,6 @@ class SynchronizedPromptCachePool {
 };
 
 }  // namespace promptcache
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
+
+#endif  // PROMPTCACHE_SYNCHRONIZED_PROMPT_CACHE_POOL_HPP
 // ---- end promptcache/synchronized_prompt_cache_pool.hpp ----
