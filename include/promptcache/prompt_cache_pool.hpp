@@ -10,8 +10,9 @@
 // node where its ids end. Edge labels are not copies: they point into the ids of some entry
 // stored below the edge, so the index costs a few dozen bytes per node on top of the ids the
 // entries own anyway. Unpinned entries also sit on an intrusive recency list (one per distinct
-// TTL), which gives the LRU victim and lets TTL expiry stop at the first live entry. Lookup and
-// insert cost O(query length), whatever the pool size.
+// TTL), and two small heaps over the lists' heads give the LRU victim and the next entry to
+// expire, so a lookup that expires nothing checks one heap top, however many TTLs are in use.
+// Lookup and insert cost O(query length), whatever the pool size.
 //
 // The class below is the policy (what an insert replaces, what is evicted when, the stats);
 // the structures are named parts in detail/:
@@ -106,7 +107,9 @@ class SynchronizedPromptCachePool;
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
 /// Costs below use T, the number of TTL lists: the most distinct idle TTLs the pool has held
-/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs.
+/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs. T only
+/// enters as log T per entry that expires, is evicted, or leaves or joins an empty list (plus,
+/// amortized, per touch of a list's oldest entry); a lookup that expires nothing is O(1) in T.
 ///
 /// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
 /// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
@@ -168,11 +171,13 @@ class PromptCachePool {
 
   /// Per-insert options for insert().
   struct InsertOptions {
-    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
-    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
-    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
-    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
-    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
+    bool pinned = false;  ///< Exempt from LRU, byte and TTL eviction.
+    /// Idle TTL of this entry. Unset: the TTL of the entry this insert replaces (update or
+    /// lineage extension), else Options::ttl. Set: this value, even if shorter than the old one.
+    std::optional<duration> ttl{};
+    namespace_id ns = 0;         ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;  ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;  ///< Stored as Entry::fed_audios.
   };
 
   /// Seed-style constructor (exact-prefix mode, no byte budget).
@@ -218,7 +223,7 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth) to record the
+  /// O(|ids| + expired x log T), T = TTL lists (common-prefix mode: + O(depth) to record the
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
@@ -256,12 +261,15 @@ class PromptCachePool {
   /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
   /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
   /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
-  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
-  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// and max_bytes (the new entry too, if nothing else is evictable). TTL: an explicit
+  /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
+  /// without one, an update or extension keeps the TTL of the entry it replaces (a
+  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
+  /// entries are not collected here (lookups and evict_expired do that), as in the seed. In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists; common-prefix mode adds
+  /// unchanged. O(|ids| + |caches| + (1 + evicted) x log T), T = TTL lists; common-prefix mode adds
   /// O(depth x log fan-out) per change, plus one sift for each child that lookups touched
   /// since the last change to its parent (amortized O(1) per lookup).
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
@@ -274,7 +282,7 @@ class PromptCachePool {
   }
 
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
-  /// O(expired + T), T = TTL lists.
+  /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
     const std::size_t n = expire(clock_.now());
     release_retired();
@@ -325,7 +333,7 @@ class PromptCachePool {
 
   /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
   /// then budgets are enforced. Returns false if there is no such entry. If the clock
-  /// throws, nothing changed. O(|ids| + evicted x T), T = TTL lists.
+  /// throws, nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
@@ -618,11 +626,16 @@ class PromptCachePool {
 // default InsertOptions{} is inlined this far (a known false positive for std::optional).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-    const duration ttl = o.ttl.value_or(options_.ttl);
+    // An explicit TTL describes the new state and wins; without one, the entry keeps the TTL
+    // of the entry it replaces (the same conversation), and a new entry gets Options::ttl.
+    const duration ttl = o.ttl                ? *o.ttl
+                         : exact != nullptr   ? recency_.ttl_of(exact)
+                         : lineage != nullptr ? recency_.ttl_of(lineage)
+                                              : options_.ttl;
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-    const std::uint32_t ttl_class = recency_.prepare(ttl);
+    std::uint32_t ttl_class = 0;
     const bool common_mode = options_.match == MatchMode::common_prefix;
     typename Tree::Spare spare;
     bool created_root = false;
@@ -638,6 +651,7 @@ class PromptCachePool {
       } else {
         spare = Tree::reserve(place, n, common_mode);
       }
+      ttl_class = recency_.prepare(ttl);  // last: once it returned, nothing may fail
     } catch (...) {
       if (created_root) {
         roots_.erase(o.ns);
@@ -651,7 +665,7 @@ class PromptCachePool {
     const Entry* e = s->entry.get();
     // Not yet published, and the Entry object itself is not const (see make_record).
     const_cast<Entry*>(e)->pinned = o.pinned || (exact != nullptr && exact->pinned);
-    recency_.join(s, ttl_class, ttl);
+    recency_.join(s, ttl_class);
     s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
