@@ -146,7 +146,7 @@ class Model {
       ++stats.rejected_too_large;
       return R::rejected_too_large;
     }
-    const std::int64_t t = ttl.value_or(opt_.ttl.count());
+    // An explicit TTL wins; without one, the replaced entry's TTL carries over.
     R result = R::inserted;
     auto exact = std::find_if(es_.begin(), es_.end(),
                               [&](const E& e) { return e.ns == ns && e.ids == ids; });
@@ -154,7 +154,7 @@ class Model {
       exact->pinned = exact->pinned || pinned;
       exact->seq = ++seq_;
       exact->last_used = now;
-      exact->ttl = t;
+      if (ttl) exact->ttl = *ttl;
       exact->bytes = bytes;
       exact->tag = tag;
       result = R::updated;
@@ -168,6 +168,7 @@ class Model {
           lineage = i;
         }
       }
+      const std::int64_t t = ttl ? *ttl : lineage ? es_[*lineage].ttl : opt_.ttl.count();
       es_.push_back(E{ids, ns, pinned, now, ++seq_, t, bytes, tag});
       if (lineage) {
         const Ids lineage_ids = es_[*lineage].ids;

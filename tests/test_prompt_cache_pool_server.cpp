@@ -367,9 +367,14 @@ TEST_CASE("insert options: per-entry idle TTLs side by side (5 minutes and 1 hou
   clock.advance(1h);
   CHECK(pool.evict_expired() == 1);
   CHECK(pool.empty());
-  // An update takes the TTL of the new insert.
+  // An update without a TTL keeps the entry's TTL; an explicit one replaces it, even shorter.
   pool.insert({3}, layer(3), hour);
   pool.insert({3}, layer(4));
+  clock.advance(6min);
+  CHECK(pool.find_longest_prefix(Ids{3}));
+  Pool::InsertOptions five;
+  five.ttl = 5min;
+  pool.insert({3}, layer(5), five);
   clock.advance(6min);
   CHECK_FALSE(pool.find_longest_prefix(Ids{3}));
 }

@@ -6,13 +6,22 @@
 // list on every call; the pool answers "which stored prefix of this request can
 // I resume from" and keeps the state after each call.
 //
-// Layout: one compressed trie (radix tree) per namespace over token ids; an
-// entry lives on the node where its ids end. Edge labels are not copies: they
-// point into the ids of some entry stored below the edge, so the index costs a
-// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
-// entries also sit on an intrusive recency list (one per distinct TTL), which
-// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
-// entry. Lookup and insert cost O(query length), whatever the pool size.
+// Layout: one compressed trie (radix tree) per namespace over token ids; an entry lives on the
+// node where its ids end. Edge labels are not copies: they point into the ids of some entry
+// stored below the edge, so the index costs a few dozen bytes per node on top of the ids the
+// entries own anyway. Unpinned entries also sit on an intrusive recency list (one per distinct
+// TTL), and two small heaps over the lists' heads give the LRU victim and the next entry to
+// expire, so a lookup that expires nothing checks one heap top, however many TTLs are in use.
+// Lookup and insert cost O(query length), whatever the pool size.
+//
+// The class below is the policy (what an insert replaces, what is evicted when, the stats);
+// the structures are named parts in detail/:
+//   pool_record.hpp     an entry's record, sharing one allocation with its snapshot, and the
+//                       chain of removed records released after the operation (or the lock)
+//   pool_tree.hpp       the radix tree: walks, splits, merges, pruning, label owners
+//   pool_best_heap.hpp  common-prefix mode: each node's best entry below it, children in heaps
+//   pool_child_map.hpp  a node's children: open-addressing table keyed by first token
+//   pool_recency.hpp    the recency lists by TTL class: LRU victim and TTL expiry
 #pragma once
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
@@ -39,8 +48,9 @@
 #include <utility>
 #include <vector>
 
-#include "detail/mismatch.hpp"
-#include "detail/pool_child_map.hpp"
+#include "detail/pool_recency.hpp"
+#include "detail/pool_record.hpp"
+#include "detail/pool_tree.hpp"
 
 namespace promptcache {
 
@@ -104,7 +114,9 @@ class SynchronizedPromptCachePool;
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
 /// Costs below use T, the number of TTL lists: the most distinct idle TTLs the pool has held
-/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs.
+/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs. T only
+/// enters as log T per entry that expires, is evicted, or leaves or joins an empty list (plus,
+/// amortized, per touch of a list's oldest entry); a lookup that expires nothing is O(1) in T.
 ///
 /// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
 /// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
@@ -166,11 +178,13 @@ class PromptCachePool {
 
   /// Per-insert options for insert().
   struct InsertOptions {
-    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
-    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
-    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
-    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
-    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
+    bool pinned = false;  ///< Exempt from LRU, byte and TTL eviction.
+    /// Idle TTL of this entry. Unset: the TTL of the entry this insert replaces (update or
+    /// lineage extension), else Options::ttl. Set: this value, even if shorter than the old one.
+    std::optional<duration> ttl{};
+    namespace_id ns = 0;         ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;  ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;  ///< Stored as Entry::fed_audios.
   };
 
   /// Seed-style constructor (exact-prefix mode, no byte budget).
@@ -181,11 +195,13 @@ class PromptCachePool {
   /// Pool with the given options. Throws std::invalid_argument if max_bytes != 0 while
   /// CacheBytes is unsized_caches (every entry would weigh 0, silently ignoring the budget).
   explicit PromptCachePool(Options options, Clock clock = Clock{}, CacheBytes cache_bytes = {})
-      : options_(options), clock_(std::move(clock)), cache_bytes_(std::move(cache_bytes)) {
+      : options_(options),
+        clock_(std::move(clock)),
+        cache_bytes_(std::move(cache_bytes)),
+        recency_(options_.ttl) {
     if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
       throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
     }
-    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr, 0});
   }
 
   /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
@@ -204,7 +220,7 @@ class PromptCachePool {
   ~PromptCachePool() {
     for (auto& [ns, root] : roots_)
       drop_tree(root.get());
-    free_retired(std::exchange(retired_, nullptr));
+    free_retired(retired_.take());
   }
 
   /// The options the pool was built with.
@@ -214,7 +230,7 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth) to record the
+  /// O(|ids| + expired x log T), T = TTL lists (common-prefix mode: + O(depth) to record the
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
@@ -225,8 +241,9 @@ class PromptCachePool {
     std::optional<Hit> result;
     if (!ids.empty()) {
       const std::size_t limit = options_.keep_one_token ? ids.size() - 1 : ids.size();
-      Match m = options_.match == MatchMode::exact_prefix ? match_exact(ids, limit, ns)
-                                                          : match_common(ids, limit, ns);
+      const Node* root = root_of(ns);
+      Match m = options_.match == MatchMode::exact_prefix ? Tree::match_exact(root, ids, limit)
+                                                          : Tree::match_common(root, ids, limit);
       if (m.slot != nullptr && m.matched > 0 && m.matched >= options_.min_match_tokens) {
         touch(m.slot, now);
         ++stats_.hits;
@@ -251,12 +268,15 @@ class PromptCachePool {
   /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
   /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
   /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
-  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
-  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// and max_bytes (the new entry too, if nothing else is evictable). TTL: an explicit
+  /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
+  /// without one, an update or extension keeps the TTL of the entry it replaces (a
+  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
+  /// entries are not collected here (lookups and evict_expired do that), as in the seed. In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists; common-prefix mode adds
+  /// unchanged. O(|ids| + |caches| + (1 + evicted) x log T), T = TTL lists; common-prefix mode adds
   /// O(depth x log fan-out) per change, plus one sift for each child that lookups touched
   /// since the last change to its parent (amortized O(1) per lookup).
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
@@ -269,7 +289,7 @@ class PromptCachePool {
   }
 
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
-  /// O(expired + T), T = TTL lists.
+  /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
     const std::size_t n = expire(clock_.now());
     release_retired();
@@ -311,7 +331,7 @@ class PromptCachePool {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
     if (!s->pinned) {
-      list_unlink(s);
+      recency_.unlink(s);
       s->pinned = true;
       ++stats_.pinned_entries;
     }
@@ -320,7 +340,7 @@ class PromptCachePool {
 
   /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
   /// then budgets are enforced. Returns false if there is no such entry. If the clock
-  /// throws, nothing changed. O(|ids| + evicted x T), T = TTL lists.
+  /// throws, nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
@@ -330,8 +350,8 @@ class PromptCachePool {
       --stats_.pinned_entries;
       s->last_used = now;
       s->seq = ++seq_;
-      list_push_back(s);
-      if (options_.match == MatchMode::common_prefix) propagate(s->node);
+      recency_.push_back(s);
+      if (options_.match == MatchMode::common_prefix) Best::propagate(s->node);
       enforce_budgets();
       release_retired();
     }
@@ -385,12 +405,12 @@ class PromptCachePool {
   /// Memory of the index vs the ids it indexes (LayerCache payloads excluded). O(nodes).
   [[nodiscard]] PoolMemory memory_usage() const {
     PoolMemory m;
-    m.index_bytes = sizeof(*this) + classes_.capacity() * sizeof(TtlClass) +
-                    roots_.bucket_count() * sizeof(void*) +
-                    roots_.size() * (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) +
-                                     2 * sizeof(void*));
+    m.index_bytes =
+        sizeof(*this) + recency_.memory_bytes() + roots_.bucket_count() * sizeof(void*) +
+        roots_.size() *
+            (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) + 2 * sizeof(void*));
     for (const auto& [ns, root] : roots_) {
-      visit(root.get(), [&](const Node* n) {
+      Tree::visit(root.get(), [&](const Node* n) {
         m.index_bytes += sizeof(Node) + n->children.table_bytes();
         if (n->slot) {
           // The record and the Entry object in one block with the shared_ptr control block
@@ -408,236 +428,59 @@ class PromptCachePool {
   /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
     std::size_t entries = 0, pinned = 0, bytes = 0;
-    std::vector<std::size_t> members(classes_.size(), 0);
+    std::vector<std::size_t> members(recency_.class_count(), 0);
+    const bool common = options_.match == MatchMode::common_prefix;
     for (const auto& kv : roots_) {
       const namespace_id nsv = kv.first;
       const Node* root = kv.second.get();
-      require(root->parent == nullptr && !root->slot && root->depth == 0, "root shape");
       require(nsv != 0 || root == root0_, "root0 cache");
-      visit(root, [&](const Node* n) {
-        n->children.for_each([&](const Node* c) {
-          require(c->parent == n, "parent link");
-          require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
-          require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
-          const auto* e = n->children.find_slot(c->first);
-          require(e->label == c->label && label_len_of(e) == c->label_len, "label copy");
-        });
-        if (options_.match == MatchMode::common_prefix) {
-          require(n->heap.size() == n->children.size(), "heap size");
-          std::size_t stale = 0;
-          for (const Node* c = n->stale; c != nullptr; c = c->stale_next, ++stale)
-            require(c->parent == n && c->is_stale && stale < n->heap.size(), "stale list");
-          for (std::size_t i = 0; i < n->heap.size(); ++i) {
-            const HeapItem& it = n->heap[i];
-            const Node* c = it.node;
-            require(c->parent == n && c->heap_pos == i, "heap links");
-            // A stale item has its child's length and an older touch order; others are exact.
-            require(it.len == c->best->len &&
-                        (c->is_stale ? it.seq <= c->best->seq : it.seq == c->best->seq),
-                    "heap keys");
-            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
-            if (c->is_stale) --stale;
-          }
-          require(stale == 0, "stale list members");
-        } else {
-          require(n->heap.empty() && n->stale == nullptr, "heap outside common-prefix mode");
-        }
-        if (n == root) return;
-        require(n->slot || n->children.size() >= 2, "unmerged or empty node");
-        const Entry* o = n->owner;
-        require(o != nullptr && o->ids.size() >= n->depth, "owner too short");
-        require(n->label == o->ids.data() + (n->depth - n->label_len), "label not in owner");
-        // The owner must live in this node's subtree.
-        bool owned = false;
-        visit(n, [&](const Node* d) { owned = owned || (d->slot && d->slot->entry.get() == o); });
-        require(owned, "owner outside subtree");
-        if (n->slot) {
-          const Slot* s = n->slot.get();
-          ++entries;
-          bytes += s->bytes;
-          require(s->node == n && s->ns == nsv, "slot back link");
-          require(s->ttl_class < classes_.size(), "ttl class index");
-          ++members[s->ttl_class];
-          require(s->entry->ids.size() == n->depth, "entry length");
-          const Node* p = n;
-          std::size_t end = n->depth;
-          while (p->parent != nullptr) {
-            require(
-                std::equal(p->label, p->label + p->label_len,
-                           s->entry->ids.begin() + static_cast<std::ptrdiff_t>(end - p->label_len)),
-                "path differs from ids");
-            end -= p->label_len;
-            p = p->parent;
-          }
-          if (s->pinned) ++pinned;
-        }
-        if (options_.match == MatchMode::common_prefix) {
-          const Slot* b = n->slot.get();
-          n->children.for_each([&](const Node* c) {
-            if (b == nullptr || better(c->best, b)) b = c->best;
-          });
-          require(n->best == b, "common-prefix aggregate");
-        }
+      Tree::check(root, common, require, [&](const Slot* s) {
+        ++entries;
+        bytes += s->bytes;
+        require(s->ns == nsv, "slot back link");
+        require(s->ttl_class < members.size(), "ttl class index");
+        ++members[s->ttl_class];
+        if (s->pinned) ++pinned;
       });
     }
     const auto ns0 = roots_.find(0);
     require(root0_ == (ns0 == roots_.end() ? nullptr : ns0->second.get()), "root0 cache");
-    require(!classes_.empty() && classes_[0].ttl == options_.ttl, "default ttl class");
-    for (std::size_t i = 0; i < classes_.size(); ++i)
-      require(classes_[i].members == members[i], "ttl class members");
-    std::size_t listed = 0;
-    for (const TtlClass& cls : classes_) {
-      const Slot* prev = nullptr;
-      for (const Slot* s = cls.head; s != nullptr; s = s->next) {
-        require(!s->pinned && s->prev == prev, "list links");
-        require(prev == nullptr || prev->seq < s->seq, "list order");
-        require(&classes_[s->ttl_class] == &cls, "list class");
-        prev = s;
-        ++listed;
-      }
-      require(cls.tail == prev, "list tail");
-    }
+    const std::size_t listed = recency_.check(options_.ttl, members, require);
     require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
     require(listed == entries - pinned, "listed entries");
     require(bytes == stats_.bytes, "byte gauge");
-    require(retired_ == nullptr, "retired list");
+    require(retired_.empty(), "retired list");
   }
 
  private:
   friend class SynchronizedPromptCachePool<LayerCache, Token, Clock, CacheBytes>;
 
-  struct Node;
-  struct Slot;
-  struct SlotRelease;
-  using SlotPtr = std::unique_ptr<Slot, SlotRelease>;
-
-  // The pool's record of one stored entry. What a hit reads and writes (entry, recency links,
-  // touch order, TTL class, pinned) fills the first cache line; the rest is for inserts.
-  struct Slot {
-    std::shared_ptr<const Entry> entry;
-    Slot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
-    Slot* next = nullptr;  // ... and the retired chain once removed
-    Node* node = nullptr;
-    std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
-    time_point last_used{};
-    std::uint32_t ttl_class = 0;  // index into classes_ (at most one class per stored entry)
-    bool pinned = false;
-    std::size_t len = 0;  // entry->ids.size(), kept here to spare a dereference
-    std::size_t bytes = 0;
-    namespace_id ns = 0;
-  };
-
-  // A stored entry's record and its snapshot share one allocation with the snapshot's
-  // reference count, so a hit (which touches the record and copies the snapshot) reaches one
-  // block, not two. The record owns the block through its own `entry` (an aliasing
-  // shared_ptr); SlotRelease ends that when the pool lets go of the record, and the block
-  // then lives exactly as long as the snapshots handed out.
-  struct Record {
-    Slot slot;
-    Entry entry;
-  };
-
-  struct SlotRelease {
-    void operator()(Slot* s) const noexcept {
-      // Moved out first: the last reference frees the block that holds *s.
-      std::shared_ptr<const Entry> last = std::move(s->entry);
-    }
-  };
-
-  static SlotPtr make_record(std::vector<Token>&& ids, std::vector<LayerCache>&& caches,
-                             const InsertOptions& o) {
-    auto block = std::make_shared<Record>();
-    Entry* e = &block->entry;
-    e->ids = std::move(ids);
-    e->caches = std::move(caches);
-    e->fed_images = o.fed_images;
-    e->fed_audios = o.fed_audios;
-    Slot* s = &block->slot;
-    s->entry = std::shared_ptr<const Entry>(std::move(block), e);
-    return SlotPtr(s);
-  }
-
-  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
-  // the (mostly cached) heap array instead of chasing two pointers per comparison.
-  struct HeapItem {
-    std::size_t len;
-    std::uint64_t seq;
-    Node* node;
-  };
-
-  // The fields a lookup reads (label, depths, best, child table) come first, so that a node
-  // on the lookup path costs one cache line rather than two or three.
-  struct Node {
-    const Token* label = nullptr;  // points into owner->ids
-    std::size_t label_len = 0;
-    std::size_t depth = 0;  // tokens from the root through the end of the label
-    Slot* best = nullptr;   // common-prefix mode: shortest, then most recent slot below
-    Node* parent = nullptr;
-    bool is_stale = false;  // listed in the parent's stale list
-    Token first{};          // label[0], kept here so teardown never reads freed ids
-    detail::PoolChildMap<Token, Node> children;
-    Node* stale = nullptr;         // children whose heap item a touch made stale (see below)
-    Node* stale_next = nullptr;    // next in the parent's stale list
-    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
-    SlotPtr slot;                  // the entry whose ids end exactly here
-    std::vector<HeapItem> heap;    // common-prefix mode: children as a 4-ary heap by best
-    std::size_t heap_pos = 0;      // index in the parent's heap
-  };
-
-  // The entries sharing one idle TTL. A class left without members (pinned ones included:
-  // they rejoin the list when unpinned) is reused for the next new TTL value, so per-request
-  // TTLs cost only as many classes as distinct TTLs are stored at once.
-  struct TtlClass {
-    duration ttl;
-    Slot* head;           // least recently used
-    Slot* tail;           // most recently used
-    std::size_t members;  // stored entries of this class, pinned or not
-  };
+  // The named parts (include/promptcache/detail/): the record of an entry, the radix tree
+  // with its common-prefix aggregates, and the recency lists by TTL class. The pool is the
+  // policy over them: which entry an insert replaces, what is evicted when, and the stats.
+  using Slot = detail::PoolSlot<Entry, Token, time_point>;
+  using SlotPtr = detail::PoolSlotPtr<Slot>;
+  using Record = detail::PoolRecord<Slot>;
+  using Tree = detail::PoolTree<Token, Slot>;
+  using Node = typename Tree::Node;
+  using Best = typename Tree::Best;
+  using Match = typename Tree::Match;
+  using Recency = detail::PoolRecency<Slot, duration>;
 
   enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
-
-  struct Match {
-    Slot* slot = nullptr;
-    std::size_t matched = 0;
-  };
 
   static void require(bool ok, const char* what) {
     if (!ok) throw std::logic_error(std::string("PromptCachePool invariant: ") + what);
   }
 
-  template <class F>
-  static void visit(const Node* root, F&& f) {
-    // Iterative: a lineage of single-token turns can make the tree as deep as the ids are long.
-    std::vector<const Node*> stack{root};
-    while (!stack.empty()) {
-      const Node* n = stack.back();
-      stack.pop_back();
-      f(n);
-      n->children.for_each([&](const Node* c) { stack.push_back(c); });
-    }
-  }
-
-  static bool equal_tokens(const Token* a, const Token* b, std::size_t n) noexcept {
-    return std::memcmp(a, b, n * sizeof(Token)) == 0;
-  }
-
-  // Length of the common prefix of a[0, n) and b[0, n). Long equal stretches go through
-  // memcmp in big blocks (libc's is the fastest "equal?"); the block that differs, and
-  // anything short, through detail::mismatch, which also says where.
-  // Forced inline: left out of line, g++ laid out find_longest_prefix so that exact-prefix
-  // lookups (which never call this) got ~10% slower.
-  [[gnu::always_inline]] static std::size_t common_length(const Token* a, const Token* b,
-                                                          std::size_t n) noexcept {
-    std::size_t i = 0;
-    while (n - i >= 1024 && equal_tokens(a + i, b + i, 1024))
-      i += 1024;
-    while (n - i >= 256 && equal_tokens(a + i, b + i, 128))
-      i += 128;
-    return i + detail::mismatch(a + i, b + i, (n - i) * sizeof(Token)) / sizeof(Token);
-  }
-
-  static bool better(const Slot* a, const Slot* b) noexcept {
-    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
+  static SlotPtr make_record(std::vector<Token>&& ids, std::vector<LayerCache>&& caches,
+                             const InsertOptions& o) {
+    return detail::make_pool_record<Slot>([&](Entry& e) {
+      e.ids = std::move(ids);
+      e.caches = std::move(caches);
+      e.fed_images = o.fed_images;
+      e.fed_audios = o.fed_audios;
+    });
   }
 
   Node* root_of(namespace_id ns) const noexcept {
@@ -647,269 +490,28 @@ class PromptCachePool {
   }
 
   Slot* find_slot(std::span<const Token> ids, namespace_id ns) const noexcept {
-    const Node* node = root_of(ns);
-    if (node == nullptr || ids.empty()) return nullptr;
-    std::size_t pos = 0;
-    while (pos < ids.size()) {
-      const Node* c = node->children.find(ids[pos]);
-      if (c == nullptr || c->depth > ids.size() ||
-          !equal_tokens(c->label, ids.data() + pos, c->label_len)) {
-        return nullptr;
-      }
-      node = c;
-      pos = c->depth;
-    }
-    return node->slot.get();
-  }
-
-  // A child's label length from its parent's table (the node's copy only for huge labels).
-  static std::size_t label_len_of(
-      const typename detail::PoolChildMap<Token, Node>::Slot* e) noexcept {
-    return e->label_len != detail::PoolChildMap<Token, Node>::kLongLabel ? e->label_len
-                                                                         : e->node->label_len;
-  }
-
-  Match match_exact(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
-    Match m;
-    const Node* node = root_of(ns);
-    if (node == nullptr) return m;
-    std::size_t pos = 0;
-    while (pos < limit) {
-      const auto* e = node->children.find_slot(q[pos]);
-      if (e == nullptr) break;
-      const std::size_t len = label_len_of(e);
-      if (len > limit - pos || !equal_tokens(e->label, q.data() + pos, len)) break;
-      node = e->node;
-      pos += len;
-      if (node->slot) m.slot = node->slot.get();
-    }
-    if (m.slot != nullptr) m.matched = m.slot->len;
-    return m;
-  }
-
-  Match match_common(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
-    Match m;
-    const Node* node = root_of(ns);
-    if (node == nullptr) return m;
-    std::size_t pos = 0;
-    while (pos < limit) {
-      // The label (pointer and length) comes from the parent's table, not the child: the
-      // compare then runs while the child node is still a cache miss away.
-      const auto* e = node->children.find_slot(q[pos]);
-      if (e == nullptr) break;
-      const Token* label = e->label;
-      const std::size_t len = label_len_of(e);
-      // An edge the query covers usually matches in full (every edge on the path but the
-      // last), and for a short one a single memcmp confirms that twice as fast as the
-      // narrowing loop of common_length.
-      const std::size_t k =
-          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
-              ? len
-              : common_length(label, q.data() + pos, std::min(len, limit - pos));
-      const Node* c = e->node;
-      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
-        m.slot = c->best;
-        m.matched = pos + k;
-        return m;
-      }
-      node = c;
-      pos += len;
-    }
-    if (node->parent != nullptr) {
-      m.slot = node->best;
-      m.matched = pos;
-    }
-    return m;
-  }
-
-  // ---- recency lists ------------------------------------------------------------------
-
-  void list_unlink(Slot* s) noexcept {
-    TtlClass& cls = classes_[s->ttl_class];
-    (s->prev ? s->prev->next : cls.head) = s->next;
-    (s->next ? s->next->prev : cls.tail) = s->prev;
-    s->prev = s->next = nullptr;
-  }
-
-  void list_push_back(Slot* s) noexcept {
-    TtlClass& cls = classes_[s->ttl_class];
-    s->prev = cls.tail;
-    s->next = nullptr;
-    (cls.tail ? cls.tail->next : cls.head) = s;
-    cls.tail = s;
+    return Tree::find(root_of(ns), ids);
   }
 
   void touch(Slot* s, time_point now) noexcept {
     s->last_used = now;
     s->seq = ++seq_;
-    if (!s->pinned) {
-      list_unlink(s);
-      list_push_back(s);
-    }
-    if (options_.match == MatchMode::common_prefix) propagate_touch(s);
-  }
-
-  // ---- common-prefix aggregates ---------------------------------------------------------
-  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
-  // children in a heap ordered by their best, so any change costs O(log fan-out) per level up
-  // to the root, removals included.
-  //
-  // A lookup hit only makes its slot the most recent: the bests on its path are set at once
-  // (lookups read them), but the items in the parents' heaps, whose keys only improved, are
-  // just listed as stale and re-sifted by the next operation that reads or reshapes that heap
-  // (flush_stale). Lookups then never sift (a sift at fan-out 65536 is 8 levels of scattered
-  // node writes), and the sift work, one per touched child, moves to inserts and removals.
-  // Stored keys always form a valid heap, so settling the listed items one at a time is exact.
-
-  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
-    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
-  }
-
-  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
-
-  // Re-sifts the items that touches made stale. Every other heap operation starts with it
-  // (propagate, for heap_update).
-  // A listed key only improved (propagate flushes before it makes a best worse), but each item
-  // is sifted both ways anyway, so a missed flush cannot leave a heap out of order.
-  static void flush_stale(Node* p) noexcept {
-    for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
-      Node* next = std::exchange(c->stale_next, nullptr);
-      c->is_stale = false;
-      heap_update(p, c);
-      c = next;
-    }
-  }
-
-  // Restores the heap order around position i (the item there changed its key). A 4-ary
-  // heap: half as many levels to sift up through as a binary heap.
-  static constexpr std::size_t kArity = 4;
-  static void heap_fix(Node* p, std::size_t i) noexcept {
-    std::vector<HeapItem>& h = p->heap;
-    const HeapItem c = h[i];
-    while (i > 0) {
-      const std::size_t up = (i - 1) / kArity;
-      if (!item_better(c, h[up])) break;
-      h[i] = h[up];
-      h[i].node->heap_pos = i;
-      i = up;
-    }
-    const std::size_t n = h.size();
-    while (true) {
-      const std::size_t first = kArity * i + 1;
-      if (first >= n) break;
-      std::size_t b = first;
-      const std::size_t last = std::min(first + kArity, n);
-      for (std::size_t k = first + 1; k < last; ++k) {
-        if (item_better(h[k], h[b])) b = k;
-      }
-      if (!item_better(h[b], c)) break;
-      h[i] = h[b];
-      h[i].node->heap_pos = i;
-      i = b;
-    }
-    h[i] = c;
-    c.node->heap_pos = i;
-  }
-
-  // Child c's best (or its key) changed: refresh its item and reposition it. The stored keys
-  // of the other items form a valid heap, stale ones included, so this is exact for c; the
-  // caller settles p's stale list first when it matters (propagate, flush_stale itself).
-  static void heap_update(Node* p, Node* c) noexcept {
-    p->heap[c->heap_pos] = item_of(c);
-    heap_fix(p, c->heap_pos);
-  }
-
-  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
-  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
-    flush_stale(p);
-    now->heap_pos = before->heap_pos;
-    p->heap[now->heap_pos] = item_of(now);
-  }
-
-  // Adds child c; requires reserved capacity (phase 1 of insert).
-  static void heap_push(Node* p, Node* c) noexcept {
-    flush_stale(p);
-    p->heap.push_back(item_of(c));
-    c->heap_pos = p->heap.size() - 1;
-    heap_fix(p, c->heap_pos);
-  }
-
-  static void heap_erase(Node* p, Node* c) noexcept {
-    flush_stale(p);
-    std::vector<HeapItem>& h = p->heap;
-    const std::size_t i = c->heap_pos;
-    const HeapItem last = h.back();
-    h.pop_back();
-    if (last.node != c) {
-      h[i] = last;
-      last.node->heap_pos = i;
-      heap_fix(p, i);
-    }
-  }
-
-  static Slot* compute_best(Node* y) noexcept {
-    flush_stale(y);
-    Slot* b = y->slot.get();
-    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
-      b = y->heap[0].node->best;
-    }
-    return b;
-  }
-
-  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
-  static void propagate(Node* x) noexcept {
-    for (Node* y = x; y->parent != nullptr; y = y->parent) {
-      // Settle the parent's stale items while y's best is still the one they were listed
-      // with (y's new best may be worse), so a listed key has only ever improved.
-      flush_stale(y->parent);
-      y->best = compute_best(y);
-      heap_update(y->parent, y);
-    }
-  }
-
-  // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
-  // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
-  // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
-  // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
-  static void propagate_touch(Slot* s) noexcept {
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != s && !better(s, y->best)) return;
-      y->best = s;
-      if (!y->is_stale) {
-        y->is_stale = true;
-        y->stale_next = std::exchange(y->parent->stale, y);
-      }
-    }
-  }
-
-  Slot* lru_victim() const noexcept {
-    Slot* victim = nullptr;
-    for (const TtlClass& cls : classes_) {
-      if (cls.head != nullptr && (victim == nullptr || cls.head->seq < victim->seq))
-        victim = cls.head;
-    }
-    return victim;
+    if (!s->pinned) recency_.touch(s);
+    if (options_.match == MatchMode::common_prefix) Best::propagate_touch(s);
   }
 
   std::size_t expire(time_point now) noexcept {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < classes_.size(); ++i) {
-      while (classes_[i].head != nullptr && now - classes_[i].head->last_used >= classes_[i].ttl) {
-        remove_slot(classes_[i].head, Reason::ttl);
-        ++n;
-      }
-    }
-    return n;
+    return recency_.expire(now, [this](Slot* s) { remove_slot(s, Reason::ttl); });
   }
 
   void enforce_budgets() noexcept {
     while (stats_.entries > options_.max_entries) {
-      Slot* v = lru_victim();
+      Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::lru);
     }
     while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
-      Slot* v = lru_victim();
+      Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::bytes);
     }
@@ -917,33 +519,16 @@ class PromptCachePool {
 
   // ---- removal --------------------------------------------------------------------------
 
-  void retire(SlotPtr s) noexcept {
-    Slot* raw = s.release();
-    raw->prev = nullptr;
-    raw->next = retired_;
-    retired_ = raw;
-  }
-
   // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
   // destructors of the last snapshot references after releasing its lock.
   void release_retired() noexcept {
     if (defer_release_) return;
-    while (retired_ != nullptr) {
-      Slot* s = retired_;
-      retired_ = s->next;
-      SlotRelease{}(s);
-    }
+    Retired::release(retired_.take());
   }
 
-  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
+  Slot* take_retired() noexcept { return retired_.take(); }
 
-  static void free_retired(Slot* chain) noexcept {
-    while (chain != nullptr) {
-      Slot* s = chain;
-      chain = s->next;
-      SlotRelease{}(s);
-    }
-  }
+  static void free_retired(Slot* chain) noexcept { Retired::release(chain); }
 
   void count_removal(Reason why) noexcept {
     switch (why) {
@@ -973,93 +558,41 @@ class PromptCachePool {
     if (s->pinned) {
       --stats_.pinned_entries;
     } else {
-      list_unlink(s);
+      recency_.unlink(s);
     }
     --stats_.entries;
     stats_.bytes -= s->bytes;
-    --classes_[s->ttl_class].members;
+    recency_.leave(s);
     count_removal(why);
   }
 
-  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
-  // node left with one child into it, and re-points labels that lived in the entry's ids.
+  // Unlinks one entry and repairs the tree around it.
   void remove_slot(Slot* s, Reason why) noexcept {
     Node* n = s->node;
     const Entry* old = s->entry.get();
+    const namespace_id ns = s->ns;
     unaccount(s, why);
-    retire(std::move(n->slot));
-
-    const bool common = options_.match == MatchMode::common_prefix;
-    Node* x = n;
-    while (x->parent != nullptr && !x->slot && x->children.empty()) {
-      Node* p = x->parent;
-      p->children.erase(x->first);
-      if (common) heap_erase(p, x);
-      delete x;
-      x = p;
-    }
-    Node* lowest = x;  // the deepest node whose subtree lost the entry
-    if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
-      Node* c = x->children.any();
-      Node* p = x->parent;
-      if (common) flush_stale(x);  // c must not stay listed in x
-      c->label_len += x->label_len;
-      c->label = c->owner->ids.data() + (c->depth - c->label_len);
-      c->first = x->first;
-      c->parent = p;
-      p->children.replace(x->first, c, c->label, c->label_len);
-      if (common) heap_substitute(p, x, c);
-      x->children = detail::PoolChildMap<Token, Node>{};
-      delete x;
-      x = p;
-      lowest = c;
-    }
-    for (Node* y = x; y->parent != nullptr; y = y->parent) {
-      if (y->owner == old) {
-        const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
-        y->owner = o;
-        y->label = o->ids.data() + (y->depth - y->label_len);
-        y->parent->children.set_label(y->first, y->label);
-      }
-    }
-    if (common) propagate(lowest);
-    if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
-      roots_.erase(s->ns);  // an empty tenant costs nothing
+    retired_.push(std::move(n->slot));
+    Node* x = Tree::repair(n, old, options_.match == MatchMode::common_prefix);
+    if (x->parent == nullptr && x->children.empty() && ns != 0) {
+      roots_.erase(ns);  // an empty tenant costs nothing
     }
   }
 
-  // Removes every entry below `root` (root stays, childless). Returns how many. The nodes
-  // are threaded into a stack through their (no longer needed) parent links: no allocation,
-  // no recursion, O(nodes + child tables).
+  // Removes every entry below `root` (root stays, childless). Returns how many.
   std::size_t drop_tree(Node* root) noexcept {
     std::size_t n = 0;
-    Node* stack = nullptr;
-    auto push = [&stack](Node* c) {
-      c->parent = stack;
-      stack = c;
-    };
-    root->children.for_each(push);
-    root->children = detail::PoolChildMap<Token, Node>{};
-    root->heap.clear();
-    root->stale = nullptr;
-    while (stack != nullptr) {
-      Node* x = stack;
-      stack = x->parent;
-      x->children.for_each(push);
-      if (x->slot) {
-        unaccount(x->slot.get(), Reason::explicit_removal);
-        ++n;
-        retire(std::move(x->slot));
-      }
-      delete x;
-    }
+    Tree::drop(root, [&](SlotPtr&& slot) {
+      unaccount(slot.get(), Reason::explicit_removal);
+      ++n;
+      retired_.push(std::move(slot));
+    });
     return n;
   }
 
   // ---- insert ---------------------------------------------------------------------------
 
   // The core of insert, after the entry is built and sized (callers may do that unlocked).
-  // Takes ownership of `entry` only when it is stored.
   // Links a record built by make_record. Publishing moves `slot` into the tree; if the entry
   // is rejected or anything throws, `slot` is left with the caller, who releases it.
   InsertResult insert_prepared(SlotPtr& slot, std::size_t bytes, const InsertOptions& o) {
@@ -1072,42 +605,17 @@ class PromptCachePool {
     }
 
     // Walk (read-only): where the ids end or leave the tree, and which entries are prefixes.
-    enum class Where { at_node, new_leaf, split, new_root };
-    Where where = Where::new_root;
-    Node* node = root_of(o.ns);
-    Node* child = nullptr;
-    std::size_t pos = 0, common = 0;
     Slot* exact = nullptr;
     Slot* lineage = nullptr;  // deepest unpinned proper prefix
     bool any_prefix = false;
-    if (node != nullptr) {
-      while (true) {
-        if (node->slot) {
-          any_prefix = true;
-          if (pos == n) {
-            exact = node->slot.get();
-          } else if (!node->slot->pinned) {
-            lineage = node->slot.get();
-          }
-        }
-        if (pos == n) {
-          where = Where::at_node;
-          break;
-        }
-        child = node->children.find(ids[pos]);
-        if (child == nullptr) {
-          where = Where::new_leaf;
-          break;
-        }
-        common = common_length(child->label, ids.data() + pos, std::min(child->label_len, n - pos));
-        if (common < child->label_len) {
-          where = Where::split;
-          break;
-        }
-        node = child;
-        pos = child->depth;
+    typename Tree::Place place = Tree::locate(root_of(o.ns), ids, [&](Slot* p, bool at_end) {
+      any_prefix = true;
+      if (at_end) {
+        exact = p;
+      } else if (!p->pinned) {
+        lineage = p;
       }
-    }
+    });
 
     if (n < options_.min_cacheable_tokens && !any_prefix) {
       ++stats_.rejected_too_short;
@@ -1125,49 +633,32 @@ class PromptCachePool {
 // default InsertOptions{} is inlined this far (a known false positive for std::optional).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-    const duration ttl = o.ttl.value_or(options_.ttl);
+    // An explicit TTL describes the new state and wins; without one, the entry keeps the TTL
+    // of the entry it replaces (the same conversation), and a new entry gets Options::ttl.
+    const duration ttl = o.ttl                ? *o.ttl
+                         : exact != nullptr   ? recency_.ttl_of(exact)
+                         : lineage != nullptr ? recency_.ttl_of(lineage)
+                                              : options_.ttl;
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-    std::size_t ttl_class = 0, vacant = 0;  // class 0 keeps Options::ttl: never vacant
-    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl) {
-      if (vacant == 0 && ttl_class != 0 && classes_[ttl_class].members == 0) vacant = ttl_class;
-      ++ttl_class;
-    }
-    if (ttl_class == classes_.size()) {
-      if (vacant != 0) {
-        ttl_class = vacant;  // takes `ttl` in phase 2
-      } else {
-        classes_.push_back(TtlClass{ttl, nullptr, nullptr, 0});  // an empty class is harmless
-      }
-    }
+    std::uint32_t ttl_class = 0;
     const bool common_mode = options_.match == MatchMode::common_prefix;
-    std::unique_ptr<Node> leaf, mid;
+    typename Tree::Spare spare;
     bool created_root = false;
     try {
-      if (where == Where::new_root) {
-        auto root = std::make_unique<Node>();
-        root->children.reserve(1);
-        if (common_mode) root->heap.reserve(1);
-        node = root.get();
+      if (place.where == Tree::Where::new_root) {
+        auto root = Tree::make_root(common_mode);
+        place.node = root.get();
         roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
         created_root = true;
-        if (o.ns == 0) root0_ = node;
-        where = Where::new_leaf;
-      } else if (where == Where::new_leaf) {
-        node->children.reserve(1);
-        if (common_mode && node->heap.size() == node->heap.capacity()) {
-          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
-        }
+        if (o.ns == 0) root0_ = place.node;
+        place.where = Tree::Where::new_leaf;
+        spare.leaf = std::make_unique<Node>();
+      } else {
+        spare = Tree::reserve(place, n, common_mode);
       }
-      if (where == Where::split) {
-        mid = std::make_unique<Node>();
-        mid->children.reserve(pos + common == n ? 1 : 2);
-        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
-      }
-      if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
-        leaf = std::make_unique<Node>();
-      }
+      ttl_class = recency_.prepare(ttl);  // last: once it returned, nothing may fail
     } catch (...) {
       if (created_root) {
         roots_.erase(o.ns);
@@ -1181,10 +672,7 @@ class PromptCachePool {
     const Entry* e = s->entry.get();
     // Not yet published, and the Entry object itself is not const (see make_record).
     const_cast<Entry*>(e)->pinned = o.pinned || (exact != nullptr && exact->pinned);
-    // At most one class per stored entry (plus class 0): 2^32 classes would need 2^32 slots.
-    s->ttl_class = static_cast<std::uint32_t>(ttl_class);
-    classes_[ttl_class].ttl = ttl;
-    ++classes_[ttl_class].members;
+    recency_.join(s, ttl_class);
     s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
@@ -1192,83 +680,39 @@ class PromptCachePool {
     s->seq = ++seq_;
     s->pinned = e->pinned;
 
-    Node* target = node;
-    if (where == Where::split) {
-      Node* m = mid.release();
-      m->parent = node;
-      m->label = child->label;
-      m->label_len = common;
-      m->depth = pos + common;
-      m->first = child->first;
-      m->owner = child->owner;
-      node->children.replace(child->first, m, m->label, m->label_len);
-      child->label += common;
-      child->label_len -= common;
-      child->first = child->label[0];
-      child->parent = m;
-      m->children.insert_reserved(child->first, child, child->label, child->label_len);
-      if (common_mode) {
-        m->best = child->best;  // same key: m takes child's place in node's heap as is
-        heap_substitute(node, child, m);
-        m->heap.push_back(item_of(child));  // reserved
-        child->heap_pos = 0;
-      }
-      node = m;
-      pos = m->depth;
-      target = m;
-    }
     Node* new_leaf = nullptr;
-    if (leaf) {
-      Node* l = leaf.release();
-      new_leaf = l;
-      l->parent = node;
-      l->label = e->ids.data() + pos;
-      l->label_len = n - pos;
-      l->depth = n;
-      l->first = e->ids[pos];
-      l->owner = e;
-      node->children.insert_reserved(l->first, l, l->label, l->label_len);
-      target = l;
-    }
+    Node* target = Tree::link(place, spare, e, common_mode, new_leaf);
     SlotPtr replaced;
     if (exact != nullptr) {
       replaced = std::move(target->slot);
       if (replaced->pinned) {
         --stats_.pinned_entries;
       } else {
-        list_unlink(replaced.get());
+        recency_.unlink(replaced.get());
       }
       --stats_.entries;
       stats_.bytes -= replaced->bytes;
-      --classes_[replaced->ttl_class].members;
+      recency_.leave(replaced.get());
     }
     target->slot = std::move(slot);
     s->node = target;
     if (s->pinned) {
       ++stats_.pinned_entries;
     } else {
-      list_push_back(s);
+      recency_.push_back(s);
     }
     ++stats_.entries;
     stats_.bytes += bytes;
     if (exact != nullptr) {
-      // Labels that lived in the replaced entry's ids move to the new, equal ids.
-      const Entry* old = replaced->entry.get();
-      for (Node* y = target; y->parent != nullptr; y = y->parent) {
-        if (y->owner == old) {
-          y->owner = e;
-          y->label = e->ids.data() + (y->depth - y->label_len);
-          y->parent->children.set_label(y->first, y->label);
-        }
-      }
-      retire(std::move(replaced));
+      Tree::relabel(target, replaced->entry.get(), e);
+      retired_.push(std::move(replaced));
     }
     if (common_mode) {
       if (new_leaf != nullptr) {
         new_leaf->best = s;
-        heap_push(new_leaf->parent, new_leaf);
+        Best::heap_push(new_leaf->parent, new_leaf);
       }
-      propagate(target);
+      Best::propagate(target);
     }
 
     InsertResult result = InsertResult::inserted;
@@ -1278,7 +722,7 @@ class PromptCachePool {
     } else if (lineage != nullptr) {
       result = InsertResult::extended;
       ++stats_.extended;
-      if (options_.match == MatchMode::common_prefix) {
+      if (common_mode) {
         // Every unpinned strict prefix can be served by trimming the new entry.
         for (Node* y = target->parent; y->parent != nullptr;) {
           Node* up = y->parent;
@@ -1296,14 +740,16 @@ class PromptCachePool {
     return result;
   }
 
+  using Retired = detail::PoolRetiredChain<Slot>;
+
   Options options_;
   Clock clock_;
   CacheBytes cache_bytes_;
   std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
   Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
-  std::vector<TtlClass> classes_;
+  Recency recency_;
   std::uint64_t seq_ = 0;
-  Slot* retired_ = nullptr;
+  Retired retired_;
   bool defer_release_ = false;
   PoolStats stats_;
 };

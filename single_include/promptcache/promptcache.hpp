@@ -1894,13 +1894,22 @@ class ManualClock {
 // list on every call; the pool answers "which stored prefix of this request can
 // I resume from" and keeps the state after each call.
 //
-// Layout: one compressed trie (radix tree) per namespace over token ids; an
-// entry lives on the node where its ids end. Edge labels are not copies: they
-// point into the ids of some entry stored below the edge, so the index costs a
-// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
-// entries also sit on an intrusive recency list (one per distinct TTL), which
-// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
-// entry. Lookup and insert cost O(query length), whatever the pool size.
+// Layout: one compressed trie (radix tree) per namespace over token ids; an entry lives on the
+// node where its ids end. Edge labels are not copies: they point into the ids of some entry
+// stored below the edge, so the index costs a few dozen bytes per node on top of the ids the
+// entries own anyway. Unpinned entries also sit on an intrusive recency list (one per distinct
+// TTL), and two small heaps over the lists' heads give the LRU victim and the next entry to
+// expire, so a lookup that expires nothing checks one heap top, however many TTLs are in use.
+// Lookup and insert cost O(query length), whatever the pool size.
+//
+// The class below is the policy (what an insert replaces, what is evicted when, the stats);
+// the structures are named parts in detail/:
+//   pool_record.hpp     an entry's record, sharing one allocation with its snapshot, and the
+//                       chain of removed records released after the operation (or the lock)
+//   pool_tree.hpp       the radix tree: walks, splits, merges, pruning, label owners
+//   pool_best_heap.hpp  common-prefix mode: each node's best entry below it, children in heaps
+//   pool_child_map.hpp  a node's children: open-addressing table keyed by first token
+//   pool_recency.hpp    the recency lists by TTL class: LRU victim and TTL expiry
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
@@ -1923,6 +1932,518 @@ class ManualClock {
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/detail/pool_recency.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+// promptcache: detail/pool_recency.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The recency order of PromptCachePool's unpinned entries, split by idle TTL, and the two
+// questions the pool asks of it: which entry is least recently used (LRU eviction) and which
+// entries are past their TTL (expiry).
+//
+// Entries that share a TTL form a class with an intrusive list in touch order (least recent
+// first): the head is the class's LRU entry and, the clock being monotonic, also the first of
+// the class to expire. Across classes, two small heaps over the classes with a non-empty
+// list answer the questions in O(1) when there is nothing to do, whatever the number of
+// classes T: one ordered by the head's touch order, one by the head's expiry time.
+//
+// The heaps' keys are lower bounds, not exact values. A touch only moves an entry to the back
+// of its list, and removing a head only exposes a later one, so a head's touch order and
+// expiry time only grow; a heap key is re-read from the head only when it reaches the top of
+// its heap and claims the class is due (lazy re-keying). A lookup therefore never touches the
+// heaps: it moves its hit to the back of one list, O(1), and expiry that finds the earliest
+// key in the future stops after one comparison. The re-keying work is at most one sift per
+// touch or removal of a head, O(log T), paid by the expiry or eviction that finds it.
+//
+// A class left without members (pinned ones included: they rejoin the list when unpinned) is
+// reused for the next new TTL value, so per-request TTLs cost only as many classes as
+// distinct TTLs are stored at once; a hash map finds a TTL's class in O(1).
+//
+// Works on records with the fields of detail::PoolSlot (prev, next, seq, last_used,
+// ttl_class, pinned).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// `t + d`, clamped to the time_point's range instead of overflowing (a TTL of the duration's
+/// maximum means "never", and a negative one "already").
+template <class TimePoint, class Duration>
+TimePoint saturating_deadline(TimePoint t, Duration d) noexcept {
+  using rep = typename TimePoint::rep;
+  using tp_duration = typename TimePoint::duration;
+  if constexpr (std::is_integral_v<rep> && std::is_same_v<tp_duration, Duration>) {
+    const rep a = t.time_since_epoch().count();
+    const rep b = d.count();
+    if (b > 0 && a > std::numeric_limits<rep>::max() - b) return TimePoint::max();
+    if (b < 0 && a < std::numeric_limits<rep>::min() - b) return TimePoint::min();
+    return TimePoint(tp_duration(a + b));
+  } else {
+    return t + d;
+  }
+}
+
+template <class Slot, class Duration>
+class PoolRecency {
+ public:
+  using duration = Duration;
+  using time_point = typename Slot::time_point;
+
+  /// Class 0 keeps `default_ttl` for good: it is never vacated for reuse. May throw.
+  explicit PoolRecency(duration default_ttl) {
+    classes_.push_back(Class{default_ttl});
+    due_.reserve(1);
+    oldest_.reserve(1);
+  }
+
+  PoolRecency(const PoolRecency&) = delete;
+  PoolRecency& operator=(const PoolRecency&) = delete;
+
+  /// The class an entry with `ttl` will join: class 0 for the default TTL, else the class that
+  /// has `ttl`, else a vacant class (retagged with `ttl` here), else a new class. The last step
+  /// of an insert's phase 1: may allocate and throw, and then nothing changed; once it
+  /// returned, the class has `ttl` and the caller must not fail before join(). O(1) expected.
+  std::uint32_t prepare(duration ttl) {
+    if (ttl == classes_[0].ttl) return 0;
+    auto it = by_ttl_.find(ttl.count());
+    if (it != by_ttl_.end()) return it->second;
+    while (!vacant_.empty() && classes_[vacant_.back()].members != 0) {
+      classes_[vacant_.back()].listed_vacant = false;  // it got members back: not vacant
+      vacant_.pop_back();
+    }
+    if (!vacant_.empty()) {
+      const std::uint32_t c = vacant_.back();
+      by_ttl_.emplace(ttl.count(), c);  // may throw: nothing changed yet
+      vacant_.pop_back();
+      classes_[c].listed_vacant = false;
+      by_ttl_.erase(classes_[c].ttl.count());
+      classes_[c].ttl = ttl;
+      return c;
+    }
+    // A new class. Every vector that must later grow without throwing (the heaps and the
+    // vacant list hold each class at most once) gets its room before anything changes.
+    // At most one class per stored entry (plus class 0): 2^32 classes would need 2^32 slots.
+    const auto c = static_cast<std::uint32_t>(classes_.size());
+    reserve_for(classes_.size() + 1);
+    by_ttl_.emplace(ttl.count(), c);  // may throw: only capacities changed
+    classes_.push_back(Class{ttl});   // reserved
+    return c;
+  }
+
+  /// Phase 2: s becomes a member of class c (from prepare); not yet listed. O(1).
+  void join(Slot* s, std::uint32_t c) noexcept {
+    s->ttl_class = c;
+    ++classes_[c].members;
+  }
+
+  /// s leaves its class (it must be unlisted, or pinned and never listed). O(1).
+  void leave(const Slot* s) noexcept {
+    const std::uint32_t c = s->ttl_class;
+    Class& k = classes_[c];
+    if (--k.members == 0 && c != 0 && !k.listed_vacant) {
+      k.listed_vacant = true;
+      vacant_.push_back(c);  // reserved: each class is listed at most once
+    }
+  }
+
+  /// The idle TTL of s. O(1).
+  [[nodiscard]] duration ttl_of(const Slot* s) const noexcept { return classes_[s->ttl_class].ttl; }
+
+  /// Lists s as its class's most recent entry. O(1), or O(log T) when its list was empty.
+  void push_back(Slot* s) noexcept {
+    const std::uint32_t c = s->ttl_class;
+    Class& k = classes_[c];
+    const bool was_empty = k.head == nullptr;
+    append(k, s);
+    if (was_empty) {
+      heap_push(due_, Due{saturating_deadline(s->last_used, k.ttl), c});
+      heap_push(oldest_, Oldest{s->seq, c});
+    }
+  }
+
+  /// Takes s off its class's list. O(1), or O(log T) when the list becomes empty.
+  void unlink(Slot* s) noexcept {
+    const std::uint32_t c = s->ttl_class;
+    Class& k = classes_[c];
+    detach(k, s);
+    if (k.head == nullptr) {
+      heap_erase(due_, k.due_pos);
+      heap_erase(oldest_, k.oldest_pos);
+    }
+  }
+
+  /// s (listed) was just used (its seq and last_used are new): it becomes its class's most
+  /// recent entry. O(1): the heaps' keys for its class only became lower bounds.
+  void touch(Slot* s) noexcept {
+    if (s->next == nullptr) return;  // already the most recent of its class
+    Class& k = classes_[s->ttl_class];
+    detach(k, s);  // the list keeps s->next: never empty here
+    append(k, s);
+  }
+
+  /// The least recently used listed entry (smallest seq), or nullptr. O(1) when the top key is
+  /// exact, plus O(log T) per class re-keyed (each re-key follows a touch or removal).
+  [[nodiscard]] Slot* lru_victim() noexcept {
+    while (!oldest_.empty()) {
+      Oldest& top = oldest_[0];
+      Slot* head = classes_[top.cls].head;
+      if (top.seq == head->seq) return head;
+      top.seq = head->seq;  // only grew
+      sift_down(oldest_, 0);
+    }
+    return nullptr;
+  }
+
+  /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
+  /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
+  /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
+  /// is due, else O((expired + re-keyed) x log T).
+  template <class Remove>
+  std::size_t expire(time_point now, Remove&& remove) noexcept {
+    std::size_t n = 0;
+    while (!due_.empty() && !(now < due_[0].due)) {
+      Due& top = due_[0];
+      const Class& k = classes_[top.cls];
+      Slot* head = k.head;
+      if (now - head->last_used >= k.ttl) {
+        remove(head);  // re-keys or drops the class through unlink
+        ++n;
+        continue;
+      }
+      const time_point due = saturating_deadline(head->last_used, k.ttl);
+      // An exact key that is due but not expired: only a deadline clamped to the clock's
+      // maximum at time_point::max(). Nothing else can be due then either.
+      if (due == top.due) break;
+      top.due = due;  // only grew
+      sift_down(due_, 0);
+    }
+    return n;
+  }
+
+  /// Heap bytes of the class table, the heaps, the vacant list and the TTL map (estimated
+  /// from bucket count and size).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return classes_.capacity() * sizeof(Class) + due_.capacity() * sizeof(Due) +
+           oldest_.capacity() * sizeof(Oldest) + vacant_.capacity() * sizeof(std::uint32_t) +
+           by_ttl_.bucket_count() * sizeof(void*) +
+           by_ttl_.size() *
+               (sizeof(std::pair<typename duration::rep, std::uint32_t>) + 2 * sizeof(void*));
+  }
+
+  /// Number of classes: the most distinct TTLs stored at once, plus the default's.
+  [[nodiscard]] std::size_t class_count() const noexcept { return classes_.size(); }
+
+  /// Checks the lists, the heaps (order, positions, keys no later than the heads' values,
+  /// membership exactly the non-empty lists), the TTL map, the vacant list and the member
+  /// counts against `members` (stored entries per class, counted in the tree). Returns how
+  /// many entries are listed. `require(ok, what)` reports a violation.
+  template <class Require>
+  std::size_t check(duration default_ttl, const std::vector<std::size_t>& members,
+                    Require&& require) const {
+    require(!classes_.empty() && classes_[0].ttl == default_ttl, "default ttl class");
+    require(by_ttl_.size() + 1 == classes_.size(), "ttl map size");
+    std::size_t listed = 0, non_empty = 0, vacant = 0;
+    for (std::size_t i = 0; i < classes_.size(); ++i) {
+      const Class& k = classes_[i];
+      require(k.members == members[i], "ttl class members");
+      if (i != 0) {
+        const auto it = by_ttl_.find(k.ttl.count());
+        require(it != by_ttl_.end() && it->second == i && k.ttl != default_ttl, "ttl map");
+      }
+      require(i != 0 || !k.listed_vacant, "class 0 vacant");
+      if (k.listed_vacant) ++vacant;
+      require(k.members != 0 || i == 0 || k.listed_vacant, "vacant class not listed");
+      const Slot* prev = nullptr;
+      for (const Slot* s = k.head; s != nullptr; s = s->next) {
+        require(!s->pinned && s->prev == prev, "list links");
+        require(prev == nullptr || prev->seq < s->seq, "list order");
+        require(s->ttl_class == i, "list class");
+        prev = s;
+        ++listed;
+      }
+      require(k.tail == prev, "list tail");
+      if (k.head == nullptr) continue;
+      ++non_empty;
+      require(k.due_pos < due_.size() && due_[k.due_pos].cls == i, "expiry heap position");
+      require(!(saturating_deadline(k.head->last_used, k.ttl) < due_[k.due_pos].due),
+              "expiry key later than the head's");
+      require(k.oldest_pos < oldest_.size() && oldest_[k.oldest_pos].cls == i,
+              "recency heap position");
+      require(oldest_[k.oldest_pos].seq <= k.head->seq, "recency key later than the head's");
+    }
+    require(due_.size() == non_empty && oldest_.size() == non_empty, "heap membership");
+    for (std::size_t i = 1; i < due_.size(); ++i)
+      require(!(due_[i].due < due_[(i - 1) / 2].due), "expiry heap order");
+    for (std::size_t i = 1; i < oldest_.size(); ++i)
+      require(oldest_[(i - 1) / 2].seq <= oldest_[i].seq, "recency heap order");
+    require(vacant_.size() == vacant, "vacant list");
+    for (std::uint32_t c : vacant_)
+      require(c < classes_.size() && classes_[c].listed_vacant, "vacant list members");
+    require(due_.capacity() >= classes_.size() && oldest_.capacity() >= classes_.size() &&
+                vacant_.capacity() + 1 >= classes_.size(),
+            "reserved room");
+    return listed;
+  }
+
+ private:
+  struct Class {
+    explicit Class(duration t) noexcept : ttl(t) {}
+    duration ttl;
+    Slot* head = nullptr;          // least recently used
+    Slot* tail = nullptr;          // most recently used
+    std::size_t members = 0;       // stored entries of this class, pinned or not
+    std::uint32_t due_pos = 0;     // position in due_ while the list is not empty
+    std::uint32_t oldest_pos = 0;  // position in oldest_ while the list is not empty
+    bool listed_vacant = false;    // in vacant_ (checked for members when taken)
+  };
+
+  using Position = std::uint32_t Class::*;
+
+  // Heap items carry their key, so that the check on every lookup reads one cache line.
+  struct Due {
+    time_point due;  // no later than the head's expiry time
+    std::uint32_t cls;
+    bool before(const Due& o) const noexcept { return due < o.due; }
+    static Position pos() noexcept { return &Class::due_pos; }
+  };
+  struct Oldest {
+    std::uint64_t seq;  // no larger than the head's seq
+    std::uint32_t cls;
+    bool before(const Oldest& o) const noexcept { return seq < o.seq; }
+    static Position pos() noexcept { return &Class::oldest_pos; }
+  };
+
+  static void append(Class& k, Slot* s) noexcept {
+    s->prev = k.tail;
+    s->next = nullptr;
+    (k.tail ? k.tail->next : k.head) = s;
+    k.tail = s;
+  }
+
+  static void detach(Class& k, Slot* s) noexcept {
+    (s->prev ? s->prev->next : k.head) = s->next;
+    (s->next ? s->next->prev : k.tail) = s->prev;
+    s->prev = s->next = nullptr;
+  }
+
+  // May throw; changes capacities only.
+  void reserve_for(std::size_t classes) {
+    if (classes_.capacity() < classes) classes_.reserve(std::max(classes, 2 * classes_.size()));
+    if (due_.capacity() < classes) due_.reserve(classes_.capacity());
+    if (oldest_.capacity() < classes) oldest_.reserve(classes_.capacity());
+    if (vacant_.capacity() < classes) vacant_.reserve(classes_.capacity());
+  }
+
+  template <class Item>
+  void place(std::vector<Item>& h, std::size_t i, const Item& it) noexcept {
+    h[i] = it;
+    classes_[it.cls].*Item::pos() = static_cast<std::uint32_t>(i);
+  }
+
+  template <class Item>
+  void sift_up(std::vector<Item>& h, std::size_t i) noexcept {
+    const Item it = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / 2;
+      if (!it.before(h[up])) break;
+      place(h, i, h[up]);
+      i = up;
+    }
+    place(h, i, it);
+  }
+
+  template <class Item>
+  void sift_down(std::vector<Item>& h, std::size_t i) noexcept {
+    const Item it = h[i];
+    const std::size_t n = h.size();
+    while (true) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && h[c + 1].before(h[c])) ++c;
+      if (!h[c].before(it)) break;
+      place(h, i, h[c]);
+      i = c;
+    }
+    place(h, i, it);
+  }
+
+  // Requires room (reserved for every class by prepare and the constructor).
+  template <class Item>
+  void heap_push(std::vector<Item>& h, const Item& it) noexcept {
+    h.push_back(it);
+    sift_up(h, h.size() - 1);
+  }
+
+  template <class Item>
+  void heap_erase(std::vector<Item>& h, std::size_t i) noexcept {
+    const Item last = h.back();
+    h.pop_back();
+    if (i == h.size()) return;
+    place(h, i, last);
+    sift_up(h, i);
+    sift_down(h, classes_[last.cls].*Item::pos());
+  }
+
+  std::vector<Class> classes_;
+  std::vector<Due> due_;        // classes with a non-empty list, by (a lower bound of) expiry
+  std::vector<Oldest> oldest_;  // the same classes, by (a lower bound of) the head's seq
+  std::vector<std::uint32_t> vacant_;  // classes that were left without members (lazily)
+  std::unordered_map<typename duration::rep, std::uint32_t> by_ttl_;  // ttl -> class, not 0
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+// ---- end promptcache/detail/pool_recency.hpp ----
+// ---- begin promptcache/detail/pool_record.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+// promptcache: detail/pool_record.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// PromptCachePool's record of one stored entry, the single allocation that holds it together
+// with the entry's snapshot, and the chain of removed records whose release is deferred.
+//
+// A record and its snapshot share one block with the snapshot's reference count, so a hit
+// (which touches the record and copies the snapshot) reaches one block, not two. The record
+// owns the block through its own `entry` (an aliasing shared_ptr); releasing the record ends
+// that reference, and the block then lives exactly as long as the snapshots handed out.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+namespace promptcache::detail {
+
+template <class Token, class Slot>
+struct PoolNode;
+
+/// The pool's record of one stored entry. What a hit reads and writes (entry, recency links,
+/// touch order, TTL class, pinned) fills the first cache line; the rest is for inserts.
+template <class Entry, class Token, class TimePoint>
+struct PoolSlot {
+  using entry_type = Entry;
+  using time_point = TimePoint;
+
+  std::shared_ptr<const Entry> entry;
+  PoolSlot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
+  PoolSlot* next = nullptr;  // ... and the retired chain once removed
+  PoolNode<Token, PoolSlot>* node = nullptr;
+  std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
+  TimePoint last_used{};
+  std::uint32_t ttl_class = 0;  // index of its TTL class (at most one class per stored entry)
+  bool pinned = false;
+  std::size_t len = 0;  // entry->ids.size(), kept here to spare a dereference
+  std::size_t bytes = 0;
+  std::uint64_t ns = 0;
+};
+
+/// Ends the record's own reference to its block (which may free the record itself).
+template <class Slot>
+struct PoolSlotRelease {
+  void operator()(Slot* s) const noexcept {
+    // Moved out first: the last reference frees the block that holds *s.
+    std::shared_ptr<const typename Slot::entry_type> last = std::move(s->entry);
+  }
+};
+
+template <class Slot>
+using PoolSlotPtr = std::unique_ptr<Slot, PoolSlotRelease<Slot>>;
+
+/// The block a record shares with its snapshot.
+template <class Slot>
+struct PoolRecord {
+  Slot slot;
+  typename Slot::entry_type entry;
+};
+
+/// Allocates a record and its entry in one block; `fill(entry)` sets the entry's fields.
+/// Throws what the allocation or `fill` throws (nothing is left behind).
+template <class Slot, class Fill>
+PoolSlotPtr<Slot> make_pool_record(Fill&& fill) {
+  auto block = std::make_shared<PoolRecord<Slot>>();
+  typename Slot::entry_type* e = &block->entry;
+  fill(*e);
+  Slot* s = &block->slot;
+  s->entry = std::shared_ptr<const typename Slot::entry_type>(std::move(block), e);
+  return PoolSlotPtr<Slot>(s);
+}
+
+/// Removed records, threaded through their `next` links, released later: the pool frees them
+/// at the end of each operation, and SynchronizedPromptCachePool takes the chain and frees it
+/// after unlocking (so LayerCache destructors never run under its lock).
+template <class Slot>
+class PoolRetiredChain {
+ public:
+  PoolRetiredChain() noexcept = default;
+  PoolRetiredChain(const PoolRetiredChain&) = delete;
+  PoolRetiredChain& operator=(const PoolRetiredChain&) = delete;
+  ~PoolRetiredChain() { release(take()); }
+
+  /// Adds a removed record. O(1).
+  void push(PoolSlotPtr<Slot> s) noexcept {
+    Slot* raw = s.release();
+    raw->prev = nullptr;
+    raw->next = head_;
+    head_ = raw;
+  }
+
+  /// Hands the chain over (for release after unlocking). O(1).
+  Slot* take() noexcept { return std::exchange(head_, nullptr); }
+
+  [[nodiscard]] bool empty() const noexcept { return head_ == nullptr; }
+
+  /// Releases every record of `chain` (as returned by take()). O(records).
+  static void release(Slot* chain) noexcept {
+    while (chain != nullptr) {
+      Slot* s = chain;
+      chain = s->next;
+      PoolSlotRelease<Slot>{}(s);
+    }
+  }
+
+ private:
+  Slot* head_ = nullptr;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+// ---- end promptcache/detail/pool_record.hpp ----
+// ---- begin promptcache/detail/pool_tree.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
+// promptcache: detail/pool_tree.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The radix tree of PromptCachePool: one compressed trie per namespace over token ids, an
+// entry's record hanging off the node where its ids end. Edge labels are not copies: they
+// point into the ids of some entry stored below the edge (the node's `owner`), so the index
+// costs a few dozen bytes per node on top of the ids the entries own anyway, and a label is
+// re-pointed when its owner leaves.
+//
+// This file knows the shape of the tree (walks, splits, merges, pruning, label owners) and
+// keeps the common-prefix aggregates (detail/pool_best_heap.hpp) in step with it. It knows
+// nothing of recency, TTLs, budgets or statistics: those are the pool's policy.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -2103,6 +2624,214 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
+// ---- begin promptcache/detail/pool_best_heap.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+// promptcache: detail/pool_best_heap.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The common-prefix aggregates of PromptCachePool's radix tree. Every node knows the best
+// entry of its subtree (shortest, then most recently used) and keeps its children in a 4-ary
+// heap ordered by their best, so any change costs O(log fan-out) per level up to the root,
+// removals included.
+//
+// A lookup hit only makes its entry the most recent: the bests on its path are set at once
+// (lookups read them), but the items in the parents' heaps, whose keys only improved, are
+// just listed as stale and re-sifted by the next operation that reads or reshapes that heap
+// (flush_stale). Lookups then never sift (a sift at fan-out 65536 is 8 levels of scattered
+// node writes), and the sift work, one per touched child, moves to inserts and removals.
+// Stored keys always form a valid heap, so settling the listed items one at a time is exact.
+//
+// Works on any node type with the fields of detail::PoolNode (best, parent, slot, heap,
+// heap_pos, stale, stale_next, is_stale) over records with `len` and `seq`.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// A child in its parent's heap, with the key of its best entry copied in, so sifting reads
+/// the (mostly cached) heap array instead of chasing two pointers per comparison.
+template <class Node>
+struct PoolHeapItem {
+  std::size_t len;
+  std::uint64_t seq;
+  Node* node;
+};
+
+template <class Node>
+struct PoolBestHeap {
+  using Slot = typename Node::slot_type;
+  using Item = PoolHeapItem<Node>;
+
+  /// Heap arity: half as many levels to sift up through as a binary heap.
+  static constexpr std::size_t kArity = 4;
+
+  /// The common-prefix preference between two entries: shorter, then more recent.
+  static bool better(const Slot* a, const Slot* b) noexcept {
+    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
+  }
+
+  static bool item_better(const Item& a, const Item& b) noexcept {
+    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
+  }
+
+  static Item item_of(Node* c) noexcept { return Item{c->best->len, c->best->seq, c}; }
+
+  // Re-sifts the items that touches made stale. Every other heap operation starts with it
+  // (propagate, for heap_update).
+  // A listed key only improved (propagate flushes before it makes a best worse), but each item
+  // is sifted both ways anyway, so a missed flush cannot leave a heap out of order.
+  static void flush_stale(Node* p) noexcept {
+    for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
+      Node* next = std::exchange(c->stale_next, nullptr);
+      c->is_stale = false;
+      heap_update(p, c);
+      c = next;
+    }
+  }
+
+  /// Restores the heap order around position i (the item there changed its key).
+  static void heap_fix(Node* p, std::size_t i) noexcept {
+    std::vector<Item>& h = p->heap;
+    const Item c = h[i];
+    while (i > 0) {
+      const std::size_t up = (i - 1) / kArity;
+      if (!item_better(c, h[up])) break;
+      h[i] = h[up];
+      h[i].node->heap_pos = i;
+      i = up;
+    }
+    const std::size_t n = h.size();
+    while (true) {
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t b = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (item_better(h[k], h[b])) b = k;
+      }
+      if (!item_better(h[b], c)) break;
+      h[i] = h[b];
+      h[i].node->heap_pos = i;
+      i = b;
+    }
+    h[i] = c;
+    c.node->heap_pos = i;
+  }
+
+  // Child c's best (or its key) changed: refresh its item and reposition it. The stored keys
+  // of the other items form a valid heap, stale ones included, so this is exact for c; the
+  // caller settles p's stale list first when it matters (propagate, flush_stale itself).
+  static void heap_update(Node* p, Node* c) noexcept {
+    p->heap[c->heap_pos] = item_of(c);
+    heap_fix(p, c->heap_pos);
+  }
+
+  /// `now` takes the heap position of `before` (a split or merge swapping one child for
+  /// another with the same best).
+  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
+    flush_stale(p);
+    now->heap_pos = before->heap_pos;
+    p->heap[now->heap_pos] = item_of(now);
+  }
+
+  /// Adds child c; requires reserved capacity (phase 1 of an insert).
+  static void heap_push(Node* p, Node* c) noexcept {
+    flush_stale(p);
+    p->heap.push_back(item_of(c));
+    c->heap_pos = p->heap.size() - 1;
+    heap_fix(p, c->heap_pos);
+  }
+
+  /// Removes child c.
+  static void heap_erase(Node* p, Node* c) noexcept {
+    flush_stale(p);
+    std::vector<Item>& h = p->heap;
+    const std::size_t i = c->heap_pos;
+    const Item last = h.back();
+    h.pop_back();
+    if (last.node != c) {
+      h[i] = last;
+      last.node->heap_pos = i;
+      heap_fix(p, i);
+    }
+  }
+
+  static Slot* compute_best(Node* y) noexcept {
+    flush_stale(y);
+    Slot* b = y->slot.get();
+    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
+      b = y->heap[0].node->best;
+    }
+    return b;
+  }
+
+  /// The subtree of x changed: recomputes best from x up, fixing each parent's heap.
+  /// O(depth x log fan-out) plus the stale items settled on the way.
+  static void propagate(Node* x) noexcept {
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      // Settle the parent's stale items while y's best is still the one they were listed
+      // with (y's new best may be worse), so a listed key has only ever improved.
+      flush_stale(y->parent);
+      y->best = compute_best(y);
+      heap_update(y->parent, y);
+    }
+  }
+
+  // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
+  // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
+  // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
+  // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
+  static void propagate_touch(Slot* s) noexcept {
+    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
+      if (y->best != s && !better(s, y->best)) return;
+      y->best = s;
+      if (!y->is_stale) {
+        y->is_stale = true;
+        y->stale_next = std::exchange(y->parent->stale, y);
+      }
+    }
+  }
+
+  /// Checks node n's heap and stale list; `require(ok, what)` reports a violation.
+  template <class Require>
+  static void check_heap(const Node* n, Require&& require) {
+    require(n->heap.size() == n->children.size(), "heap size");
+    std::size_t stale = 0;
+    for (const Node* c = n->stale; c != nullptr; c = c->stale_next, ++stale)
+      require(c->parent == n && c->is_stale && stale < n->heap.size(), "stale list");
+    for (std::size_t i = 0; i < n->heap.size(); ++i) {
+      const Item& it = n->heap[i];
+      const Node* c = it.node;
+      require(c->parent == n && c->heap_pos == i, "heap links");
+      // A stale item has its child's length and an older touch order; others are exact.
+      require(
+          it.len == c->best->len && (c->is_stale ? it.seq <= c->best->seq : it.seq == c->best->seq),
+          "heap keys");
+      require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
+      if (c->is_stale) --stale;
+    }
+    require(stale == 0, "stale list members");
+  }
+
+  /// Checks a non-root node's best against its entry and its children's bests.
+  template <class Require>
+  static void check_best(const Node* n, Require&& require) {
+    const Slot* b = n->slot.get();
+    n->children.for_each([&](const Node* c) {
+      if (b == nullptr || better(c->best, b)) b = c->best;
+    });
+    require(n->best == b, "common-prefix aggregate");
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+// ---- end promptcache/detail/pool_best_heap.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
 #ifndef PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 #define PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
@@ -2311,6 +3040,425 @@ class PoolChildMap {
 #endif  // PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 // ---- end promptcache/detail/pool_child_map.hpp ----
 
+namespace promptcache::detail {
+
+/// One tree node. The fields a lookup reads (label, depths, best, child table) come first, so
+/// that a node on the lookup path costs one cache line rather than two or three.
+template <class Token, class Slot>
+struct PoolNode {
+  using slot_type = Slot;
+  using entry_type = typename Slot::entry_type;
+
+  const Token* label = nullptr;  // points into owner->ids
+  std::size_t label_len = 0;
+  std::size_t depth = 0;  // tokens from the root through the end of the label
+  Slot* best = nullptr;   // common-prefix mode: shortest, then most recent entry below
+  PoolNode* parent = nullptr;
+  bool is_stale = false;  // listed in the parent's stale list
+  Token first{};          // label[0], kept here so teardown never reads freed ids
+  PoolChildMap<Token, PoolNode> children;
+  PoolNode* stale = nullptr;                 // children whose heap item a touch made stale
+  PoolNode* stale_next = nullptr;            // next in the parent's stale list
+  const entry_type* owner = nullptr;         // some entry in this subtree whose ids back the label
+  PoolSlotPtr<Slot> slot;                    // the entry whose ids end exactly here
+  std::vector<PoolHeapItem<PoolNode>> heap;  // common-prefix mode: children as a heap by best
+  std::size_t heap_pos = 0;                  // index in the parent's heap
+};
+
+/// Tree algorithms over PoolNode<Token, Slot>; all static (the pool owns the roots).
+template <std::integral Token, class Slot>
+struct PoolTree {
+  using Node = PoolNode<Token, Slot>;
+  using Entry = typename Slot::entry_type;
+  using Best = PoolBestHeap<Node>;
+  using ChildMap = PoolChildMap<Token, Node>;
+
+  static bool equal_tokens(const Token* a, const Token* b, std::size_t n) noexcept {
+    return std::memcmp(a, b, n * sizeof(Token)) == 0;
+  }
+
+  // Length of the common prefix of a[0, n) and b[0, n). Long equal stretches go through
+  // memcmp in big blocks (libc's is the fastest "equal?"); the block that differs, and
+  // anything short, through detail::mismatch, which also says where.
+  // Forced inline: left out of line, g++ laid out find_longest_prefix so that exact-prefix
+  // lookups (which never call this) got ~10% slower.
+  [[gnu::always_inline]] static std::size_t common_length(const Token* a, const Token* b,
+                                                          std::size_t n) noexcept {
+    std::size_t i = 0;
+    while (n - i >= 1024 && equal_tokens(a + i, b + i, 1024))
+      i += 1024;
+    while (n - i >= 256 && equal_tokens(a + i, b + i, 128))
+      i += 128;
+    return i + mismatch(a + i, b + i, (n - i) * sizeof(Token)) / sizeof(Token);
+  }
+
+  /// A child's label length from its parent's table (the node's copy only for huge labels).
+  static std::size_t label_len_of(const typename ChildMap::Slot* e) noexcept {
+    return e->label_len != ChildMap::kLongLabel ? e->label_len : e->node->label_len;
+  }
+
+  /// The record stored with exactly `ids` below `root` (may be null); nullptr if none. O(|ids|).
+  static Slot* find(const Node* root, std::span<const Token> ids) noexcept {
+    const Node* node = root;
+    if (node == nullptr || ids.empty()) return nullptr;
+    std::size_t pos = 0;
+    while (pos < ids.size()) {
+      const Node* c = node->children.find(ids[pos]);
+      if (c == nullptr || c->depth > ids.size() ||
+          !equal_tokens(c->label, ids.data() + pos, c->label_len)) {
+        return nullptr;
+      }
+      node = c;
+      pos = c->depth;
+    }
+    return node->slot.get();
+  }
+
+  /// A lookup's answer: the record and how many query tokens it covers.
+  struct Match {
+    Slot* slot = nullptr;
+    std::size_t matched = 0;
+  };
+
+  /// The deepest record whose ids are a prefix of q[0, limit). O(limit).
+  static Match match_exact(const Node* node, std::span<const Token> q, std::size_t limit) noexcept {
+    Match m;
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      const auto* e = node->children.find_slot(q[pos]);
+      if (e == nullptr) break;
+      const std::size_t len = label_len_of(e);
+      if (len > limit - pos || !equal_tokens(e->label, q.data() + pos, len)) break;
+      node = e->node;
+      pos += len;
+      if (node->slot) m.slot = node->slot.get();
+    }
+    if (m.slot != nullptr) m.matched = m.slot->len;
+    return m;
+  }
+
+  /// The best record (per the aggregates) below the point where q[0, limit) leaves the tree,
+  /// with the length of that common prefix. O(limit).
+  static Match match_common(const Node* node, std::span<const Token> q,
+                            std::size_t limit) noexcept {
+    Match m;
+    if (node == nullptr) return m;
+    std::size_t pos = 0;
+    while (pos < limit) {
+      // The label (pointer and length) comes from the parent's table, not the child: the
+      // compare then runs while the child node is still a cache miss away.
+      const auto* e = node->children.find_slot(q[pos]);
+      if (e == nullptr) break;
+      const Token* label = e->label;
+      const std::size_t len = label_len_of(e);
+      // An edge the query covers usually matches in full (every edge on the path but the
+      // last), and for a short one a single memcmp confirms that twice as fast as the
+      // narrowing loop of common_length.
+      const std::size_t k =
+          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
+              ? len
+              : common_length(label, q.data() + pos, std::min(len, limit - pos));
+      const Node* c = e->node;
+      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
+        m.slot = c->best;
+        m.matched = pos + k;
+        return m;
+      }
+      node = c;
+      pos += len;
+    }
+    if (node->parent != nullptr) {
+      m.slot = node->best;
+      m.matched = pos;
+    }
+    return m;
+  }
+
+  /// Calls f(node) for every node of the subtree of `root`, iteratively: a lineage of
+  /// single-token turns can make the tree as deep as the ids are long.
+  template <class F>
+  static void visit(const Node* root, F&& f) {
+    std::vector<const Node*> stack{root};
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      f(n);
+      n->children.for_each([&](const Node* c) { stack.push_back(c); });
+    }
+  }
+
+  // ---- insert -----------------------------------------------------------------------------
+
+  /// Where new ids end relative to the tree: on an existing node, below it as a new leaf,
+  /// inside an edge (the edge splits), or in a namespace without a root yet.
+  enum class Where { at_node, new_leaf, split, new_root };
+
+  /// The outcome of locate(): `node` is the deepest node on the ids' path, `child` the edge
+  /// they leave through (split), `pos` the depth of `node`, `common` the tokens shared with
+  /// `child`'s label.
+  struct Place {
+    Where where = Where::new_root;
+    Node* node = nullptr;
+    Node* child = nullptr;
+    std::size_t pos = 0;
+    std::size_t common = 0;
+  };
+
+  /// Walks ids down from `root` (null: the namespace has no tree) without changing anything;
+  /// calls on_prefix(slot, exact) for every record on the path, shallowest first (`exact`
+  /// when its ids equal `ids`). O(|ids|).
+  template <class OnPrefix>
+  static Place locate(Node* root, const std::vector<Token>& ids, OnPrefix&& on_prefix) {
+    Place p;
+    const std::size_t n = ids.size();
+    Node* node = root;
+    if (node == nullptr) return p;
+    std::size_t pos = 0;
+    while (true) {
+      if (node->slot) on_prefix(node->slot.get(), pos == n);
+      if (pos == n) {
+        p.where = Where::at_node;
+        break;
+      }
+      Node* child = node->children.find(ids[pos]);
+      if (child == nullptr) {
+        p.where = Where::new_leaf;
+        break;
+      }
+      const std::size_t common =
+          common_length(child->label, ids.data() + pos, std::min(child->label_len, n - pos));
+      if (common < child->label_len) {
+        p.where = Where::split;
+        p.child = child;
+        p.common = common;
+        break;
+      }
+      node = child;
+      pos = child->depth;
+    }
+    p.node = node;
+    p.pos = pos;
+    return p;
+  }
+
+  /// The nodes an insert at `p` needs, allocated up front (phase 1) so linking cannot throw.
+  struct Spare {
+    std::unique_ptr<Node> leaf;
+    std::unique_ptr<Node> mid;
+  };
+
+  /// A fresh root for a new namespace, with room for its first child. May throw.
+  static std::unique_ptr<Node> make_root(bool common) {
+    auto root = std::make_unique<Node>();
+    root->children.reserve(1);
+    if (common) root->heap.reserve(1);
+    return root;
+  }
+
+  /// Phase 1 of an insert of `n` ids at `p` (where is new_leaf or split, or at_node): every
+  /// allocation the link will need. May throw; then nothing changed.
+  static Spare reserve(const Place& p, std::size_t n, bool common) {
+    Spare s;
+    if (p.where == Where::new_leaf) {
+      p.node->children.reserve(1);
+      if (common && p.node->heap.size() == p.node->heap.capacity()) {
+        p.node->heap.reserve(std::max<std::size_t>(4, 2 * p.node->heap.capacity()));  // geometric
+      }
+    }
+    if (p.where == Where::split) {
+      s.mid = std::make_unique<Node>();
+      s.mid->children.reserve(p.pos + p.common == n ? 1 : 2);
+      if (common) s.mid->heap.reserve(p.pos + p.common == n ? 1 : 2);
+    }
+    if (p.where == Where::new_leaf || (p.where == Where::split && p.pos + p.common < n)) {
+      s.leaf = std::make_unique<Node>();
+    }
+    return s;
+  }
+
+  /// Phase 2: splits the edge and/or hangs the new leaf so that a node ends exactly at e's ids;
+  /// returns that node (the new leaf, or null, in `new_leaf`). Never throws.
+  static Node* link(const Place& p, Spare& spare, const Entry* e, bool common,
+                    Node*& new_leaf) noexcept {
+    const std::size_t n = e->ids.size();
+    Node* node = p.node;
+    std::size_t pos = p.pos;
+    Node* target = node;
+    if (p.where == Where::split) {
+      Node* child = p.child;
+      Node* m = spare.mid.release();
+      m->parent = node;
+      m->label = child->label;
+      m->label_len = p.common;
+      m->depth = pos + p.common;
+      m->first = child->first;
+      m->owner = child->owner;
+      node->children.replace(child->first, m, m->label, m->label_len);
+      child->label += p.common;
+      child->label_len -= p.common;
+      child->first = child->label[0];
+      child->parent = m;
+      m->children.insert_reserved(child->first, child, child->label, child->label_len);
+      if (common) {
+        m->best = child->best;  // same key: m takes child's place in node's heap as is
+        Best::heap_substitute(node, child, m);
+        m->heap.push_back(Best::item_of(child));  // reserved
+        child->heap_pos = 0;
+      }
+      node = m;
+      pos = m->depth;
+      target = m;
+    }
+    new_leaf = nullptr;
+    if (spare.leaf) {
+      Node* l = spare.leaf.release();
+      new_leaf = l;
+      l->parent = node;
+      l->label = e->ids.data() + pos;
+      l->label_len = n - pos;
+      l->depth = n;
+      l->first = e->ids[pos];
+      l->owner = e;
+      node->children.insert_reserved(l->first, l, l->label, l->label_len);
+      target = l;
+    }
+    return target;
+  }
+
+  /// Labels on the path to `target` that lived in `old`'s ids move to `e`'s equal ids.
+  static void relabel(Node* target, const Entry* old, const Entry* e) noexcept {
+    for (Node* y = target; y->parent != nullptr; y = y->parent) {
+      if (y->owner == old) {
+        y->owner = e;
+        y->label = e->ids.data() + (y->depth - y->label_len);
+        y->parent->children.set_label(y->first, y->label);
+      }
+    }
+  }
+
+  // ---- removal ----------------------------------------------------------------------------
+
+  /// Repairs the tree after node n lost its record, whose entry was `old`: prunes nodes left
+  /// without records, merges a node left with one child into it, and re-points labels that
+  /// lived in old's ids. Returns the deepest surviving node on the path (the root if the
+  /// tree is now empty). Never throws; O(depth) (+ O(depth x log fan-out) in common mode).
+  static Node* repair(Node* n, const Entry* old, bool common) noexcept {
+    Node* x = n;
+    while (x->parent != nullptr && !x->slot && x->children.empty()) {
+      Node* p = x->parent;
+      p->children.erase(x->first);
+      if (common) Best::heap_erase(p, x);
+      delete x;
+      x = p;
+    }
+    Node* lowest = x;  // the deepest node whose subtree lost the entry
+    if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
+      Node* c = x->children.any();
+      Node* p = x->parent;
+      if (common) Best::flush_stale(x);  // c must not stay listed in x
+      c->label_len += x->label_len;
+      c->label = c->owner->ids.data() + (c->depth - c->label_len);
+      c->first = x->first;
+      c->parent = p;
+      p->children.replace(x->first, c, c->label, c->label_len);
+      if (common) Best::heap_substitute(p, x, c);
+      x->children = ChildMap{};
+      delete x;
+      x = p;
+      lowest = c;
+    }
+    for (Node* y = x; y->parent != nullptr; y = y->parent) {
+      if (y->owner == old) {
+        const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
+        y->owner = o;
+        y->label = o->ids.data() + (y->depth - y->label_len);
+        y->parent->children.set_label(y->first, y->label);
+      }
+    }
+    if (common) Best::propagate(lowest);
+    return x;
+  }
+
+  /// Deletes every node below `root` (root stays, childless), handing each record to
+  /// on_record(PoolSlotPtr<Slot>&&) first. The nodes are threaded into a stack through their
+  /// (no longer needed) parent links: no allocation, no recursion, O(nodes + child tables).
+  template <class OnRecord>
+  static void drop(Node* root, OnRecord&& on_record) noexcept {
+    Node* stack = nullptr;
+    auto push = [&stack](Node* c) {
+      c->parent = stack;
+      stack = c;
+    };
+    root->children.for_each(push);
+    root->children = ChildMap{};
+    root->heap.clear();
+    root->stale = nullptr;
+    while (stack != nullptr) {
+      Node* x = stack;
+      stack = x->parent;
+      x->children.for_each(push);
+      if (x->slot) on_record(std::move(x->slot));
+      delete x;
+    }
+  }
+
+  // ---- checks -----------------------------------------------------------------------------
+
+  /// Checks the shape of the tree under `root` (links, depths, labels and their owners,
+  /// merged nodes, the aggregates in common mode) and calls on_record(record) for each
+  /// record, whose path must spell its ids. `require(ok, what)` reports a violation.
+  /// O(nodes x subtree size + entries x length).
+  template <class Require, class OnRecord>
+  static void check(const Node* root, bool common, Require&& require, OnRecord&& on_record) {
+    require(root->parent == nullptr && !root->slot && root->depth == 0, "root shape");
+    visit(root, [&](const Node* n) {
+      n->children.for_each([&](const Node* c) {
+        require(c->parent == n, "parent link");
+        require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
+        require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
+        const auto* e = n->children.find_slot(c->first);
+        require(e->label == c->label && label_len_of(e) == c->label_len, "label copy");
+      });
+      if (common) {
+        Best::check_heap(n, require);
+      } else {
+        require(n->heap.empty() && n->stale == nullptr, "heap outside common-prefix mode");
+      }
+      if (n == root) return;
+      require(n->slot || n->children.size() >= 2, "unmerged or empty node");
+      const Entry* o = n->owner;
+      require(o != nullptr && o->ids.size() >= n->depth, "owner too short");
+      require(n->label == o->ids.data() + (n->depth - n->label_len), "label not in owner");
+      // The owner must live in this node's subtree.
+      bool owned = false;
+      visit(n, [&](const Node* d) { owned = owned || (d->slot && d->slot->entry.get() == o); });
+      require(owned, "owner outside subtree");
+      if (n->slot) {
+        const Slot* s = n->slot.get();
+        require(s->node == n, "slot back link");
+        require(s->entry->ids.size() == n->depth, "entry length");
+        const Node* p = n;
+        std::size_t end = n->depth;
+        while (p->parent != nullptr) {
+          require(
+              std::equal(p->label, p->label + p->label_len,
+                         s->entry->ids.begin() + static_cast<std::ptrdiff_t>(end - p->label_len)),
+              "path differs from ids");
+          end -= p->label_len;
+          p = p->parent;
+        }
+        on_record(s);
+      }
+      if (common) Best::check_best(n, require);
+    });
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
+// ---- end promptcache/detail/pool_tree.hpp ----
+
 namespace promptcache {
 
 /// How find_longest_prefix matches stored entries against a query.
@@ -2373,7 +3521,9 @@ class SynchronizedPromptCachePool;
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
 ///
 /// Costs below use T, the number of TTL lists: the most distinct idle TTLs the pool has held
-/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs.
+/// at once (a list left empty is reused for the next new TTL), 1 without per-entry TTLs. T only
+/// enters as log T per entry that expires, is evicted, or leaves or joins an empty list (plus,
+/// amortized, per touch of a list's oldest entry); a lookup that expires nothing is O(1) in T.
 ///
 /// Invalidation: no operation invalidates anything a caller holds. Hits and find_exact()
 /// return shared snapshots; removing an entry (eviction, replacement, erase, clear) only
@@ -2435,11 +3585,13 @@ class PromptCachePool {
 
   /// Per-insert options for insert().
   struct InsertOptions {
-    bool pinned = false;            ///< Exempt from LRU, byte and TTL eviction.
-    std::optional<duration> ttl{};  ///< Idle TTL of this entry (default: Options::ttl).
-    namespace_id ns = 0;            ///< Namespace; entries of other namespaces never interact.
-    std::size_t fed_images = 0;     ///< Stored as Entry::fed_images.
-    std::size_t fed_audios = 0;     ///< Stored as Entry::fed_audios.
+    bool pinned = false;  ///< Exempt from LRU, byte and TTL eviction.
+    /// Idle TTL of this entry. Unset: the TTL of the entry this insert replaces (update or
+    /// lineage extension), else Options::ttl. Set: this value, even if shorter than the old one.
+    std::optional<duration> ttl{};
+    namespace_id ns = 0;         ///< Namespace; entries of other namespaces never interact.
+    std::size_t fed_images = 0;  ///< Stored as Entry::fed_images.
+    std::size_t fed_audios = 0;  ///< Stored as Entry::fed_audios.
   };
 
   /// Seed-style constructor (exact-prefix mode, no byte budget).
@@ -2450,11 +3602,13 @@ class PromptCachePool {
   /// Pool with the given options. Throws std::invalid_argument if max_bytes != 0 while
   /// CacheBytes is unsized_caches (every entry would weigh 0, silently ignoring the budget).
   explicit PromptCachePool(Options options, Clock clock = Clock{}, CacheBytes cache_bytes = {})
-      : options_(options), clock_(std::move(clock)), cache_bytes_(std::move(cache_bytes)) {
+      : options_(options),
+        clock_(std::move(clock)),
+        cache_bytes_(std::move(cache_bytes)),
+        recency_(options_.ttl) {
     if (std::is_same_v<CacheBytes, unsized_caches> && options_.max_bytes != 0) {
       throw std::invalid_argument("PromptCachePool: max_bytes needs a CacheBytes functor");
     }
-    classes_.push_back(TtlClass{options_.ttl, nullptr, nullptr, 0});
   }
 
   /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
@@ -2473,7 +3627,7 @@ class PromptCachePool {
   ~PromptCachePool() {
     for (auto& [ns, root] : roots_)
       drop_tree(root.get());
-    free_retired(std::exchange(retired_, nullptr));
+    free_retired(retired_.take());
   }
 
   /// The options the pool was built with.
@@ -2483,7 +3637,7 @@ class PromptCachePool {
   /// (exact-prefix: the longest stored prefix; common-prefix: the longest common prefix,
   /// preferring no trim, then the shortest entry, then the most recent) and refreshes its
   /// recency. Empty query, no match or a match below min_match_tokens: nullopt.
-  /// O(|ids| + expired + T), T = TTL lists (common-prefix mode: + O(depth) to record the
+  /// O(|ids| + expired x log T), T = TTL lists (common-prefix mode: + O(depth) to record the
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
@@ -2494,8 +3648,9 @@ class PromptCachePool {
     std::optional<Hit> result;
     if (!ids.empty()) {
       const std::size_t limit = options_.keep_one_token ? ids.size() - 1 : ids.size();
-      Match m = options_.match == MatchMode::exact_prefix ? match_exact(ids, limit, ns)
-                                                          : match_common(ids, limit, ns);
+      const Node* root = root_of(ns);
+      Match m = options_.match == MatchMode::exact_prefix ? Tree::match_exact(root, ids, limit)
+                                                          : Tree::match_common(root, ids, limit);
       if (m.slot != nullptr && m.matched > 0 && m.matched >= options_.min_match_tokens) {
         touch(m.slot, now);
         ++stats_.hits;
@@ -2520,12 +3675,15 @@ class PromptCachePool {
   /// Stores the state for `ids`: updates an entry with equal ids (pinned if either is),
   /// else replaces the deepest unpinned entry whose ids are a proper prefix (extended),
   /// else adds an entry (inserted); then LRU-evicts unpinned entries beyond max_entries
-  /// and max_bytes (the new entry too, if nothing else is evictable). Expired entries are
-  /// not collected here (lookups and evict_expired do that), as in the seed. In
+  /// and max_bytes (the new entry too, if nothing else is evictable). TTL: an explicit
+  /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
+  /// without one, an update or extension keeps the TTL of the entry it replaces (a
+  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
+  /// entries are not collected here (lookups and evict_expired do that), as in the seed. In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
-  /// unchanged. O(|ids| + |caches| + T + evicted x T), T = TTL lists; common-prefix mode adds
+  /// unchanged. O(|ids| + |caches| + (1 + evicted) x log T), T = TTL lists; common-prefix mode adds
   /// O(depth x log fan-out) per change, plus one sift for each child that lookups touched
   /// since the last change to its parent (amortized O(1) per lookup).
   InsertResult insert(std::vector<Token> ids, std::vector<LayerCache> caches,
@@ -2538,7 +3696,7 @@ class PromptCachePool {
   }
 
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
-  /// O(expired + T), T = TTL lists.
+  /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
     const std::size_t n = expire(clock_.now());
     release_retired();
@@ -2580,7 +3738,7 @@ class PromptCachePool {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
     if (!s->pinned) {
-      list_unlink(s);
+      recency_.unlink(s);
       s->pinned = true;
       ++stats_.pinned_entries;
     }
@@ -2589,7 +3747,7 @@ class PromptCachePool {
 
   /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
   /// then budgets are enforced. Returns false if there is no such entry. If the clock
-  /// throws, nothing changed. O(|ids| + evicted x T), T = TTL lists.
+  /// throws, nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
     Slot* s = find_slot(ids, ns);
     if (s == nullptr) return false;
@@ -2599,8 +3757,8 @@ class PromptCachePool {
       --stats_.pinned_entries;
       s->last_used = now;
       s->seq = ++seq_;
-      list_push_back(s);
-      if (options_.match == MatchMode::common_prefix) propagate(s->node);
+      recency_.push_back(s);
+      if (options_.match == MatchMode::common_prefix) Best::propagate(s->node);
       enforce_budgets();
       release_retired();
     }
@@ -2654,12 +3812,12 @@ class PromptCachePool {
   /// Memory of the index vs the ids it indexes (LayerCache payloads excluded). O(nodes).
   [[nodiscard]] PoolMemory memory_usage() const {
     PoolMemory m;
-    m.index_bytes = sizeof(*this) + classes_.capacity() * sizeof(TtlClass) +
-                    roots_.bucket_count() * sizeof(void*) +
-                    roots_.size() * (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) +
-                                     2 * sizeof(void*));
+    m.index_bytes =
+        sizeof(*this) + recency_.memory_bytes() + roots_.bucket_count() * sizeof(void*) +
+        roots_.size() *
+            (sizeof(std::pair<namespace_id, std::unique_ptr<Node>>) + 2 * sizeof(void*));
     for (const auto& [ns, root] : roots_) {
-      visit(root.get(), [&](const Node* n) {
+      Tree::visit(root.get(), [&](const Node* n) {
         m.index_bytes += sizeof(Node) + n->children.table_bytes();
         if (n->slot) {
           // The record and the Entry object in one block with the shared_ptr control block
@@ -2677,236 +3835,59 @@ class PromptCachePool {
   /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
     std::size_t entries = 0, pinned = 0, bytes = 0;
-    std::vector<std::size_t> members(classes_.size(), 0);
+    std::vector<std::size_t> members(recency_.class_count(), 0);
+    const bool common = options_.match == MatchMode::common_prefix;
     for (const auto& kv : roots_) {
       const namespace_id nsv = kv.first;
       const Node* root = kv.second.get();
-      require(root->parent == nullptr && !root->slot && root->depth == 0, "root shape");
       require(nsv != 0 || root == root0_, "root0 cache");
-      visit(root, [&](const Node* n) {
-        n->children.for_each([&](const Node* c) {
-          require(c->parent == n, "parent link");
-          require(c->label_len > 0 && c->depth == n->depth + c->label_len, "depth");
-          require(c->label[0] == c->first && n->children.find(c->first) == c, "first token");
-          const auto* e = n->children.find_slot(c->first);
-          require(e->label == c->label && label_len_of(e) == c->label_len, "label copy");
-        });
-        if (options_.match == MatchMode::common_prefix) {
-          require(n->heap.size() == n->children.size(), "heap size");
-          std::size_t stale = 0;
-          for (const Node* c = n->stale; c != nullptr; c = c->stale_next, ++stale)
-            require(c->parent == n && c->is_stale && stale < n->heap.size(), "stale list");
-          for (std::size_t i = 0; i < n->heap.size(); ++i) {
-            const HeapItem& it = n->heap[i];
-            const Node* c = it.node;
-            require(c->parent == n && c->heap_pos == i, "heap links");
-            // A stale item has its child's length and an older touch order; others are exact.
-            require(it.len == c->best->len &&
-                        (c->is_stale ? it.seq <= c->best->seq : it.seq == c->best->seq),
-                    "heap keys");
-            require(i == 0 || !item_better(it, n->heap[(i - 1) / kArity]), "heap order");
-            if (c->is_stale) --stale;
-          }
-          require(stale == 0, "stale list members");
-        } else {
-          require(n->heap.empty() && n->stale == nullptr, "heap outside common-prefix mode");
-        }
-        if (n == root) return;
-        require(n->slot || n->children.size() >= 2, "unmerged or empty node");
-        const Entry* o = n->owner;
-        require(o != nullptr && o->ids.size() >= n->depth, "owner too short");
-        require(n->label == o->ids.data() + (n->depth - n->label_len), "label not in owner");
-        // The owner must live in this node's subtree.
-        bool owned = false;
-        visit(n, [&](const Node* d) { owned = owned || (d->slot && d->slot->entry.get() == o); });
-        require(owned, "owner outside subtree");
-        if (n->slot) {
-          const Slot* s = n->slot.get();
-          ++entries;
-          bytes += s->bytes;
-          require(s->node == n && s->ns == nsv, "slot back link");
-          require(s->ttl_class < classes_.size(), "ttl class index");
-          ++members[s->ttl_class];
-          require(s->entry->ids.size() == n->depth, "entry length");
-          const Node* p = n;
-          std::size_t end = n->depth;
-          while (p->parent != nullptr) {
-            require(
-                std::equal(p->label, p->label + p->label_len,
-                           s->entry->ids.begin() + static_cast<std::ptrdiff_t>(end - p->label_len)),
-                "path differs from ids");
-            end -= p->label_len;
-            p = p->parent;
-          }
-          if (s->pinned) ++pinned;
-        }
-        if (options_.match == MatchMode::common_prefix) {
-          const Slot* b = n->slot.get();
-          n->children.for_each([&](const Node* c) {
-            if (b == nullptr || better(c->best, b)) b = c->best;
-          });
-          require(n->best == b, "common-prefix aggregate");
-        }
+      Tree::check(root, common, require, [&](const Slot* s) {
+        ++entries;
+        bytes += s->bytes;
+        require(s->ns == nsv, "slot back link");
+        require(s->ttl_class < members.size(), "ttl class index");
+        ++members[s->ttl_class];
+        if (s->pinned) ++pinned;
       });
     }
     const auto ns0 = roots_.find(0);
     require(root0_ == (ns0 == roots_.end() ? nullptr : ns0->second.get()), "root0 cache");
-    require(!classes_.empty() && classes_[0].ttl == options_.ttl, "default ttl class");
-    for (std::size_t i = 0; i < classes_.size(); ++i)
-      require(classes_[i].members == members[i], "ttl class members");
-    std::size_t listed = 0;
-    for (const TtlClass& cls : classes_) {
-      const Slot* prev = nullptr;
-      for (const Slot* s = cls.head; s != nullptr; s = s->next) {
-        require(!s->pinned && s->prev == prev, "list links");
-        require(prev == nullptr || prev->seq < s->seq, "list order");
-        require(&classes_[s->ttl_class] == &cls, "list class");
-        prev = s;
-        ++listed;
-      }
-      require(cls.tail == prev, "list tail");
-    }
+    const std::size_t listed = recency_.check(options_.ttl, members, require);
     require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
     require(listed == entries - pinned, "listed entries");
     require(bytes == stats_.bytes, "byte gauge");
-    require(retired_ == nullptr, "retired list");
+    require(retired_.empty(), "retired list");
   }
 
  private:
   friend class SynchronizedPromptCachePool<LayerCache, Token, Clock, CacheBytes>;
 
-  struct Node;
-  struct Slot;
-  struct SlotRelease;
-  using SlotPtr = std::unique_ptr<Slot, SlotRelease>;
-
-  // The pool's record of one stored entry. What a hit reads and writes (entry, recency links,
-  // touch order, TTL class, pinned) fills the first cache line; the rest is for inserts.
-  struct Slot {
-    std::shared_ptr<const Entry> entry;
-    Slot* prev = nullptr;  // recency list of its TTL class (unpinned entries only)
-    Slot* next = nullptr;  // ... and the retired chain once removed
-    Node* node = nullptr;
-    std::uint64_t seq = 0;  // global touch order: a larger seq is more recent
-    time_point last_used{};
-    std::uint32_t ttl_class = 0;  // index into classes_ (at most one class per stored entry)
-    bool pinned = false;
-    std::size_t len = 0;  // entry->ids.size(), kept here to spare a dereference
-    std::size_t bytes = 0;
-    namespace_id ns = 0;
-  };
-
-  // A stored entry's record and its snapshot share one allocation with the snapshot's
-  // reference count, so a hit (which touches the record and copies the snapshot) reaches one
-  // block, not two. The record owns the block through its own `entry` (an aliasing
-  // shared_ptr); SlotRelease ends that when the pool lets go of the record, and the block
-  // then lives exactly as long as the snapshots handed out.
-  struct Record {
-    Slot slot;
-    Entry entry;
-  };
-
-  struct SlotRelease {
-    void operator()(Slot* s) const noexcept {
-      // Moved out first: the last reference frees the block that holds *s.
-      std::shared_ptr<const Entry> last = std::move(s->entry);
-    }
-  };
-
-  static SlotPtr make_record(std::vector<Token>&& ids, std::vector<LayerCache>&& caches,
-                             const InsertOptions& o) {
-    auto block = std::make_shared<Record>();
-    Entry* e = &block->entry;
-    e->ids = std::move(ids);
-    e->caches = std::move(caches);
-    e->fed_images = o.fed_images;
-    e->fed_audios = o.fed_audios;
-    Slot* s = &block->slot;
-    s->entry = std::shared_ptr<const Entry>(std::move(block), e);
-    return SlotPtr(s);
-  }
-
-  // A child in its parent's heap, with the key of its best slot copied in, so sifting reads
-  // the (mostly cached) heap array instead of chasing two pointers per comparison.
-  struct HeapItem {
-    std::size_t len;
-    std::uint64_t seq;
-    Node* node;
-  };
-
-  // The fields a lookup reads (label, depths, best, child table) come first, so that a node
-  // on the lookup path costs one cache line rather than two or three.
-  struct Node {
-    const Token* label = nullptr;  // points into owner->ids
-    std::size_t label_len = 0;
-    std::size_t depth = 0;  // tokens from the root through the end of the label
-    Slot* best = nullptr;   // common-prefix mode: shortest, then most recent slot below
-    Node* parent = nullptr;
-    bool is_stale = false;  // listed in the parent's stale list
-    Token first{};          // label[0], kept here so teardown never reads freed ids
-    detail::PoolChildMap<Token, Node> children;
-    Node* stale = nullptr;         // children whose heap item a touch made stale (see below)
-    Node* stale_next = nullptr;    // next in the parent's stale list
-    const Entry* owner = nullptr;  // some entry in this subtree whose ids back the label
-    SlotPtr slot;                  // the entry whose ids end exactly here
-    std::vector<HeapItem> heap;    // common-prefix mode: children as a 4-ary heap by best
-    std::size_t heap_pos = 0;      // index in the parent's heap
-  };
-
-  // The entries sharing one idle TTL. A class left without members (pinned ones included:
-  // they rejoin the list when unpinned) is reused for the next new TTL value, so per-request
-  // TTLs cost only as many classes as distinct TTLs are stored at once.
-  struct TtlClass {
-    duration ttl;
-    Slot* head;           // least recently used
-    Slot* tail;           // most recently used
-    std::size_t members;  // stored entries of this class, pinned or not
-  };
+  // The named parts (include/promptcache/detail/): the record of an entry, the radix tree
+  // with its common-prefix aggregates, and the recency lists by TTL class. The pool is the
+  // policy over them: which entry an insert replaces, what is evicted when, and the stats.
+  using Slot = detail::PoolSlot<Entry, Token, time_point>;
+  using SlotPtr = detail::PoolSlotPtr<Slot>;
+  using Record = detail::PoolRecord<Slot>;
+  using Tree = detail::PoolTree<Token, Slot>;
+  using Node = typename Tree::Node;
+  using Best = typename Tree::Best;
+  using Match = typename Tree::Match;
+  using Recency = detail::PoolRecency<Slot, duration>;
 
   enum class Reason { lru, ttl, bytes, explicit_removal, superseded, replaced };
-
-  struct Match {
-    Slot* slot = nullptr;
-    std::size_t matched = 0;
-  };
 
   static void require(bool ok, const char* what) {
     if (!ok) throw std::logic_error(std::string("PromptCachePool invariant: ") + what);
   }
 
-  template <class F>
-  static void visit(const Node* root, F&& f) {
-    // Iterative: a lineage of single-token turns can make the tree as deep as the ids are long.
-    std::vector<const Node*> stack{root};
-    while (!stack.empty()) {
-      const Node* n = stack.back();
-      stack.pop_back();
-      f(n);
-      n->children.for_each([&](const Node* c) { stack.push_back(c); });
-    }
-  }
-
-  static bool equal_tokens(const Token* a, const Token* b, std::size_t n) noexcept {
-    return std::memcmp(a, b, n * sizeof(Token)) == 0;
-  }
-
-  // Length of the common prefix of a[0, n) and b[0, n). Long equal stretches go through
-  // memcmp in big blocks (libc's is the fastest "equal?"); the block that differs, and
-  // anything short, through detail::mismatch, which also says where.
-  // Forced inline: left out of line, g++ laid out find_longest_prefix so that exact-prefix
-  // lookups (which never call this) got ~10% slower.
-  [[gnu::always_inline]] static std::size_t common_length(const Token* a, const Token* b,
-                                                          std::size_t n) noexcept {
-    std::size_t i = 0;
-    while (n - i >= 1024 && equal_tokens(a + i, b + i, 1024))
-      i += 1024;
-    while (n - i >= 256 && equal_tokens(a + i, b + i, 128))
-      i += 128;
-    return i + detail::mismatch(a + i, b + i, (n - i) * sizeof(Token)) / sizeof(Token);
-  }
-
-  static bool better(const Slot* a, const Slot* b) noexcept {
-    return a->len < b->len || (a->len == b->len && a->seq > b->seq);
+  static SlotPtr make_record(std::vector<Token>&& ids, std::vector<LayerCache>&& caches,
+                             const InsertOptions& o) {
+    return detail::make_pool_record<Slot>([&](Entry& e) {
+      e.ids = std::move(ids);
+      e.caches = std::move(caches);
+      e.fed_images = o.fed_images;
+      e.fed_audios = o.fed_audios;
+    });
   }
 
   Node* root_of(namespace_id ns) const noexcept {
@@ -2916,269 +3897,28 @@ class PromptCachePool {
   }
 
   Slot* find_slot(std::span<const Token> ids, namespace_id ns) const noexcept {
-    const Node* node = root_of(ns);
-    if (node == nullptr || ids.empty()) return nullptr;
-    std::size_t pos = 0;
-    while (pos < ids.size()) {
-      const Node* c = node->children.find(ids[pos]);
-      if (c == nullptr || c->depth > ids.size() ||
-          !equal_tokens(c->label, ids.data() + pos, c->label_len)) {
-        return nullptr;
-      }
-      node = c;
-      pos = c->depth;
-    }
-    return node->slot.get();
-  }
-
-  // A child's label length from its parent's table (the node's copy only for huge labels).
-  static std::size_t label_len_of(
-      const typename detail::PoolChildMap<Token, Node>::Slot* e) noexcept {
-    return e->label_len != detail::PoolChildMap<Token, Node>::kLongLabel ? e->label_len
-                                                                         : e->node->label_len;
-  }
-
-  Match match_exact(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
-    Match m;
-    const Node* node = root_of(ns);
-    if (node == nullptr) return m;
-    std::size_t pos = 0;
-    while (pos < limit) {
-      const auto* e = node->children.find_slot(q[pos]);
-      if (e == nullptr) break;
-      const std::size_t len = label_len_of(e);
-      if (len > limit - pos || !equal_tokens(e->label, q.data() + pos, len)) break;
-      node = e->node;
-      pos += len;
-      if (node->slot) m.slot = node->slot.get();
-    }
-    if (m.slot != nullptr) m.matched = m.slot->len;
-    return m;
-  }
-
-  Match match_common(std::span<const Token> q, std::size_t limit, namespace_id ns) const noexcept {
-    Match m;
-    const Node* node = root_of(ns);
-    if (node == nullptr) return m;
-    std::size_t pos = 0;
-    while (pos < limit) {
-      // The label (pointer and length) comes from the parent's table, not the child: the
-      // compare then runs while the child node is still a cache miss away.
-      const auto* e = node->children.find_slot(q[pos]);
-      if (e == nullptr) break;
-      const Token* label = e->label;
-      const std::size_t len = label_len_of(e);
-      // An edge the query covers usually matches in full (every edge on the path but the
-      // last), and for a short one a single memcmp confirms that twice as fast as the
-      // narrowing loop of common_length.
-      const std::size_t k =
-          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
-              ? len
-              : common_length(label, q.data() + pos, std::min(len, limit - pos));
-      const Node* c = e->node;
-      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
-        m.slot = c->best;
-        m.matched = pos + k;
-        return m;
-      }
-      node = c;
-      pos += len;
-    }
-    if (node->parent != nullptr) {
-      m.slot = node->best;
-      m.matched = pos;
-    }
-    return m;
-  }
-
-  // ---- recency lists ------------------------------------------------------------------
-
-  void list_unlink(Slot* s) noexcept {
-    TtlClass& cls = classes_[s->ttl_class];
-    (s->prev ? s->prev->next : cls.head) = s->next;
-    (s->next ? s->next->prev : cls.tail) = s->prev;
-    s->prev = s->next = nullptr;
-  }
-
-  void list_push_back(Slot* s) noexcept {
-    TtlClass& cls = classes_[s->ttl_class];
-    s->prev = cls.tail;
-    s->next = nullptr;
-    (cls.tail ? cls.tail->next : cls.head) = s;
-    cls.tail = s;
+    return Tree::find(root_of(ns), ids);
   }
 
   void touch(Slot* s, time_point now) noexcept {
     s->last_used = now;
     s->seq = ++seq_;
-    if (!s->pinned) {
-      list_unlink(s);
-      list_push_back(s);
-    }
-    if (options_.match == MatchMode::common_prefix) propagate_touch(s);
-  }
-
-  // ---- common-prefix aggregates ---------------------------------------------------------
-  // Every node knows the best slot of its subtree (shortest, then most recent) and keeps its
-  // children in a heap ordered by their best, so any change costs O(log fan-out) per level up
-  // to the root, removals included.
-  //
-  // A lookup hit only makes its slot the most recent: the bests on its path are set at once
-  // (lookups read them), but the items in the parents' heaps, whose keys only improved, are
-  // just listed as stale and re-sifted by the next operation that reads or reshapes that heap
-  // (flush_stale). Lookups then never sift (a sift at fan-out 65536 is 8 levels of scattered
-  // node writes), and the sift work, one per touched child, moves to inserts and removals.
-  // Stored keys always form a valid heap, so settling the listed items one at a time is exact.
-
-  static bool item_better(const HeapItem& a, const HeapItem& b) noexcept {
-    return a.len < b.len || (a.len == b.len && a.seq > b.seq);
-  }
-
-  static HeapItem item_of(Node* c) noexcept { return HeapItem{c->best->len, c->best->seq, c}; }
-
-  // Re-sifts the items that touches made stale. Every other heap operation starts with it
-  // (propagate, for heap_update).
-  // A listed key only improved (propagate flushes before it makes a best worse), but each item
-  // is sifted both ways anyway, so a missed flush cannot leave a heap out of order.
-  static void flush_stale(Node* p) noexcept {
-    for (Node* c = std::exchange(p->stale, nullptr); c != nullptr;) {
-      Node* next = std::exchange(c->stale_next, nullptr);
-      c->is_stale = false;
-      heap_update(p, c);
-      c = next;
-    }
-  }
-
-  // Restores the heap order around position i (the item there changed its key). A 4-ary
-  // heap: half as many levels to sift up through as a binary heap.
-  static constexpr std::size_t kArity = 4;
-  static void heap_fix(Node* p, std::size_t i) noexcept {
-    std::vector<HeapItem>& h = p->heap;
-    const HeapItem c = h[i];
-    while (i > 0) {
-      const std::size_t up = (i - 1) / kArity;
-      if (!item_better(c, h[up])) break;
-      h[i] = h[up];
-      h[i].node->heap_pos = i;
-      i = up;
-    }
-    const std::size_t n = h.size();
-    while (true) {
-      const std::size_t first = kArity * i + 1;
-      if (first >= n) break;
-      std::size_t b = first;
-      const std::size_t last = std::min(first + kArity, n);
-      for (std::size_t k = first + 1; k < last; ++k) {
-        if (item_better(h[k], h[b])) b = k;
-      }
-      if (!item_better(h[b], c)) break;
-      h[i] = h[b];
-      h[i].node->heap_pos = i;
-      i = b;
-    }
-    h[i] = c;
-    c.node->heap_pos = i;
-  }
-
-  // Child c's best (or its key) changed: refresh its item and reposition it. The stored keys
-  // of the other items form a valid heap, stale ones included, so this is exact for c; the
-  // caller settles p's stale list first when it matters (propagate, flush_stale itself).
-  static void heap_update(Node* p, Node* c) noexcept {
-    p->heap[c->heap_pos] = item_of(c);
-    heap_fix(p, c->heap_pos);
-  }
-
-  // `now` takes the heap position of `before` (a split or merge swapping one child for another).
-  static void heap_substitute(Node* p, Node* before, Node* now) noexcept {
-    flush_stale(p);
-    now->heap_pos = before->heap_pos;
-    p->heap[now->heap_pos] = item_of(now);
-  }
-
-  // Adds child c; requires reserved capacity (phase 1 of insert).
-  static void heap_push(Node* p, Node* c) noexcept {
-    flush_stale(p);
-    p->heap.push_back(item_of(c));
-    c->heap_pos = p->heap.size() - 1;
-    heap_fix(p, c->heap_pos);
-  }
-
-  static void heap_erase(Node* p, Node* c) noexcept {
-    flush_stale(p);
-    std::vector<HeapItem>& h = p->heap;
-    const std::size_t i = c->heap_pos;
-    const HeapItem last = h.back();
-    h.pop_back();
-    if (last.node != c) {
-      h[i] = last;
-      last.node->heap_pos = i;
-      heap_fix(p, i);
-    }
-  }
-
-  static Slot* compute_best(Node* y) noexcept {
-    flush_stale(y);
-    Slot* b = y->slot.get();
-    if (!y->heap.empty() && (b == nullptr || better(y->heap[0].node->best, b))) {
-      b = y->heap[0].node->best;
-    }
-    return b;
-  }
-
-  // The subtree of x changed: recompute best from x up, fixing each parent's heap.
-  static void propagate(Node* x) noexcept {
-    for (Node* y = x; y->parent != nullptr; y = y->parent) {
-      // Settle the parent's stale items while y's best is still the one they were listed
-      // with (y's new best may be worse), so a listed key has only ever improved.
-      flush_stale(y->parent);
-      y->best = compute_best(y);
-      heap_update(y->parent, y);
-    }
-  }
-
-  // s was just touched: its key only improved (same len, newest seq) and nothing else changed,
-  // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
-  // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
-  // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
-  static void propagate_touch(Slot* s) noexcept {
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != s && !better(s, y->best)) return;
-      y->best = s;
-      if (!y->is_stale) {
-        y->is_stale = true;
-        y->stale_next = std::exchange(y->parent->stale, y);
-      }
-    }
-  }
-
-  Slot* lru_victim() const noexcept {
-    Slot* victim = nullptr;
-    for (const TtlClass& cls : classes_) {
-      if (cls.head != nullptr && (victim == nullptr || cls.head->seq < victim->seq))
-        victim = cls.head;
-    }
-    return victim;
+    if (!s->pinned) recency_.touch(s);
+    if (options_.match == MatchMode::common_prefix) Best::propagate_touch(s);
   }
 
   std::size_t expire(time_point now) noexcept {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < classes_.size(); ++i) {
-      while (classes_[i].head != nullptr && now - classes_[i].head->last_used >= classes_[i].ttl) {
-        remove_slot(classes_[i].head, Reason::ttl);
-        ++n;
-      }
-    }
-    return n;
+    return recency_.expire(now, [this](Slot* s) { remove_slot(s, Reason::ttl); });
   }
 
   void enforce_budgets() noexcept {
     while (stats_.entries > options_.max_entries) {
-      Slot* v = lru_victim();
+      Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::lru);
     }
     while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
-      Slot* v = lru_victim();
+      Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::bytes);
     }
@@ -3186,33 +3926,16 @@ class PromptCachePool {
 
   // ---- removal --------------------------------------------------------------------------
 
-  void retire(SlotPtr s) noexcept {
-    Slot* raw = s.release();
-    raw->prev = nullptr;
-    raw->next = retired_;
-    retired_ = raw;
-  }
-
   // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
   // destructors of the last snapshot references after releasing its lock.
   void release_retired() noexcept {
     if (defer_release_) return;
-    while (retired_ != nullptr) {
-      Slot* s = retired_;
-      retired_ = s->next;
-      SlotRelease{}(s);
-    }
+    Retired::release(retired_.take());
   }
 
-  Slot* take_retired() noexcept { return std::exchange(retired_, nullptr); }
+  Slot* take_retired() noexcept { return retired_.take(); }
 
-  static void free_retired(Slot* chain) noexcept {
-    while (chain != nullptr) {
-      Slot* s = chain;
-      chain = s->next;
-      SlotRelease{}(s);
-    }
-  }
+  static void free_retired(Slot* chain) noexcept { Retired::release(chain); }
 
   void count_removal(Reason why) noexcept {
     switch (why) {
@@ -3242,93 +3965,41 @@ class PromptCachePool {
     if (s->pinned) {
       --stats_.pinned_entries;
     } else {
-      list_unlink(s);
+      recency_.unlink(s);
     }
     --stats_.entries;
     stats_.bytes -= s->bytes;
-    --classes_[s->ttl_class].members;
+    recency_.leave(s);
     count_removal(why);
   }
 
-  // Unlinks one entry and repairs the tree: prunes nodes left without entries, merges a
-  // node left with one child into it, and re-points labels that lived in the entry's ids.
+  // Unlinks one entry and repairs the tree around it.
   void remove_slot(Slot* s, Reason why) noexcept {
     Node* n = s->node;
     const Entry* old = s->entry.get();
+    const namespace_id ns = s->ns;
     unaccount(s, why);
-    retire(std::move(n->slot));
-
-    const bool common = options_.match == MatchMode::common_prefix;
-    Node* x = n;
-    while (x->parent != nullptr && !x->slot && x->children.empty()) {
-      Node* p = x->parent;
-      p->children.erase(x->first);
-      if (common) heap_erase(p, x);
-      delete x;
-      x = p;
-    }
-    Node* lowest = x;  // the deepest node whose subtree lost the entry
-    if (x->parent != nullptr && !x->slot && x->children.size() == 1) {
-      Node* c = x->children.any();
-      Node* p = x->parent;
-      if (common) flush_stale(x);  // c must not stay listed in x
-      c->label_len += x->label_len;
-      c->label = c->owner->ids.data() + (c->depth - c->label_len);
-      c->first = x->first;
-      c->parent = p;
-      p->children.replace(x->first, c, c->label, c->label_len);
-      if (common) heap_substitute(p, x, c);
-      x->children = detail::PoolChildMap<Token, Node>{};
-      delete x;
-      x = p;
-      lowest = c;
-    }
-    for (Node* y = x; y->parent != nullptr; y = y->parent) {
-      if (y->owner == old) {
-        const Entry* o = y->slot ? y->slot->entry.get() : y->children.any()->owner;
-        y->owner = o;
-        y->label = o->ids.data() + (y->depth - y->label_len);
-        y->parent->children.set_label(y->first, y->label);
-      }
-    }
-    if (common) propagate(lowest);
-    if (x->parent == nullptr && x->children.empty() && s->ns != 0) {
-      roots_.erase(s->ns);  // an empty tenant costs nothing
+    retired_.push(std::move(n->slot));
+    Node* x = Tree::repair(n, old, options_.match == MatchMode::common_prefix);
+    if (x->parent == nullptr && x->children.empty() && ns != 0) {
+      roots_.erase(ns);  // an empty tenant costs nothing
     }
   }
 
-  // Removes every entry below `root` (root stays, childless). Returns how many. The nodes
-  // are threaded into a stack through their (no longer needed) parent links: no allocation,
-  // no recursion, O(nodes + child tables).
+  // Removes every entry below `root` (root stays, childless). Returns how many.
   std::size_t drop_tree(Node* root) noexcept {
     std::size_t n = 0;
-    Node* stack = nullptr;
-    auto push = [&stack](Node* c) {
-      c->parent = stack;
-      stack = c;
-    };
-    root->children.for_each(push);
-    root->children = detail::PoolChildMap<Token, Node>{};
-    root->heap.clear();
-    root->stale = nullptr;
-    while (stack != nullptr) {
-      Node* x = stack;
-      stack = x->parent;
-      x->children.for_each(push);
-      if (x->slot) {
-        unaccount(x->slot.get(), Reason::explicit_removal);
-        ++n;
-        retire(std::move(x->slot));
-      }
-      delete x;
-    }
+    Tree::drop(root, [&](SlotPtr&& slot) {
+      unaccount(slot.get(), Reason::explicit_removal);
+      ++n;
+      retired_.push(std::move(slot));
+    });
     return n;
   }
 
   // ---- insert ---------------------------------------------------------------------------
 
   // The core of insert, after the entry is built and sized (callers may do that unlocked).
-  // Takes ownership of `entry` only when it is stored.
   // Links a record built by make_record. Publishing moves `slot` into the tree; if the entry
   // is rejected or anything throws, `slot` is left with the caller, who releases it.
   InsertResult insert_prepared(SlotPtr& slot, std::size_t bytes, const InsertOptions& o) {
@@ -3341,42 +4012,17 @@ class PromptCachePool {
     }
 
     // Walk (read-only): where the ids end or leave the tree, and which entries are prefixes.
-    enum class Where { at_node, new_leaf, split, new_root };
-    Where where = Where::new_root;
-    Node* node = root_of(o.ns);
-    Node* child = nullptr;
-    std::size_t pos = 0, common = 0;
     Slot* exact = nullptr;
     Slot* lineage = nullptr;  // deepest unpinned proper prefix
     bool any_prefix = false;
-    if (node != nullptr) {
-      while (true) {
-        if (node->slot) {
-          any_prefix = true;
-          if (pos == n) {
-            exact = node->slot.get();
-          } else if (!node->slot->pinned) {
-            lineage = node->slot.get();
-          }
-        }
-        if (pos == n) {
-          where = Where::at_node;
-          break;
-        }
-        child = node->children.find(ids[pos]);
-        if (child == nullptr) {
-          where = Where::new_leaf;
-          break;
-        }
-        common = common_length(child->label, ids.data() + pos, std::min(child->label_len, n - pos));
-        if (common < child->label_len) {
-          where = Where::split;
-          break;
-        }
-        node = child;
-        pos = child->depth;
+    typename Tree::Place place = Tree::locate(root_of(o.ns), ids, [&](Slot* p, bool at_end) {
+      any_prefix = true;
+      if (at_end) {
+        exact = p;
+      } else if (!p->pinned) {
+        lineage = p;
       }
-    }
+    });
 
     if (n < options_.min_cacheable_tokens && !any_prefix) {
       ++stats_.rejected_too_short;
@@ -3394,49 +4040,32 @@ class PromptCachePool {
 // default InsertOptions{} is inlined this far (a known false positive for std::optional).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-    const duration ttl = o.ttl.value_or(options_.ttl);
+    // An explicit TTL describes the new state and wins; without one, the entry keeps the TTL
+    // of the entry it replaces (the same conversation), and a new entry gets Options::ttl.
+    const duration ttl = o.ttl                ? *o.ttl
+                         : exact != nullptr   ? recency_.ttl_of(exact)
+                         : lineage != nullptr ? recency_.ttl_of(lineage)
+                                              : options_.ttl;
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-    std::size_t ttl_class = 0, vacant = 0;  // class 0 keeps Options::ttl: never vacant
-    while (ttl_class < classes_.size() && classes_[ttl_class].ttl != ttl) {
-      if (vacant == 0 && ttl_class != 0 && classes_[ttl_class].members == 0) vacant = ttl_class;
-      ++ttl_class;
-    }
-    if (ttl_class == classes_.size()) {
-      if (vacant != 0) {
-        ttl_class = vacant;  // takes `ttl` in phase 2
-      } else {
-        classes_.push_back(TtlClass{ttl, nullptr, nullptr, 0});  // an empty class is harmless
-      }
-    }
+    std::uint32_t ttl_class = 0;
     const bool common_mode = options_.match == MatchMode::common_prefix;
-    std::unique_ptr<Node> leaf, mid;
+    typename Tree::Spare spare;
     bool created_root = false;
     try {
-      if (where == Where::new_root) {
-        auto root = std::make_unique<Node>();
-        root->children.reserve(1);
-        if (common_mode) root->heap.reserve(1);
-        node = root.get();
+      if (place.where == Tree::Where::new_root) {
+        auto root = Tree::make_root(common_mode);
+        place.node = root.get();
         roots_.emplace(o.ns, std::move(root));  // strong guarantee for a single element
         created_root = true;
-        if (o.ns == 0) root0_ = node;
-        where = Where::new_leaf;
-      } else if (where == Where::new_leaf) {
-        node->children.reserve(1);
-        if (common_mode && node->heap.size() == node->heap.capacity()) {
-          node->heap.reserve(std::max<std::size_t>(4, 2 * node->heap.capacity()));  // geometric
-        }
+        if (o.ns == 0) root0_ = place.node;
+        place.where = Tree::Where::new_leaf;
+        spare.leaf = std::make_unique<Node>();
+      } else {
+        spare = Tree::reserve(place, n, common_mode);
       }
-      if (where == Where::split) {
-        mid = std::make_unique<Node>();
-        mid->children.reserve(pos + common == n ? 1 : 2);
-        if (common_mode) mid->heap.reserve(pos + common == n ? 1 : 2);
-      }
-      if (where == Where::new_leaf || (where == Where::split && pos + common < n)) {
-        leaf = std::make_unique<Node>();
-      }
+      ttl_class = recency_.prepare(ttl);  // last: once it returned, nothing may fail
     } catch (...) {
       if (created_root) {
         roots_.erase(o.ns);
@@ -3450,10 +4079,7 @@ class PromptCachePool {
     const Entry* e = s->entry.get();
     // Not yet published, and the Entry object itself is not const (see make_record).
     const_cast<Entry*>(e)->pinned = o.pinned || (exact != nullptr && exact->pinned);
-    // At most one class per stored entry (plus class 0): 2^32 classes would need 2^32 slots.
-    s->ttl_class = static_cast<std::uint32_t>(ttl_class);
-    classes_[ttl_class].ttl = ttl;
-    ++classes_[ttl_class].members;
+    recency_.join(s, ttl_class);
     s->len = n;
     s->bytes = bytes;
     s->ns = o.ns;
@@ -3461,83 +4087,39 @@ class PromptCachePool {
     s->seq = ++seq_;
     s->pinned = e->pinned;
 
-    Node* target = node;
-    if (where == Where::split) {
-      Node* m = mid.release();
-      m->parent = node;
-      m->label = child->label;
-      m->label_len = common;
-      m->depth = pos + common;
-      m->first = child->first;
-      m->owner = child->owner;
-      node->children.replace(child->first, m, m->label, m->label_len);
-      child->label += common;
-      child->label_len -= common;
-      child->first = child->label[0];
-      child->parent = m;
-      m->children.insert_reserved(child->first, child, child->label, child->label_len);
-      if (common_mode) {
-        m->best = child->best;  // same key: m takes child's place in node's heap as is
-        heap_substitute(node, child, m);
-        m->heap.push_back(item_of(child));  // reserved
-        child->heap_pos = 0;
-      }
-      node = m;
-      pos = m->depth;
-      target = m;
-    }
     Node* new_leaf = nullptr;
-    if (leaf) {
-      Node* l = leaf.release();
-      new_leaf = l;
-      l->parent = node;
-      l->label = e->ids.data() + pos;
-      l->label_len = n - pos;
-      l->depth = n;
-      l->first = e->ids[pos];
-      l->owner = e;
-      node->children.insert_reserved(l->first, l, l->label, l->label_len);
-      target = l;
-    }
+    Node* target = Tree::link(place, spare, e, common_mode, new_leaf);
     SlotPtr replaced;
     if (exact != nullptr) {
       replaced = std::move(target->slot);
       if (replaced->pinned) {
         --stats_.pinned_entries;
       } else {
-        list_unlink(replaced.get());
+        recency_.unlink(replaced.get());
       }
       --stats_.entries;
       stats_.bytes -= replaced->bytes;
-      --classes_[replaced->ttl_class].members;
+      recency_.leave(replaced.get());
     }
     target->slot = std::move(slot);
     s->node = target;
     if (s->pinned) {
       ++stats_.pinned_entries;
     } else {
-      list_push_back(s);
+      recency_.push_back(s);
     }
     ++stats_.entries;
     stats_.bytes += bytes;
     if (exact != nullptr) {
-      // Labels that lived in the replaced entry's ids move to the new, equal ids.
-      const Entry* old = replaced->entry.get();
-      for (Node* y = target; y->parent != nullptr; y = y->parent) {
-        if (y->owner == old) {
-          y->owner = e;
-          y->label = e->ids.data() + (y->depth - y->label_len);
-          y->parent->children.set_label(y->first, y->label);
-        }
-      }
-      retire(std::move(replaced));
+      Tree::relabel(target, replaced->entry.get(), e);
+      retired_.push(std::move(replaced));
     }
     if (common_mode) {
       if (new_leaf != nullptr) {
         new_leaf->best = s;
-        heap_push(new_leaf->parent, new_leaf);
+        Best::heap_push(new_leaf->parent, new_leaf);
       }
-      propagate(target);
+      Best::propagate(target);
     }
 
     InsertResult result = InsertResult::inserted;
@@ -3547,7 +4129,7 @@ class PromptCachePool {
     } else if (lineage != nullptr) {
       result = InsertResult::extended;
       ++stats_.extended;
-      if (options_.match == MatchMode::common_prefix) {
+      if (common_mode) {
         // Every unpinned strict prefix can be served by trimming the new entry.
         for (Node* y = target->parent; y->parent != nullptr;) {
           Node* up = y->parent;
@@ -3565,14 +4147,16 @@ class PromptCachePool {
     return result;
   }
 
+  using Retired = detail::PoolRetiredChain<Slot>;
+
   Options options_;
   Clock clock_;
   CacheBytes cache_bytes_;
   std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
   Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
-  std::vector<TtlClass> classes_;
+  Recency recency_;
   std::uint64_t seq_ = 0;
-  Slot* retired_ = nullptr;
+  Retired retired_;
   bool defer_release_ = false;
   PoolStats stats_;
 };
