@@ -1936,8 +1936,8 @@ class ManualClock {
 #include <vector>
 
 // ---- begin promptcache/detail/pool_recency.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+#define PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
 // promptcache: detail/pool_recency.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2303,11 +2303,11 @@ class PoolRecency {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_RECENCY_HPP
 // ---- end promptcache/detail/pool_recency.hpp ----
 // ---- begin promptcache/detail/pool_record.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+#define PROMPTCACHE_DETAIL_POOL_RECORD_HPP
 // promptcache: detail/pool_record.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2418,11 +2418,11 @@ class PoolRetiredChain {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_RECORD_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_RECORD_HPP
 // ---- end promptcache/detail/pool_record.hpp ----
 // ---- begin promptcache/detail/pool_tree.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_TREE_HPP
+#define PROMPTCACHE_DETAIL_POOL_TREE_HPP
 // promptcache: detail/pool_tree.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2625,8 +2625,8 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 #endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_best_heap.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+#ifndef PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+#define PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
 // promptcache: detail/pool_best_heap.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -2830,7 +2830,7 @@ struct PoolBestHeap {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
 // ---- end promptcache/detail/pool_best_heap.hpp ----
 // ---- begin promptcache/detail/pool_child_map.hpp ----
 #ifndef PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
@@ -3456,7 +3456,7 @@ struct PoolTree {
 };
 
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_TREE_HPP
+#endif  // PROMPTCACHE_DETAIL_POOL_TREE_HPP
 // ---- end promptcache/detail/pool_tree.hpp ----
 
 namespace promptcache {
