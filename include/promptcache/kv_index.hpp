@@ -166,15 +166,20 @@ struct KvIndexCounters {
   friend constexpr bool operator==(const KvIndexCounters&, const KvIndexCounters&) = default;
 };
 
-/// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
-/// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
-/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
-/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
-/// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value. Freed
-/// nodes and holds go to free lists that the next stores reuse; the pools
-/// themselves shrink only when they empty, so memory is bounded by the peak
-/// number of live blocks (tables shrink as their load drops).
+/// The KV-event-fed radix index. Costs below: B = blocks in the call, H =
+/// holders of a node the call touches (adding or dropping a holder costs
+/// O(H) while the node's set is a sorted array, O(1) otherwise), D =
+/// descendants a removal drops. Memory: a tree node takes a 32-byte row plus
+/// its slot in the edge table (16 bytes at load 1/4..1/2), whatever the number
+/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// takes a sorted array of 4-byte slot indices, or once that would be larger, a
+/// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
+/// pair takes a 32-byte hold plus its slot in the worker's name table.
+/// Everything is held in index-addressed pools, so an index is an ordinary
+/// copyable value. Freed nodes, holds and holder sets go to free lists that
+/// the next stores reuse; the pools themselves shrink only when they empty, so
+/// memory is bounded by the peak number of live blocks (tables shrink as their
+/// load drops).
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -408,7 +413,8 @@ class KvIndex {
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
-  /// gets the depth reached so far. O(matched blocks * W + result size).
+  /// gets the depth reached so far. O(matched blocks + holders of the nodes
+  /// where the number of holders drops, + result size).
   [[nodiscard]] std::vector<KvWorkerMatch> find_matches(
       std::span<const std::uint64_t> tokens_hashes, bool early_exit = false) const {
     std::vector<KvWorkerMatch> out;
@@ -428,7 +434,6 @@ class KvIndex {
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::size_t depth = 0;
-    const std::size_t words = nodes_.mask_words();
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
       // The path hashes depend on the query only, so every edge probe of the
@@ -453,10 +458,13 @@ class KvIndex {
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < nodes_.count(prev)) {
-          const std::uint64_t* a = nodes_.mask(prev);
-          const std::uint64_t* b = nodes_.mask(child);
-          for (std::size_t w = 0; w < words; ++w)
-            emit(a[w] & ~b[w], w, depth, out);
+          detail::KvHolderSets::View had;
+          detail::KvHolderSets::View has;
+          nodes_.holders(prev, had);
+          nodes_.holders(child, has);
+          had.for_each_missing(has, [&](std::uint32_t slot) {
+            out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
+          });
         }
         prev = child;
         ++depth;
@@ -468,9 +476,11 @@ class KvIndex {
       if (stop) break;
     }
     if (prev != detail::kv_npos) {
-      const std::uint64_t* a = nodes_.mask(prev);
-      for (std::size_t w = 0; w < words; ++w)
-        emit(a[w], w, depth, out);
+      detail::KvHolderSets::View has;
+      nodes_.holders(prev, has);
+      has.for_each([&](std::uint32_t slot) {
+        out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
+      });
     }
   }
 
@@ -562,11 +572,20 @@ class KvIndex {
       if (nodes_.count(n) == 0U) continue;
       ++live_nodes;
       std::uint32_t bits = 0;
-      for (std::size_t w = 0; w < nodes_.mask_words(); ++w) {
-        bits += static_cast<std::uint32_t>(std::popcount(nodes_.mask(n)[w]));
-        const std::uint32_t p = nodes_.parent(n);
-        if (p != 0U && (nodes_.mask(n)[w] & ~nodes_.mask(p)[w]) != 0U) return false;
-      }
+      bool subset = true;
+      std::uint32_t last = 0;
+      bool ascending = true;
+      detail::KvHolderSets::View has;
+      nodes_.holders(n, has);
+      const std::uint32_t p = nodes_.parent(n);
+      has.for_each([&](std::uint32_t slot) {
+        ascending = ascending && (bits == 0U || slot > last);
+        last = slot;
+        ++bits;
+        if (slot >= slots_.size() || !slots_[slot].live || !nodes_.test(n, slot)) subset = false;
+        if (p != 0U && !nodes_.test(p, slot)) subset = false;
+      });
+      if (!subset || !ascending) return false;
       if (bits != nodes_.count(n) || bits != seen_count[n]) return false;
       if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
       if (nodes_.path_hash(n) != detail::KvNodeStore::child_path(nodes_.path_hash(nodes_.parent(n)),
@@ -603,21 +622,12 @@ class KvIndex {
     }
   };
 
-  // Appends the workers of the set bits of mask word `word` with `depth`.
-  void emit(std::uint64_t bits, std::size_t word, std::size_t depth,
-            std::vector<KvWorkerMatch>& out) const {
-    while (bits != 0U) {
-      const std::size_t slot = word * 64U + static_cast<std::size_t>(std::countr_zero(bits));
-      out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
-      bits &= bits - 1U;
-    }
-  }
-
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and
   // names) of the slot that a no-shrink clear_slot frees before the store.
   void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
     nodes_.reserve_extra(blocks);
+    nodes_.reserve_holders(blocks);
     edges_.reserve_extra(blocks);
     const std::size_t own = blocks > freed ? blocks - freed : 0U;
     holds_.reserve_extra(own);
@@ -718,7 +728,6 @@ class KvIndex {
     std::size_t top = 0;
     for (std::size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].live) top = i + 1U;
-    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
     try {
       nodes_.fit_slots(top);
     } catch (...) {

@@ -13,17 +13,19 @@
 #include <stdexcept>
 #include <vector>
 
+#include "promptcache/detail/kv_index_holders.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 
 namespace promptcache::detail {
 
-/// Tree nodes, stored as fixed-stride rows of 64-bit words so that one node's
-/// hashes, count and holder bitset share a cache line (4 words = 32 bytes with
-/// up to 64 worker slots):
+/// Tree nodes, stored as rows of four 64-bit words so that one node's hashes,
+/// count and holder set share half a cache line (32 bytes, whatever the number
+/// of worker slots):
 ///   [0] path hash (identifies the root-to-node path, keys the edge table)
 ///   [1] tokens hash of the node's block
 ///   [2] parent index (low 32 bits) | holder count (high 32 bits)
-///   [3..] bitset over worker slots: which slots hold this node
+///   [3] holder word: the holder slots themselves, or where they are in the
+///       holder-set arena (see KvHolderSets)
 /// Node 0 is the root; it is never freed and its holder fields are unused.
 /// While no other node exists there are no rows at all (the root's only field
 /// in use, its path hash, is a constant), so an empty store owns no memory and
@@ -34,7 +36,7 @@ class KvNodeStore {
   /// Path hash of the root (any constant; the paths below it derive from it).
   static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
 
-  /// Just the root, with bitsets for 64 slots. O(1), no allocation.
+  /// Just the root. O(1), no allocation.
   KvNodeStore() noexcept = default;
 
   /// Path hash of `child_tokens` below a node with path hash `parent_path`.
@@ -59,25 +61,28 @@ class KvNodeStore {
   [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
     return static_cast<std::uint32_t>(row(n)[2] >> 32U);
   }
-  /// Holder bitset of node `n`: mask_words() words. Invalidated by fit_slots. O(1).
-  [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
-  /// Words per holder bitset. O(1).
-  [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
-
-  /// True when `slot` holds node `n`. O(1).
-  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
-    return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
+  /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
+  /// any change to a holder set. O(1).
+  void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
+    holders_.view(row(n)[3], count(n), v);
   }
-  /// Marks `slot` as a holder of `n`; the bit must be clear.
-  void set(std::uint32_t n, std::uint32_t slot) noexcept {
+
+  /// True when `slot` holds node `n`. O(log holders).
+  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
+    return holders_.contains(row(n)[3], count(n), slot);
+  }
+  /// Marks `slot` (below the width set by ensure_slots) as a holder of `n`; it
+  /// must not be one. Cannot throw after reserve_holders. O(holders).
+  void set(std::uint32_t n, std::uint32_t slot) {
     std::uint64_t* r = row(n);
-    r[3U + slot / 64U] |= std::uint64_t{1} << (slot % 64U);
+    holders_.insert(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot);
     r[2] += std::uint64_t{1} << 32U;
   }
-  /// Clears holder `slot` of `n` (the bit must be set); returns the new count.
-  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot) noexcept {
+  /// Removes holder `slot` of `n` (it must be one); returns the new count.
+  /// Never allocates. O(holders).
+  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
     std::uint64_t* r = row(n);
-    r[3U + slot / 64U] &= ~(std::uint64_t{1} << (slot % 64U));
+    holders_.erase(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot, shrink);
     r[2] -= std::uint64_t{1} << 32U;
     return static_cast<std::uint32_t>(r[2] >> 32U);
   }
@@ -99,8 +104,13 @@ class KvNodeStore {
     // The first node also brings the root's row.
     const std::size_t have = std::max<std::size_t>(rows(), 1U);
     if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
-    const std::size_t need = (have + extra - free_count_) * stride_;
+    const std::size_t need = (have + extra - free_count_) * stride;
     if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+  }
+
+  /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
+  void reserve_holders(std::size_t extra) {
+    holders_.reserve(extra);
   }
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
@@ -120,8 +130,7 @@ class KvNodeStore {
     r[0] = path;
     r[1] = tokens;
     r[2] = parent_node;
-    for (std::size_t w = 3; w < stride_; ++w)
-      r[w] = 0U;
+    r[3] = KvHolderSets::empty_word;
     ++live_;
     return n;
   }
@@ -139,6 +148,7 @@ class KvNodeStore {
 
   /// Releases the storage when no node but the root is live. O(1).
   void shrink_if_empty() noexcept {
+    holders_.release_if_empty();
     if (live_ != 0U) return;
     std::vector<std::uint64_t>().swap(words_);
     free_head_ = kv_npos;
@@ -146,33 +156,32 @@ class KvNodeStore {
   }
 
   /// Widens the holder bitsets so that slot indices below `slots` fit.
-  /// O(nodes) when it grows (every 64 slots); strong guarantee.
+  /// O(nodes) when it grows (at 128, 256, 512, ... slots); strong guarantee.
   void ensure_slots(std::size_t slots) {
-    if (words_for(slots) > mask_words_) fit_slots(slots);
+    if (KvHolderSets::bitset_class_for(slots) > holders_.bitset_class()) fit_slots(slots);
   }
 
-  /// Sets the bitset width to exactly what slot indices below `slots` need,
-  /// growing or shrinking; no node may hold a bit beyond the new width.
-  /// O(nodes) when the width changes; strong guarantee.
+  /// Sets the bitset width to what slot indices below `slots` need, growing
+  /// or shrinking; no node may hold a slot beyond the new width. O(nodes)
+  /// when the width changes; strong guarantee.
   void fit_slots(std::size_t slots) {
-    const std::size_t want = words_for(slots);
-    if (want == mask_words_) return;
-    const std::size_t new_stride = 3U + want;
-    const std::size_t keep = std::min(stride_, new_stride);
-    std::vector<std::uint64_t> next(rows() * new_stride, 0U);
-    for (std::size_t n = 0; n < rows(); ++n)
-      std::copy_n(words_.data() + n * stride_, keep, next.data() + n * new_stride);
-    words_.swap(next);
-    mask_words_ = want;
-    stride_ = new_stride;
+    const std::size_t k = KvHolderSets::bitset_class_for(slots);
+    if (k == holders_.bitset_class()) return;
+    std::size_t bitsets = 0;
+    for (std::size_t n = 1; n < rows(); ++n)
+      if (KvHolderSets::is_bitset_set(words_[n * stride + 3U],
+                                      count(static_cast<std::uint32_t>(n))))
+        ++bitsets;
+    holders_.reserve_rewidth(bitsets, k);
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.rewidth(words_[n * stride + 3U], count(static_cast<std::uint32_t>(n)), k);
+    holders_.end_rewidth(k);
   }
 
-  /// Moves holder bit `from` of `n` to `to` (which must be clear); the count
-  /// is unchanged.
+  /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
+  /// the count is unchanged. Never allocates.
   void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
-    std::uint64_t* r = row(n);
-    r[3U + from / 64U] &= ~(std::uint64_t{1} << (from % 64U));
-    r[3U + to / 64U] |= std::uint64_t{1} << (to % 64U);
+    holders_.replace(row(n)[3], count(n), from, to);
   }
 
   /// Live nodes, the root excluded. O(1).
@@ -181,11 +190,15 @@ class KvNodeStore {
   }
   /// Rows allocated (live + free + root). O(1).
   [[nodiscard]] std::size_t rows() const noexcept {
-    return words_.size() / stride_;
+    return words_.size() / stride;
   }
-  /// Bytes held. O(1).
+  /// Bytes held, holder sets included. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return words_.capacity() * 8U;
+    return words_.capacity() * 8U + holders_.memory_bytes();
+  }
+  /// Bytes held by spilled holder sets. O(1).
+  [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
+    return holders_.memory_bytes();
   }
   /// True when `n` is a live non-root node (for invariant checks). O(1).
   [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
@@ -193,35 +206,32 @@ class KvNodeStore {
   }
 
  private:
+  static constexpr std::size_t stride = 4;
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
     if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
     if (words_.empty()) {  // the root's row first; its parent is "none"
-      words_.assign(stride_, 0U);
+      words_.assign(stride, 0U);
       words_[0] = root_path_hash;
       words_[2] = kv_npos;
+      words_[3] = KvHolderSets::empty_word;
     }
     const auto n = static_cast<std::uint32_t>(rows());
-    words_.resize(words_.size() + stride_, 0U);
+    words_.resize(words_.size() + stride, 0U);
     return n;
   }
 
-  [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
-    return std::max<std::size_t>(1U, (slots + 63U) / 64U);
-  }
-
   [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride_;
+    return words_.data() + static_cast<std::size_t>(n) * stride;
   }
   [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride_;
+    return words_.data() + static_cast<std::size_t>(n) * stride;
   }
 
   std::vector<std::uint64_t> words_;
-  std::size_t mask_words_ = 1;
-  std::size_t stride_ = 4;
+  KvHolderSets holders_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;
   std::size_t live_ = 0;
