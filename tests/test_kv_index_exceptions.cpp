@@ -234,4 +234,17 @@ TEST_CASE("degraded mode: a gap's reset happens only with the event", "[kv_index
                 REQUIRE(index.remove_worker(C));
               }) >= 1);
   }
+  SECTION("a store back onto holder sets that the reset shrank") {
+    // With a third holder, nodes 1..3 keep their holders out of line; the
+    // reset takes them back into the node, the store out again: that must
+    // use the room reserved before the reset, not a new allocation.
+    CHECK(fail_every_allocation(
+              KvGapPolicy::reset_and_apply,
+              [](KvIndex& index) {
+                const auto r = index.apply(A, stored(7, {1, 2, 3}));
+                expect(r.ok() && r.view_reset);
+              },
+              0,
+              [](KvIndex& index) { REQUIRE(index.apply(Fresh, stored(0, {1, 2, 3})).ok()); }) >= 1);
+  }
 }

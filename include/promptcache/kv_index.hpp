@@ -949,7 +949,7 @@ class KvIndex {
     Slot& s = slots_[x.slot];
     s.names.erase_hashed(hash, x.block_hash, 0, shrink);
     --s.blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
+    if (nodes_.reset_bit(x.node, x.slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
