@@ -1,10 +1,12 @@
-// promptcache: detail/kv_index_store.hpp
+// promptcache: detail/kv_index_tree.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// Node and hold pools of kv_index.hpp. Both hand out 32-bit indices from a
-// vector with a free list instead of pointers: freed slots are reused without
-// calling the allocator, the structures are half the size of pointer-based
-// ones, and nothing dangles when a vector grows.
+// The radix tree of kv_index.hpp: nodes (one per distinct block position,
+// shared by every worker holding it) and the edge table that finds a node's
+// child by the child's path hash. Nodes live in a pool that hands out 32-bit
+// indices from a vector with a free list instead of pointers: freed slots are
+// reused without calling the allocator, rows are half the size of pointers
+// plus headers, and nothing dangles when the vector grows.
 #pragma once
 
 #include <algorithm>
@@ -237,128 +239,97 @@ class KvNodeStore {
   std::size_t live_ = 0;
 };
 
-/// One worker slot's hold on one node, named by the worker's block hash. The
-/// holds of a slot form a tree mirroring the part of the node tree it holds
-/// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
-/// only that worker's descendants, not every child of a shared node.
-struct KvHold {
-  std::uint64_t block_hash = 0;         ///< the worker's name for the block
-  std::uint32_t node = 0;               ///< the tree node held
-  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
-  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
-  std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
-  std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
-  std::uint32_t prev = kv_npos;         ///< previous sibling
-};
-
-/// Pool of holds with a free list and intrusive sibling lists.
-class KvHoldStore {
+/// The tree: the node pool and the edge table (path hash, parent) -> child.
+/// A child's key is its path hash, a hash of the tokens hashes on the path
+/// from the root, so a walk computes every key of a query up front and
+/// prefetches the edge slots before it needs them.
+class KvTree {
  public:
-  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
-  [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
-  /// Hold `h`. O(1).
-  [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
+  /// Path hash of the root.
+  static constexpr std::uint64_t root_path_hash = KvNodeStore::root_path_hash;
 
-  /// Hints the CPU to load hold `h`. O(1).
-  void prefetch(std::uint32_t h) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(&holds_[h]);
-#else
-    (void)h;
-#endif
+  /// Path hash of `child_tokens` below a node with path hash `parent_path`. O(1).
+  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
+                                                          std::uint64_t child_tokens) noexcept {
+    return KvNodeStore::child_path(parent_path, child_tokens);
   }
 
-  /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error when the indices would not
-  /// fit in 32 bits.
-  void reserve_extra(std::size_t extra) {
-    if (extra <= free_count_) return;
-    if (extra - free_count_ > max_holds - holds_.size())
-      throw std::length_error("kv index: too many blocks");
-    const std::size_t need = holds_.size() + extra - free_count_;
-    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+  /// The nodes (rows, holder sets). O(1).
+  [[nodiscard]] const KvNodeStore& nodes() const noexcept { return nodes_; }
+  /// The nodes, for changing holder sets. O(1).
+  [[nodiscard]] KvNodeStore& nodes() noexcept { return nodes_; }
+
+  /// The child of `parent` with path hash `path`, or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find_child(std::uint64_t path, std::uint32_t parent) const noexcept {
+    return edges_.find(path, parent);
+  }
+  /// Hints the CPU to load the edge slot of `path`. O(1).
+  void prefetch_edge(std::uint64_t path) const noexcept { edges_.prefetch(path, 0); }
+
+  /// Makes the next `blocks` add_child() and holder additions allocation-free
+  /// (so they cannot throw). Strong guarantee.
+  void reserve(std::size_t blocks) {
+    nodes_.reserve_extra(blocks);
+    nodes_.reserve_holders(blocks);
+    edges_.reserve_extra(blocks);
   }
 
-  /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
-  /// Always inlined: it runs once per stored block (other compilers ignore
-  /// the gnu:: attribute).
-  [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
-                                                std::uint32_t slot, std::uint32_t parent) {
-    std::uint32_t h;
-    if (free_head_ != kv_npos) {
-      h = free_head_;
-      free_head_ = holds_[h].next;
-      --free_count_;
-      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
-    } else {
-      h = append();
+  /// A new child of `parent` (no holders) with path hash `path` (absent) and
+  /// tokens hash `tokens`. Cannot throw after reserve().
+  std::uint32_t add_child(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent) {
+    const std::uint32_t child = nodes_.allocate(path, tokens, parent);
+    edges_.insert(path, parent, child);
+    return child;
+  }
+
+  /// Frees node `n` (no holders). With `shrink` false the pools and the edge
+  /// table keep their capacity (earlier reservations hold).
+  void remove_node(std::uint32_t n, bool shrink = true) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    nodes_.release(n, shrink);
+  }
+
+  /// Gives back what removals with `shrink` false kept. O(edge capacity).
+  void shrink_to_fit_live() noexcept {
+    nodes_.shrink_if_empty();
+    edges_.shrink_to_load();
+  }
+
+  /// Checks the tree's own invariants: every live node is found by its edge,
+  /// its path hash follows from its parent's and its tokens hash, and the edge
+  /// table holds the live nodes only. O(nodes).
+  [[nodiscard]] bool check() const {
+    std::size_t live = 0;
+    for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
+      if (nodes_.count(n) == 0U) continue;
+      ++live;
+      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
+      if (nodes_.path_hash(n) !=
+          child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
+        return false;
     }
-    KvHold& x = holds_[h];
-    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
-    if (parent != kv_npos) {
-      KvHold& p = holds_[parent];
-      x.next = p.first_child;
-      if (x.next != kv_npos) holds_[x.next].prev = h;
-      p.first_child = h;
-    }
-    ++live_;
-    return h;
+    return live == nodes_.live() && edges_.size() == live;
   }
 
-  /// Unlinks hold `h` (which must have no children) and frees it.
-  void release(std::uint32_t h) noexcept {
-    KvHold& x = holds_[h];
-    if (x.parent != kv_npos) {
-      if (x.prev == kv_npos)
-        holds_[x.parent].first_child = x.next;
-      else
-        holds_[x.prev].next = x.next;
-      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
-    }
-    x.next = free_head_;
-    x.slot = kv_npos;  // marks it free (see is_free)
-    x.parent = kv_npos;
-    x.first_child = kv_npos;
-    free_head_ = h;
-    ++free_count_;
-    --live_;
-    if (live_ == 0U) {
-      std::vector<KvHold>().swap(holds_);
-      free_head_ = kv_npos;
-      free_count_ = 0;
-    }
-  }
-
-  /// True when hold `h` (an index below the pool size) was released and not
-  /// reused since. O(1).
-  [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
-    return holds_[h].slot == kv_npos;
-  }
-
-  /// Holds in use (sentinels included). O(1).
-  [[nodiscard]] std::size_t live() const noexcept {
-    return live_;
-  }
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return holds_.capacity() * sizeof(KvHold);
+    return nodes_.memory_bytes() + edges_.memory_bytes();
+  }
+
+  /// Exchanges the contents with `other`. O(1).
+  void swap(KvTree& other) noexcept {
+    using std::swap;
+    swap(nodes_, other.nodes_);
+    swap(edges_, other.edges_);
   }
 
  private:
-  static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+  struct EdgeHash {
+    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
+  };
 
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
-  std::uint32_t append() {
-    if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
-    const auto h = static_cast<std::uint32_t>(holds_.size());
-    holds_.emplace_back();
-    return h;
-  }
-
-  std::vector<KvHold> holds_;
-  std::uint32_t free_head_ = kv_npos;
-  std::size_t free_count_ = 0;
-  std::size_t live_ = 0;
+  KvNodeStore nodes_;
+  KvPackedTable<EdgeHash> edges_;
 };
 
 }  // namespace promptcache::detail
