@@ -198,6 +198,18 @@ class KvHolderSets {
       word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
       return;
     }
+    // A bitset of the smallest class stays one whatever its size.
+    if (count > inline_max + 1U && is_bitset(word) && class_of(word) == 0U) {
+      block(word)[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
+      return;
+    }
+    erase_spilled(word, count, slot, shrink);
+  }
+
+ private:
+  // erase() from a sorted array or a wide bitset, or back into the word.
+  void erase_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
+                     bool shrink) noexcept {
     std::uint32_t* p = block(word);
     if (count == inline_max + 1U) {  // back into the word
       std::uint32_t keep[inline_max];
@@ -223,6 +235,7 @@ class KvHolderSets {
     if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
   }
 
+ public:
   /// Replaces holder `from` (present) with `to` (absent, below the width);
   /// the size is unchanged. Never allocates. O(count + bitset words).
   void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,

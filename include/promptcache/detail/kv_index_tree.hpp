@@ -221,7 +221,9 @@ class KvNodeStore {
       words_[3] = KvHolderSets::empty_word;
     }
     const auto n = static_cast<std::uint32_t>(rows());
-    words_.resize(words_.size() + stride, 0U);
+    // allocate() writes the row; push_back is cheaper than resize's fill.
+    for (std::size_t w = 0; w < stride; ++w)
+      words_.push_back(0U);
     return n;
   }
 
