@@ -621,7 +621,7 @@ TEST_CASE("replace_worker with every slot in use keeps the other views", "[kv_in
   // A failed replacement also leaves everything as it was.
   CHECK_FALSE(index.replace_worker(w5, std::vector<KvEvent>{stored(0, {4}, 12345)}, 8).ok);
   CHECK(match_of(index, {1, 9, 8}, w5) == 3);
-  // A 65th rank widens the bitsets; removing it narrows them again.
+  // A 65th rank, then removing it again.
   REQUIRE(index.apply(KvWorker{64, 0}, stored(0, {1, 2})).ok());
   CHECK(index.find_matches(Hashes{1, 2}).size() == 65);
   CHECK(index.remove_worker(KvWorker{64, 0}));
