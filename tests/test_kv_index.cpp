@@ -485,6 +485,73 @@ TEST_CASE("more than 64 worker ranks", "[kv_index]") {
   CHECK(index.check_invariants());
 }
 
+TEST_CASE("a node's memory does not grow with the worker ranks", "[kv_index]") {
+  // 4,096 ranks, each holding a private chain and one shared prefix block: a
+  // bitset of one bit per rank on every node would take 512 bytes per node.
+  KvIndex index;
+  for (std::uint32_t w = 0; w < 4096; ++w) {
+    Hashes tokens{1};
+    for (std::uint64_t i = 0; i < 8; ++i)
+      tokens.push_back(10 + w * 8 + i);
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(0, tokens)).ok());
+  }
+  CHECK(index.total_blocks() == 4096U * 9U);
+  CHECK(index.approximate_memory_bytes() / index.total_blocks() < 200U);
+  CHECK(index.find_matches(Hashes{1}).size() == 4096U);
+  const auto one = index.find_matches(Hashes{1, 10 + 4095 * 8, 10 + 4095 * 8 + 1});
+  CHECK(one.size() == 4096U);
+  for (const KvWorkerMatch& m : one)
+    CHECK(m.blocks == (m.worker.worker_id == 4095 ? 3U : 1U));
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("holder sets change form as holders come and go", "[kv_index]") {
+  // 300 ranks: a node held by at most 8 of them keeps a sorted array, by
+  // more a bitset, by at most 2 the holder word itself.
+  KvIndex index;
+  for (std::uint32_t w = 0; w < 300; ++w)
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(0, {})).ok());
+  // Worker w holds 1, 2, ..., and a depth that grows with its number, so node
+  // k (depth k) is held by every worker with w % 40 >= k - 1.
+  for (std::uint32_t w = 0; w < 300; ++w) {
+    Hashes tokens;
+    for (std::uint64_t d = 0; d <= w % 40; ++d)
+      tokens.push_back(d + 1);
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(1, tokens)).ok());
+  }
+  REQUIRE(index.check_invariants());
+  Hashes all(40);
+  for (std::uint64_t d = 0; d < 40; ++d)
+    all[d] = d + 1;
+  auto check_depths = [&] {
+    auto got = index.find_matches(all);
+    std::sort(got.begin(), got.end());
+    std::vector<KvWorkerMatch> want;
+    for (std::uint32_t w = 0; w < 300; ++w)
+      if (index.block_count(KvWorker{w, 0}) > 0)
+        want.push_back(KvWorkerMatch{KvWorker{w, 0}, index.block_count(KvWorker{w, 0})});
+    CHECK(got == want);
+  };
+  check_depths();
+  // Removing the deep blocks one rank at a time walks each node's set down
+  // through every form.
+  for (std::uint32_t w = 0; w < 300; ++w) {
+    if (w % 40 < 2) continue;
+    REQUIRE(index.apply(KvWorker{w, 0}, removed(2, {1002})).ok());
+    if (w % 37 == 0) {
+      REQUIRE(index.check_invariants());
+      check_depths();
+    }
+  }
+  REQUIRE(index.check_invariants());
+  check_depths();
+  CHECK(index.node_count() == 2U);
+  // A replaced worker keeps its slot: its holder entries move in place.
+  REQUIRE(index.replace_worker(KvWorker{41, 0}, std::vector<KvEvent>{stored(0, {1, 2, 77})}, 9).ok);
+  CHECK(match_of(index, {1, 2, 77}, KvWorker{41, 0}) == 3);
+  REQUIRE(index.check_invariants());
+}
+
 TEST_CASE("long chains are removed without recursion", "[kv_index]") {
   KvIndex index;
   Hashes tokens(20000);
@@ -554,7 +621,7 @@ TEST_CASE("replace_worker with every slot in use keeps the other views", "[kv_in
   // A failed replacement also leaves everything as it was.
   CHECK_FALSE(index.replace_worker(w5, std::vector<KvEvent>{stored(0, {4}, 12345)}, 8).ok);
   CHECK(match_of(index, {1, 9, 8}, w5) == 3);
-  // A 65th rank widens the bitsets; removing it narrows them again.
+  // A 65th rank, then removing it again.
   REQUIRE(index.apply(KvWorker{64, 0}, stored(0, {1, 2})).ok());
   CHECK(index.find_matches(Hashes{1, 2}).size() == 65);
   CHECK(index.remove_worker(KvWorker{64, 0}));

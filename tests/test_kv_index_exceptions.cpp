@@ -77,8 +77,8 @@ Snapshot snapshot(const KvIndex& index) {
   return s;
 }
 
-// `extra_workers` more worker ranks with no blocks (3 + 61 = 64 fills the
-// first bitset word).
+// `extra_workers` more worker ranks with no blocks (3 + 125 = 128 fills the
+// slots a holder bitset of the smallest class covers).
 KvIndex base_index(KvGapPolicy policy, std::uint32_t extra_workers = 0) {
   KvIndex index(KvIndexOptions{policy});
   for (std::uint32_t w = 0; w < extra_workers; ++w)
@@ -163,12 +163,16 @@ TEST_CASE("store: strong guarantee", "[kv_index]") {
           }) >= 1);
   }
   SECTION("a new worker whose slot widens the bitsets") {
+    // Nodes 1..3 get a third holder first, so they have bitsets to widen.
     CHECK(fail_every_allocation(
               KvGapPolicy::report,
               [](KvIndex& index) {
                 expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
               },
-              61) >= 1);
+              125,
+              [](KvIndex& index) {
+                REQUIRE(index.apply(KvWorker{500, 0}, stored(1, {1, 2, 3})).ok());
+              }) >= 1);
   }
 }
 
@@ -232,6 +236,21 @@ TEST_CASE("degraded mode: a gap's reset happens only with the event", "[kv_index
               [](KvIndex& index) {  // B alone holds blocks
                 REQUIRE(index.remove_worker(A));
                 REQUIRE(index.remove_worker(C));
+              }) >= 1);
+  }
+  SECTION("a store back onto holder sets that the reset shrank") {
+    // With a third holder, nodes 1..3 keep their holders out of line; the
+    // reset takes them back into the node, the store out again: that must
+    // use the room reserved before the reset, not a new allocation.
+    CHECK(fail_every_allocation(
+              KvGapPolicy::reset_and_apply,
+              [](KvIndex& index) {
+                const auto r = index.apply(A, stored(7, {1, 2, 3}));
+                expect(r.ok() && r.view_reset);
+              },
+              0,
+              [](KvIndex& index) {
+                REQUIRE(index.apply(Fresh, stored(0, {1, 2, 3})).ok());
               }) >= 1);
   }
 }

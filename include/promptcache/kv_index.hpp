@@ -37,8 +37,11 @@
 #include <vector>
 
 #include "promptcache/cursor.hpp"
-#include "promptcache/detail/kv_index_store.hpp"
+#include "promptcache/detail/kv_index_holders.hpp"
+#include "promptcache/detail/kv_index_holds.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
+#include "promptcache/detail/kv_index_tree.hpp"
+#include "promptcache/detail/kv_index_workers.hpp"
 
 namespace promptcache {
 
@@ -173,15 +176,20 @@ struct KvIndexCounters {
   friend constexpr bool operator==(const KvIndexCounters&, const KvIndexCounters&) = default;
 };
 
-/// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
-/// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
-/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
-/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
-/// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value. Freed
-/// nodes and holds go to free lists that the next stores reuse; the pools
-/// themselves shrink only when they empty, so memory is bounded by the peak
-/// number of live blocks (tables shrink as their load drops).
+/// The KV-event-fed radix index. Costs below: B = blocks in the call, H =
+/// holders of a node the call touches (adding or dropping a holder costs
+/// O(H) while the node's set is a sorted array, O(1) otherwise), D =
+/// descendants a removal drops. Memory: a tree node takes a 32-byte row plus
+/// its slot in the edge table (16 bytes at load 1/4..1/2), whatever the number
+/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// takes a sorted array of 4-byte slot indices, or once that would be larger, a
+/// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
+/// pair takes a 32-byte hold plus its slot in the worker's name table.
+/// Everything is held in index-addressed pools, so an index is an ordinary
+/// copyable value. Freed nodes, holds and holder sets go to free lists that
+/// the next stores reuse; the pools themselves shrink only when they empty, so
+/// memory is bounded by the peak number of live blocks (tables shrink as their
+/// load drops).
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -227,11 +235,9 @@ class KvIndex {
   void swap(KvIndex& other) noexcept {
     using std::swap;
     swap(options_, other.options_);
-    swap(nodes_, other.nodes_);
+    tree_.swap(other.tree_);
     swap(holds_, other.holds_);
-    swap(edges_, other.edges_);
-    swap(slot_table_, other.slot_table_);
-    swap(slots_, other.slots_);
+    workers_.swap(other.workers_);
     swap(counters_, other.counters_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
@@ -267,7 +273,7 @@ class KvIndex {
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, blocks.size(), r.view_reset ? slots_[slot].blocks : 0U);
+      reserve_for_store(slot, blocks.size(), r.view_reset ? workers_[slot].blocks : 0U);
     } catch (...) {
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
@@ -277,9 +283,8 @@ class KvIndex {
     if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
-      nodes_.shrink_if_empty();
-      edges_.shrink_to_load();
-      slots_[slot].names.shrink_to_load();
+      tree_.shrink_to_fit_live();
+      workers_[slot].names.shrink_to_load();
     }
     finish(slot, event_id, r);
     return r;
@@ -343,19 +348,19 @@ class KvIndex {
         return res;
       }
     }
-    std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    std::uint32_t slot = workers_.find(worker);
     if (slot != detail::kv_npos) {
       clear_slot(slot);
       adopt(slot, tmp);
     } else {
       slot = tmp;
-      slot_table_.insert(worker.worker_id, worker.dp_rank, tmp);  // capacity reserved by new_slot
+      workers_.index(worker, tmp);  // capacity reserved by new_slot
     }
-    slots_[slot].cursor = CursorState<>::live(last_event_id);
+    workers_[slot].cursor = CursorState<>::live(last_event_id);
     ++counters_.workers_replaced;
     trim_masks();
     res.ok = true;
-    res.blocks = slots_[slot].blocks;
+    res.blocks = workers_[slot].blocks;
     return res;
   }
 
@@ -363,8 +368,9 @@ class KvIndex {
   /// returns how many ranks were dropped. O(ranks known + blocks dropped).
   std::size_t remove_worker(std::uint64_t worker_id) {
     std::vector<KvWorker> ranks;
-    for (const Slot& s : slots_)
-      if (s.live && s.worker.worker_id == worker_id) ranks.push_back(s.worker);
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      if (workers_[s].live && workers_[s].worker.worker_id == worker_id)
+        ranks.push_back(workers_[s].worker);
     for (const KvWorker& w : ranks)
       remove_worker(w);
     return ranks.size();
@@ -373,9 +379,9 @@ class KvIndex {
   /// Drops one dp rank with its blocks and cursor; false if unknown.
   /// O(blocks dropped).
   bool remove_worker(const KvWorker& worker) noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return false;
-    slot_table_.erase(worker.worker_id, worker.dp_rank);
+    workers_.unindex(worker);
     drop_slot(slot);
     trim_masks();
     return true;
@@ -386,36 +392,30 @@ class KvIndex {
   /// worker. O(blocks held).
   [[nodiscard]] std::vector<KvEvent> dump(const KvWorker& worker) const {
     std::vector<KvEvent> out;
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return out;
-    const std::uint32_t sentinel = slots_[slot].sentinel;
-    std::vector<std::uint32_t> starts;  // holds that begin a Stored event
-    for (std::uint32_t c = holds_[sentinel].first_child; c != detail::kv_npos; c = holds_[c].next)
-      starts.push_back(c);
-    while (!starts.empty()) {
-      std::uint32_t h = starts.back();
-      starts.pop_back();
-      kv_event::Stored ev;
-      const std::uint32_t p = holds_[h].parent;
-      if (p != sentinel) ev.parent_hash = holds_[p].block_hash;
-      // Follow first children as one chain; siblings start later events.
-      while (h != detail::kv_npos) {
-        ev.blocks.push_back(KvBlock{holds_[h].block_hash, nodes_.tokens_hash(holds_[h].node)});
-        const std::uint32_t first = holds_[h].first_child;
-        if (first != detail::kv_npos)
-          for (std::uint32_t c = holds_[first].next; c != detail::kv_npos; c = holds_[c].next)
-            starts.push_back(c);
-        h = first;
-      }
-      out.push_back(KvEvent{out.size(), std::move(ev)});
-    }
+    const std::uint32_t sentinel = workers_[slot].sentinel;
+    kv_event::Stored* ev = nullptr;
+    detail::kv_for_each_hold_chain(
+        holds_, sentinel,
+        [&](std::uint32_t h) {
+          out.push_back(KvEvent{out.size(), kv_event::Stored{}});
+          ev = &std::get<kv_event::Stored>(out.back().data);
+          const std::uint32_t p = holds_[h].parent;
+          if (p != sentinel) ev->parent_hash = holds_[p].block_hash;
+        },
+        [&](std::uint32_t h) {
+          ev->blocks.push_back(
+              KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+        });
     return out;
   }
 
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
-  /// gets the depth reached so far. O(matched blocks * W + result size).
+  /// gets the depth reached so far. O(matched blocks + holders of the nodes
+  /// where the number of holders drops, + result size).
   [[nodiscard]] std::vector<KvWorkerMatch> find_matches(
       std::span<const std::uint64_t> tokens_hashes, bool early_exit = false) const {
     std::vector<KvWorkerMatch> out;
@@ -431,39 +431,41 @@ class KvIndex {
     constexpr std::size_t chunk = 32;
     std::uint64_t paths[chunk];
     std::uint32_t found[chunk];
-    std::uint64_t path = detail::KvNodeStore::root_path_hash;
+    std::uint64_t path = detail::KvTree::root_path_hash;
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::size_t depth = 0;
-    const std::size_t words = nodes_.mask_words();
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
       // The path hashes depend on the query only, so every edge probe of the
       // chunk can be issued before the walk needs it.
       for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, tokens_hashes[base + j]);
+        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         paths[j] = path;
-        edges_.prefetch(path, 0);
+        tree_.prefetch_edge(path);
       }
       std::size_t got = 0;
       for (; got < m; ++got) {
-        const std::uint32_t child = edges_.find(paths[got], cur);
+        const std::uint32_t child = tree_.find_child(paths[got], cur);
         if (child == detail::kv_npos) break;
-        nodes_.prefetch(child);
+        tree_.nodes().prefetch(child);
         found[got] = child;
         cur = child;
       }
       bool stop = got < m;
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
-        const std::uint32_t c = nodes_.count(child);
+        const std::uint32_t c = tree_.nodes().count(child);
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < nodes_.count(prev)) {
-          const std::uint64_t* a = nodes_.mask(prev);
-          const std::uint64_t* b = nodes_.mask(child);
-          for (std::size_t w = 0; w < words; ++w)
-            emit(a[w] & ~b[w], w, depth, out);
+        if (prev != detail::kv_npos && c < tree_.nodes().count(prev)) {
+          detail::KvHolderSets::View had;
+          detail::KvHolderSets::View has;
+          tree_.nodes().holders(prev, had);
+          tree_.nodes().holders(child, has);
+          had.for_each_missing(has, [&](std::uint32_t slot) {
+            out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+          });
         }
         prev = child;
         ++depth;
@@ -475,45 +477,47 @@ class KvIndex {
       if (stop) break;
     }
     if (prev != detail::kv_npos) {
-      const std::uint64_t* a = nodes_.mask(prev);
-      for (std::size_t w = 0; w < words; ++w)
-        emit(a[w], w, depth, out);
+      detail::KvHolderSets::View has;
+      tree_.nodes().holders(prev, has);
+      has.for_each([&](std::uint32_t slot) {
+        out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+      });
     }
   }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
   [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return std::nullopt;
-    return slots_[slot].cursor;
+    return workers_[slot].cursor;
   }
 
   /// Blocks `worker` holds (0 for an unknown worker). O(1).
   [[nodiscard]] std::size_t block_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
-    return slot == detail::kv_npos ? 0U : slots_[slot].blocks;
+    const std::uint32_t slot = workers_.find(worker);
+    return slot == detail::kv_npos ? 0U : workers_[slot].blocks;
   }
 
   /// True when `worker` is known (has sent an event or been replaced). O(1).
   [[nodiscard]] bool contains(const KvWorker& worker) const noexcept {
-    return slot_table_.find(worker.worker_id, worker.dp_rank) != detail::kv_npos;
+    return workers_.find(worker) != detail::kv_npos;
   }
 
   /// Known worker ranks, in unspecified order. O(slots).
   [[nodiscard]] std::vector<KvWorker> workers() const {
     std::vector<KvWorker> out;
-    for (const Slot& s : slots_)
-      if (s.live) out.push_back(s.worker);
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      if (workers_[s].live) out.push_back(workers_[s].worker);
     return out;
   }
 
   /// Number of known worker ranks. O(1).
-  [[nodiscard]] std::size_t worker_count() const noexcept { return slot_table_.size(); }
+  [[nodiscard]] std::size_t worker_count() const noexcept { return workers_.workers(); }
   /// Tree nodes other than the root; 0 means the tree is back to its root. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return nodes_.live(); }
+  [[nodiscard]] std::size_t node_count() const noexcept { return tree_.nodes().live(); }
   /// (worker, block) pairs held over all workers. O(1).
   [[nodiscard]] std::size_t total_blocks() const noexcept {
-    return holds_.live() - slot_table_.size();  // minus one sentinel per worker
+    return holds_.live() - workers_.workers();  // minus one sentinel per worker
   }
   /// Event counters since construction. O(1).
   [[nodiscard]] const KvIndexCounters& counters() const noexcept { return counters_; }
@@ -522,19 +526,18 @@ class KvIndex {
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
-           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
+    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes();
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
   /// parent/child, hold trees, hash tables). O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
-    std::vector<std::uint32_t> seen_count(nodes_.rows(), 0U);
-    for (std::uint32_t slot = 0; slot < slots_.size(); ++slot) {
-      const Slot& s = slots_[slot];
+    std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
+    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
+      const Slot& s = workers_[slot];
       if (!s.live) continue;
-      if (slot_table_.find(s.worker.worker_id, s.worker.dp_rank) != slot) return false;
+      if (workers_.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
       std::vector<std::uint32_t> stack{s.sentinel};
       while (!stack.empty()) {
@@ -545,8 +548,8 @@ class KvIndex {
         if (x.slot != slot) return false;
         if (h != s.sentinel) {
           ++blocks;
-          if (!nodes_.is_live(x.node) || !nodes_.test(x.node, slot)) return false;
-          if (nodes_.parent(x.node) != holds_[x.parent].node) return false;
+          if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
+          if (tree_.nodes().parent(x.node) != holds_[x.parent].node) return false;
           if (s.names.find(x.block_hash, 0) != h) return false;
           ++seen_count[x.node];
         }
@@ -561,173 +564,103 @@ class KvIndex {
     }
     if (holds_seen != holds_.live()) return false;
     std::size_t names = 0;
-    for (const Slot& s : slots_)
-      names += s.names.size();
-    if (names + slot_table_.size() != holds_.live()) return false;
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      names += workers_[s].names.size();
+    if (names + workers_.workers() != holds_.live()) return false;
     std::size_t live_nodes = 0;
-    for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
-      if (nodes_.count(n) == 0U) continue;
+    for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
+      if (tree_.nodes().count(n) == 0U) continue;
       ++live_nodes;
       std::uint32_t bits = 0;
-      for (std::size_t w = 0; w < nodes_.mask_words(); ++w) {
-        bits += static_cast<std::uint32_t>(std::popcount(nodes_.mask(n)[w]));
-        const std::uint32_t p = nodes_.parent(n);
-        if (p != 0U && (nodes_.mask(n)[w] & ~nodes_.mask(p)[w]) != 0U) return false;
-      }
-      if (bits != nodes_.count(n) || bits != seen_count[n]) return false;
-      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
-      if (nodes_.path_hash(n) != detail::KvNodeStore::child_path(nodes_.path_hash(nodes_.parent(n)),
-                                                                 nodes_.tokens_hash(n)))
-        return false;
+      bool subset = true;
+      std::uint32_t last = 0;
+      bool ascending = true;
+      detail::KvHolderSets::View has;
+      tree_.nodes().holders(n, has);
+      const std::uint32_t p = tree_.nodes().parent(n);
+      has.for_each([&](std::uint32_t slot) {
+        ascending = ascending && (bits == 0U || slot > last);
+        last = slot;
+        ++bits;
+        if (slot >= workers_.size() || !workers_[slot].live || !tree_.nodes().test(n, slot))
+          subset = false;
+        if (p != 0U && !tree_.nodes().test(p, slot)) subset = false;
+      });
+      if (!subset || !ascending) return false;
+      if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
-    return live_nodes == nodes_.live() && edges_.size() == live_nodes;
+    return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
  private:
-  struct NameHash {
-    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-      return detail::kv_fold_hash(key);
-    }
-  };
-
-  // One worker rank. Its block names get a table of their own: an event
-  // touches one worker only, so its lookups stay in a small, warm table.
-  struct Slot {
-    detail::KvPackedTable<NameHash> names;  // block hash -> hold
-    KvWorker worker;
-    CursorState<> cursor;
-    std::uint32_t sentinel = detail::kv_npos;
-    std::size_t blocks = 0;
-    bool live = false;
-  };
-
-  struct EdgeHash {
-    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
-  };
-  struct PairHash {
-    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t tag) noexcept {
-      return detail::kv_mix64(key ^ (std::uint64_t{tag} * 0x9e3779b97f4a7c15ULL));
-    }
-  };
-
-  // Appends the workers of the set bits of mask word `word` with `depth`.
-  void emit(std::uint64_t bits, std::size_t word, std::size_t depth,
-            std::vector<KvWorkerMatch>& out) const {
-    while (bits != 0U) {
-      const std::size_t slot = word * 64U + static_cast<std::size_t>(std::countr_zero(bits));
-      out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
-      bits &= bits - 1U;
-    }
-  }
+  using Slot = detail::KvWorkerSlot<KvWorker>;
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and
   // names) of the slot that a no-shrink clear_slot frees before the store.
   void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
-    nodes_.reserve_extra(blocks);
-    edges_.reserve_extra(blocks);
+    tree_.reserve(blocks);
     const std::size_t own = blocks > freed ? blocks - freed : 0U;
     holds_.reserve_extra(own);
-    slots_[slot].names.reserve_extra(own);
+    workers_[slot].names.reserve_extra(own);
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
   // `created` says which. Strong guarantee.
   std::uint32_t slot_for(const KvWorker& worker, bool& created) {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
-    slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    workers_.index(worker, fresh);
     created = true;
     return fresh;
   }
 
-  // A live slot with a sentinel hold, not yet in the slot table (whose
+  // A live slot with a sentinel hold, not yet in the worker table (whose
   // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
-    slot_table_.reserve_extra(1);
+    workers_.reserve_index();
     holds_.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
-    std::uint32_t slot = 0;
-    while (slot < slots_.size() && slots_[slot].live)
-      ++slot;
-    if (slot == slots_.size()) {
-      if (slots_.size() >= detail::kv_npos - 1U)
-        throw std::length_error("kv index: too many workers");
-      nodes_.ensure_slots(slots_.size() + 1U);
-      slots_.emplace_back();
-    } else {
-      nodes_.ensure_slots(std::size_t{slot} + 1U);
-    }
-    Slot& s = slots_[slot];
-    s = Slot{};
-    s.worker = worker;
-    s.live = true;
-    s.sentinel = holds_.allocate(0, 0, slot, detail::kv_npos);
+    const std::uint32_t slot = workers_.lowest_free();
+    if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
+    tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
+    workers_.make_room(slot);
+    workers_.open(slot, worker, holds_.allocate(0, 0, slot, detail::kv_npos));
     return slot;
-  }
-
-  [[nodiscard]] std::size_t names_memory() const noexcept {
-    std::size_t n = 0;
-    for (const Slot& s : slots_)
-      n += s.names.memory_bytes();
-    return n;
   }
 
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
     clear_slot(slot);
-    holds_.release(slots_[slot].sentinel);
-    slots_[slot].names.clear();
-    slots_[slot].worker = KvWorker{};
-    slots_[slot].cursor = CursorState<>{};
-    slots_[slot].sentinel = detail::kv_npos;
-    slots_[slot].blocks = 0;
-    slots_[slot].live = false;
+    holds_.release(workers_[slot].sentinel);
+    workers_.close(slot);
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
   // replaced worker keeps its slot index and the bitsets need not grow for
   // good. O(blocks of the view).
   void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
-    Slot& dst = slots_[into];
-    Slot& src = slots_[tmp];
+    Slot& dst = workers_[into];
+    Slot& src = workers_[tmp];
     holds_.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
     holds_[sentinel].slot = into;
-    // Pre-order walk of the hold tree without a stack (parent links).
-    std::uint32_t h = holds_[sentinel].first_child;
-    while (h != detail::kv_npos) {
-      nodes_.move_bit(holds_[h].node, tmp, into);
+    detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
+      tree_.nodes().move_bit(holds_[h].node, tmp, into);
       holds_[h].slot = into;
-      if (holds_[h].first_child != detail::kv_npos) {
-        h = holds_[h].first_child;
-        continue;
-      }
-      while (h != sentinel && holds_[h].next == detail::kv_npos)
-        h = holds_[h].parent;
-      h = h == sentinel ? detail::kv_npos : holds_[h].next;
-    }
+    });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
     dst.blocks = src.blocks;
-    src.names.clear();
-    src.worker = KvWorker{};
-    src.cursor = CursorState<>{};
-    src.sentinel = detail::kv_npos;
-    src.blocks = 0;
-    src.live = false;
+    workers_.close(tmp);
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
   // allocation just keeps the current width.
   void trim_masks() noexcept {
-    std::size_t top = 0;
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].live) top = i + 1U;
-    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
     try {
-      nodes_.fit_slots(top);
+      tree_.nodes().fit_slots(workers_.top());
     } catch (...) {
     }
   }
@@ -737,7 +670,7 @@ class KvIndex {
   // nothing can fail any more. Changes nothing but the counters of rejected
   // events.
   bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
-    Slot& s = slots_[slot];
+    Slot& s = workers_[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
       ++counters_.events_stale;
@@ -756,7 +689,7 @@ class KvIndex {
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
-    slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    workers_[slot].cursor = workers_[slot].cursor.advance_to(event_id);
     if (r.view_reset) {
       ++counters_.gaps;
       ++counters_.views_reset;
@@ -781,8 +714,8 @@ class KvIndex {
   // every hold it added is undone, so the tree is unchanged.
   KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                              std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
-    auto& names = slots_[slot].names;
-    std::uint32_t cur_hold = slots_[slot].sentinel;
+    auto& names = workers_[slot].names;
+    std::uint32_t cur_hold = workers_[slot].sentinel;
     if (parent_hash) {
       cur_hold = names.find(*parent_hash, 0);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
@@ -795,13 +728,13 @@ class KvIndex {
     std::uint64_t paths[chunk];
     std::uint64_t name_hashes[chunk];
     std::uint32_t found[chunk];
-    std::uint64_t path = nodes_.path_hash(cur_node);
+    std::uint64_t path = tree_.nodes().path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
-        edges_.prefetch(path, 0);
+        tree_.prefetch_edge(path);
         name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
         names.prefetch_hashed(name_hashes[j]);
       }
@@ -809,10 +742,10 @@ class KvIndex {
       // first pass so that their rows are on the way before they are written.
       std::size_t walked = 0;
       for (std::uint32_t at = cur_node; walked < m; ++walked) {
-        at = edges_.find(paths[walked], at);
+        at = tree_.find_child(paths[walked], at);
         if (at == detail::kv_npos) break;
         found[walked] = at;
-        nodes_.prefetch(at);
+        tree_.nodes().prefetch(at);
       }
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
@@ -821,8 +754,7 @@ class KvIndex {
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
-          child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
-          edges_.insert(paths[j], cur_node, child);
+          child = tree_.add_child(paths[j], b.tokens_hash, cur_node);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
@@ -834,11 +766,11 @@ class KvIndex {
             cur_node = child;
             continue;
           }
-        } else if (fresh_node || !nodes_.test(child, slot)) {
+        } else if (fresh_node || !tree_.nodes().test(child, slot)) {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
           names.insert_at(name, b.block_hash, 0, h);
-          nodes_.set(child, slot);
-          ++slots_[slot].blocks;
+          tree_.nodes().set(child, slot);
+          ++workers_[slot].blocks;
           ++added;
           cur_hold = h;
           cur_node = child;
@@ -870,7 +802,7 @@ class KvIndex {
                      KvEventResult& r) noexcept {
     // A software pipeline over chunks: each stage prefetches what the next
     // one reads (name slot, hold, node row, edge slot), so the misses overlap.
-    auto& names = slots_[slot].names;
+    auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     std::uint64_t name_hashes[chunk];
@@ -885,9 +817,10 @@ class KvIndex {
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) nodes_.prefetch(holds_[hs[j]].node);
+        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
+        if (hs[j] != detail::kv_npos)
+          tree_.prefetch_edge(tree_.nodes().path_hash(holds_[hs[j]].node));
       for (std::size_t j = 0; j < m; ++j) {
         // An earlier name of this event may have cascaded it away. A removal
         // allocates nothing, so a freed hold is not reused meanwhile.
@@ -905,7 +838,7 @@ class KvIndex {
   // Drops every block of `slot`; returns how many. With shrink false the
   // tables and pools keep their capacity (reservations stay valid).
   std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
-    const std::uint32_t sentinel = slots_[slot].sentinel;
+    const std::uint32_t sentinel = workers_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
       n += remove_subtree(holds_[sentinel].first_child, shrink);
@@ -922,46 +855,32 @@ class KvIndex {
   // (a removal has it from its lookup).
   std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
                                     bool shrink = true) noexcept {
-    std::size_t n = 0;
-    std::uint32_t h = top;
-    for (;;) {
-      while (holds_[h].first_child != detail::kv_npos)
-        h = holds_[h].first_child;
-      const std::uint32_t up = holds_[h].parent;
-      const bool last = h == top;
-      release_hold(h, last ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
-      ++n;
-      if (last) return n;
-      h = up;
-    }
+    return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
+      release_hold(h, is_top ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
+    });
   }
 
   [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
-    return detail::KvPackedTable<NameHash>::hash_of(block_hash, 0);
+    return detail::KvNameHash::hash(block_hash, 0);
   }
 
   // Releases a childless hold: its name, its holder bit, and the node when no
   // worker holds it any more. `hash`: name_hash of its block hash.
   void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
     const detail::KvHold& x = holds_[h];
-    Slot& s = slots_[x.slot];
+    Slot& s = workers_[x.slot];
     s.names.erase_hashed(hash, x.block_hash, 0, shrink);
     --s.blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
+    if (tree_.nodes().reset_bit(x.node, x.slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
-  void free_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
-    nodes_.release(n, shrink);
-  }
+  void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }
 
   KvIndexOptions options_;
-  detail::KvNodeStore nodes_;
-  detail::KvHoldStore holds_;
-  detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
-  detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
-  std::vector<Slot> slots_;                     // indexed by slot; free ones are not live
+  detail::KvTree tree_;                      // nodes, holder sets, edges
+  detail::KvHoldStore holds_;                // (worker, block) pairs, as per-worker trees
+  detail::KvWorkerSlots<KvWorker> workers_;  // cursors, names, hold roots
   KvIndexCounters counters_;
 };
 

@@ -1,0 +1,207 @@
+// promptcache: detail/kv_index_holds.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The holds of kv_index.hpp: one per (worker slot, node) pair, named by the
+// worker's block hash. A slot's holds form a tree of their own that mirrors
+// the part of the node tree the slot holds, so the work of a removal or a
+// clear is proportional to that worker's blocks, not to every block below a
+// shared node. Held in an index-addressed pool with a free list.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "promptcache/detail/kv_index_table.hpp"
+
+namespace promptcache::detail {
+
+/// One worker slot's hold on one node, named by the worker's block hash. The
+/// holds of a slot form a tree mirroring the part of the node tree it holds
+/// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
+/// only that worker's descendants, not every child of a shared node.
+struct KvHold {
+  std::uint64_t block_hash = 0;         ///< the worker's name for the block
+  std::uint32_t node = 0;               ///< the tree node held
+  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
+  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
+  std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
+  std::uint32_t prev = kv_npos;         ///< previous sibling
+};
+
+/// Pool of holds with a free list and intrusive sibling lists.
+class KvHoldStore {
+ public:
+  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
+  [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
+  /// Hold `h`. O(1).
+  [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
+
+  /// Hints the CPU to load hold `h`. O(1).
+  void prefetch(std::uint32_t h) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&holds_[h]);
+#else
+    (void)h;
+#endif
+  }
+
+  /// Makes the next `extra` allocate() calls non-allocating (so they cannot
+  /// throw). Strong guarantee; std::length_error when the indices would not
+  /// fit in 32 bits.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    if (extra - free_count_ > max_holds - holds_.size())
+      throw std::length_error("kv index: too many blocks");
+    const std::size_t need = holds_.size() + extra - free_count_;
+    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+  }
+
+  /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
+  /// Always inlined: it runs once per stored block (other compilers ignore
+  /// the gnu:: attribute).
+  [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
+                                                std::uint32_t slot, std::uint32_t parent) {
+    std::uint32_t h;
+    if (free_head_ != kv_npos) {
+      h = free_head_;
+      free_head_ = holds_[h].next;
+      --free_count_;
+      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
+    } else {
+      h = append();
+    }
+    KvHold& x = holds_[h];
+    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
+    if (parent != kv_npos) {
+      KvHold& p = holds_[parent];
+      x.next = p.first_child;
+      if (x.next != kv_npos) holds_[x.next].prev = h;
+      p.first_child = h;
+    }
+    ++live_;
+    return h;
+  }
+
+  /// Unlinks hold `h` (which must have no children) and frees it.
+  void release(std::uint32_t h) noexcept {
+    KvHold& x = holds_[h];
+    if (x.parent != kv_npos) {
+      if (x.prev == kv_npos)
+        holds_[x.parent].first_child = x.next;
+      else
+        holds_[x.prev].next = x.next;
+      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
+    }
+    x.next = free_head_;
+    x.slot = kv_npos;  // marks it free (see is_free)
+    x.parent = kv_npos;
+    x.first_child = kv_npos;
+    free_head_ = h;
+    ++free_count_;
+    --live_;
+    if (live_ == 0U) {
+      std::vector<KvHold>().swap(holds_);
+      free_head_ = kv_npos;
+      free_count_ = 0;
+    }
+  }
+
+  /// True when hold `h` (an index below the pool size) was released and not
+  /// reused since. O(1).
+  [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
+    return holds_[h].slot == kv_npos;
+  }
+
+  /// Holds in use (sentinels included). O(1).
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return holds_.capacity() * sizeof(KvHold);
+  }
+
+ private:
+  static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append() {
+    if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
+    const auto h = static_cast<std::uint32_t>(holds_.size());
+    holds_.emplace_back();
+    return h;
+  }
+
+  std::vector<KvHold> holds_;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+/// Releases hold `top` and all its descendants, leaves first, without
+/// recursion (chains can be thousands of blocks long): release(h) is called on
+/// each hold once it is childless and must free it (KvHoldStore::release).
+/// Returns how many holds were released. O(descendants).
+template <class Release>
+std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Release&& release) {
+  std::size_t n = 0;
+  std::uint32_t h = top;
+  for (;;) {
+    while (holds[h].first_child != kv_npos)
+      h = holds[h].first_child;
+    const std::uint32_t up = holds[h].parent;
+    const bool last = h == top;
+    release(h, last);
+    ++n;
+    if (last) return n;
+    h = up;
+  }
+}
+
+/// Calls f(h) for every hold below `root` (not `root` itself), parents before
+/// children, without a stack (parent links). O(descendants).
+template <class F>
+void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f) {
+  std::uint32_t h = holds[root].first_child;
+  while (h != kv_npos) {
+    f(h);
+    if (holds[h].first_child != kv_npos) {
+      h = holds[h].first_child;
+      continue;
+    }
+    while (h != root && holds[h].next == kv_npos)
+      h = holds[h].parent;
+    h = h == root ? kv_npos : holds[h].next;
+  }
+}
+
+/// Splits the holds below `root` into chains that follow first children:
+/// calls start(h) at the first hold of each chain (its parent is the chain's
+/// parent), then step(h) for each hold of the chain, the first included.
+/// Siblings start later chains. O(descendants), O(width) extra memory.
+template <class Start, class Step>
+void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&& start,
+                            Step&& step) {
+  std::vector<std::uint32_t> starts;
+  for (std::uint32_t c = holds[root].first_child; c != kv_npos; c = holds[c].next)
+    starts.push_back(c);
+  while (!starts.empty()) {
+    std::uint32_t h = starts.back();
+    starts.pop_back();
+    start(h);
+    while (h != kv_npos) {
+      step(h);
+      const std::uint32_t first = holds[h].first_child;
+      if (first != kv_npos)
+        for (std::uint32_t c = holds[first].next; c != kv_npos; c = holds[c].next)
+          starts.push_back(c);
+      h = first;
+    }
+  }
+}
+
+}  // namespace promptcache::detail
