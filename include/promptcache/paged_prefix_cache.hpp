@@ -281,16 +281,19 @@ class PagedPrefixCache {
       }
       ++nd.lock;
     }
+    ++nodes_[h.node].own;
     ++root.lock;
     return true;
   }
 
-  /// Releases one lock taken with lock(h). Returns false, changing nothing, for a
-  /// stale handle or one that is not locked (unlocking below zero); true (no-op) for
-  /// an empty handle. O(nodes on the path + log L); never throws.
+  /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
+  /// false, changing nothing, for a stale handle or when no such lock is held
+  /// (unlocking below zero; locks of longer prefixes through `h` do not count); true
+  /// (no-op) for an empty handle. O(nodes on the path + log L); never throws.
   bool unlock(const PagedPrefixHandle& h) noexcept {
     if (h.empty()) return true;
-    if (!valid(h) || nodes_[h.node].lock == 0) return false;
+    if (!valid(h) || nodes_[h.node].own == 0) return false;
+    --nodes_[h.node].own;
     for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
       Node& nd = nodes_[x];
       --nd.lock;
@@ -311,9 +314,10 @@ class PagedPrefixCache {
            nodes_[h.node].gen == h.generation;
   }
 
-  /// Locks held on the node `h` ends at (0 for an empty or stale handle). O(1).
+  /// Locks taken with handles ending where `h` ends and not yet released (0 for an
+  /// empty or stale handle). O(1).
   [[nodiscard]] std::size_t lock_count(const PagedPrefixHandle& h) const noexcept {
-    return !h.empty() && valid(h) ? nodes_[h.node].lock : 0U;
+    return !h.empty() && valid(h) ? nodes_[h.node].own : 0U;
   }
 
   // ---- insert / evict ---------------------------------------------------------------------
@@ -581,7 +585,7 @@ class PagedPrefixCache {
           prev = c;
           stack.push_back(c);
         }
-        if (child_locks > nd.lock) return false;
+        if (child_locks + nd.own != nd.lock) return false;
         if (nd.kind == Kind::root) continue;
         ++live;
         pages += nd.n;
@@ -651,6 +655,7 @@ class PagedPrefixCache {
     std::uint32_t prev = npos;       // previous sibling
     std::uint32_t next_same = npos;  // next sibling with the same first token
     std::uint32_t lock = 0;          // locks whose path runs through this node
+    std::uint32_t own = 0;           // locks taken with a handle ending at this node
     std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
     std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
     std::uint32_t ns = 0;            // namespace slot
@@ -780,7 +785,7 @@ class PagedPrefixCache {
     nd.block.reset();
     nd.cap = nd.off = nd.n = nd.depth = 0;
     nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
-    nd.lock = 0;
+    nd.lock = nd.own = 0;
     nd.heap_pos = npos;
     ++nd.gen;
     nd.kind = Kind::free;
