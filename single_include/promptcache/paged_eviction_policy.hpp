@@ -261,11 +261,58 @@ struct Slru {
   }
 };
 
+/// Most recently used first (SGLang's "mru"): for workloads that scan a set of
+/// prompts larger than the cache, where the newest prefix is the least likely to
+/// be seen again before the others. A touch makes a key smaller, so the cache
+/// re-keys eagerly (O(log leaves) per touched leaf).
+struct Mru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;               ///< Max tick minus the last access tick.
+  static constexpr bool monotone_keys = false;  ///< Accesses make keys smaller.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.last_access; }
+};
+
+/// First in, last out (SGLang's "filo"): the newest pages are evicted first.
+struct Filo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< Max tick minus the creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
+};
+
 static_assert(PagedEvictionPolicy<Lru>);
 static_assert(PagedEvictionPolicy<Lfu>);
 static_assert(PagedEvictionPolicy<Fifo>);
 static_assert(PagedEvictionPolicy<Priority>);
 static_assert(PagedEvictionPolicy<Slru>);
+static_assert(PagedEvictionPolicy<Mru>);
+static_assert(PagedEvictionPolicy<Filo>);
 
 }  // namespace eviction
 

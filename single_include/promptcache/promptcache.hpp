@@ -2666,11 +2666,58 @@ struct Slru {
   }
 };
 
+/// Most recently used first (SGLang's "mru"): for workloads that scan a set of
+/// prompts larger than the cache, where the newest prefix is the least likely to
+/// be seen again before the others. A touch makes a key smaller, so the cache
+/// re-keys eagerly (O(log leaves) per touched leaf).
+struct Mru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;               ///< Max tick minus the last access tick.
+  static constexpr bool monotone_keys = false;  ///< Accesses make keys smaller.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.last_access; }
+};
+
+/// First in, last out (SGLang's "filo"): the newest pages are evicted first.
+struct Filo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< Max tick minus the creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
+};
+
 static_assert(PagedEvictionPolicy<Lru>);
 static_assert(PagedEvictionPolicy<Lfu>);
 static_assert(PagedEvictionPolicy<Fifo>);
 static_assert(PagedEvictionPolicy<Priority>);
 static_assert(PagedEvictionPolicy<Slru>);
+static_assert(PagedEvictionPolicy<Mru>);
+static_assert(PagedEvictionPolicy<Filo>);
 
 }  // namespace eviction
 
@@ -3293,16 +3340,19 @@ class PagedPrefixCache {
       }
       ++nd.lock;
     }
+    ++nodes_[h.node].own;
     ++root.lock;
     return true;
   }
 
-  /// Releases one lock taken with lock(h). Returns false, changing nothing, for a
-  /// stale handle or one that is not locked (unlocking below zero); true (no-op) for
-  /// an empty handle. O(nodes on the path + log L); never throws.
+  /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
+  /// false, changing nothing, for a stale handle or when no such lock is held
+  /// (unlocking below zero; locks of longer prefixes through `h` do not count); true
+  /// (no-op) for an empty handle. O(nodes on the path + log L); never throws.
   bool unlock(const PagedPrefixHandle& h) noexcept {
     if (h.empty()) return true;
-    if (!valid(h) || nodes_[h.node].lock == 0) return false;
+    if (!valid(h) || nodes_[h.node].own == 0) return false;
+    --nodes_[h.node].own;
     for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
       Node& nd = nodes_[x];
       --nd.lock;
@@ -3323,9 +3373,10 @@ class PagedPrefixCache {
            nodes_[h.node].gen == h.generation;
   }
 
-  /// Locks held on the node `h` ends at (0 for an empty or stale handle). O(1).
+  /// Locks taken with handles ending where `h` ends and not yet released (0 for an
+  /// empty or stale handle). O(1).
   [[nodiscard]] std::size_t lock_count(const PagedPrefixHandle& h) const noexcept {
-    return !h.empty() && valid(h) ? nodes_[h.node].lock : 0U;
+    return !h.empty() && valid(h) ? nodes_[h.node].own : 0U;
   }
 
   // ---- insert / evict ---------------------------------------------------------------------
@@ -3593,7 +3644,7 @@ class PagedPrefixCache {
           prev = c;
           stack.push_back(c);
         }
-        if (child_locks > nd.lock) return false;
+        if (child_locks + nd.own != nd.lock) return false;
         if (nd.kind == Kind::root) continue;
         ++live;
         pages += nd.n;
@@ -3663,6 +3714,7 @@ class PagedPrefixCache {
     std::uint32_t prev = npos;       // previous sibling
     std::uint32_t next_same = npos;  // next sibling with the same first token
     std::uint32_t lock = 0;          // locks whose path runs through this node
+    std::uint32_t own = 0;           // locks taken with a handle ending at this node
     std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
     std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
     std::uint32_t ns = 0;            // namespace slot
@@ -3792,7 +3844,7 @@ class PagedPrefixCache {
     nd.block.reset();
     nd.cap = nd.off = nd.n = nd.depth = 0;
     nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
-    nd.lock = 0;
+    nd.lock = nd.own = 0;
     nd.heap_pos = npos;
     ++nd.gen;
     nd.kind = Kind::free;
