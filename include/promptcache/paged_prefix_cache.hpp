@@ -409,7 +409,7 @@ class PagedPrefixCache {
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
     reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
     edges_.reserve(extra_nodes);
-    heap_.reserve(live_nodes_ + extra_nodes);
+    reserve_heap(live_nodes_ + extra_nodes);
     if (it == ns_index_.end()) {
       create_namespace(ns, seed);  // strong: nothing else changed yet
       cur = ns_slots_[ns_index_.find(ns)->second].root;
@@ -763,7 +763,14 @@ class PagedPrefixCache {
     if (free_count_ >= k) return;
     const std::size_t need = nodes_.size() + (k - free_count_);
     if (need > npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
-    if (need > nodes_.capacity()) nodes_.reserve(std::max(need, nodes_.capacity() * 2));
+    if (need > nodes_.capacity())
+      nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
+  }
+
+  // The heap holds at most one entry per node; keeping room for every node lets
+  // unlock() and evict() push without allocating. Grows geometrically.
+  void reserve_heap(std::size_t n) {
+    if (n > heap_.capacity()) heap_.reserve(std::max(n, heap_.capacity() + heap_.capacity() / 2));
   }
 
   // Requires reserve_nodes(): never throws.
@@ -840,7 +847,7 @@ class PagedPrefixCache {
   void prepare_split() {
     reserve_nodes(1);
     edges_.reserve(1);
-    heap_.reserve(live_nodes_ + 1);
+    reserve_heap(live_nodes_ + 1);
   }
 
   // Splits node c after its first k pages: a new node takes them (and c's place
