@@ -200,7 +200,8 @@ class PagedPrefixCache {
   /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
   /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
-  /// tree is unchanged; access metadata of the walked pages may have been refreshed.
+  /// cached pages and every answer are unchanged; the walked pages' access metadata may
+  /// have been refreshed and a split made before the failure may remain.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
