@@ -565,8 +565,6 @@ class PoolRetiredChain {
 #include <vector>
 
 // ---- begin promptcache/detail/mismatch.hpp ----
-#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 // promptcache: detail/mismatch.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -575,6 +573,8 @@ class PoolRetiredChain {
 // memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
 // step with AVX2 when the CPU has it (checked once, at the first call) and
 // with SSE2 otherwise; elsewhere 8 bytes per step.
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 
 #include <bit>
 #include <cstddef>
@@ -739,6 +739,7 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }
 
 }  // namespace promptcache::detail
+
 #endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_best_heap.hpp ----

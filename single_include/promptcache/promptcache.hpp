@@ -2592,6 +2592,2423 @@ class ManualClock {
 
 #endif  // PROMPTCACHE_MANUAL_CLOCK_HPP
 // ---- end promptcache/manual_clock.hpp ----
+// ---- begin promptcache/paged_eviction_policy.hpp ----
+// promptcache: paged_eviction_policy.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Eviction policies of PagedPrefixCache, and the interface a new one implements.
+//
+// The cache keeps every evictable leaf (an unlocked node without children) in a
+// binary min-heap ordered by the policy's key, and evicts from the leaf with the
+// smallest key, tail pages first. A policy decides only two things: what it
+// remembers per node (its `meta_type`, updated by the hooks below) and how that
+// metadata orders leaves (its `key_type`). The cache calls the hooks; a policy
+// never sees the tree and never needs to rebuild anything, so a new policy is
+// one small class and no edit of the cache.
+//
+// Interface (checked by the PagedEvictionPolicy concept):
+//
+//   struct MyPolicy {
+//     using meta_type = ...;   // per-node metadata: trivially copyable, stored in every node
+//     using key_type = ...;    // totally ordered by operator<; the smaller key is evicted first
+//     static constexpr bool monotone_keys = ...;  // see below
+//     meta_type on_create(const PagedPolicyContext&);               // insert created a node
+//     void on_match(meta_type&, const PagedPolicyContext&);         // match() walked the node
+//     void on_insert_hit(meta_type&, const PagedPolicyContext&);    // insert() walked the node
+//     void on_evict(const meta_type&, const PagedPolicyContext&);   // pages of the node freed
+//     key_type key(const meta_type&) const;                         // the eviction order
+//   };
+//
+// Rules the cache relies on:
+// - key() depends on the node's metadata alone (not on other policy state), so a
+//   leaf's position in the heap changes only when a hook changes its metadata.
+// - monotone_keys = true promises that on_match and on_insert_hit never make
+//   key() smaller. The cache then re-keys lazily: a hook costs O(1), and a leaf
+//   whose key grew is moved down the heap only when it reaches the top during
+//   evict(). match() stays O(path). With monotone_keys = false every hook on a
+//   node in the heap re-keys it at once, O(log leaves).
+// - A node split (a match or insert ending inside a node) copies the metadata
+//   to both halves; a split is not an access and calls no hook.
+// - Keys of two leaves should differ (the shipped policies break ties by a
+//   logical access time that no two leaves share); equal keys are evicted in an
+//   unspecified order.
+// - Hooks must not throw (they run while the cache is mid-update).
+// The policy object is a member of the cache (constructed from the instance
+// given to the cache), so it may keep state of its own: ghost lists, adaptive
+// targets, counters.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PAGED_EVICTION_POLICY_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace promptcache {
+
+/// What a policy hook is told about the node it is called for.
+struct PagedPolicyContext {
+  /// Logical time of the operation: the cache's operation counter, incremented
+  /// by every match() and insert(); strictly increasing, starting at 1.
+  std::uint64_t tick = 0;
+  /// insert(): the request's priority; other hooks: 0.
+  std::int64_t priority = 0;
+  /// The namespace of the node.
+  std::uint64_t ns = 0;
+  /// Depth of the node's first page: the number of pages before it on its path.
+  std::size_t depth_pages = 0;
+  /// on_evict: the pages being freed now (the node's tail, all of them when
+  /// `whole_node`); other hooks: the node's pages. One page is page_size tokens.
+  std::span<const std::uint32_t> tokens{};
+  /// on_evict: true when the node goes away entirely (not just its tail).
+  bool whole_node = false;
+};
+
+/// The interface of an eviction policy (see the file comment for the rules).
+template <class P>
+concept PagedEvictionPolicy = std::is_nothrow_copy_constructible_v<typename P::meta_type> &&
+    std::is_trivially_copyable_v<typename P::meta_type> &&
+    std::is_nothrow_copy_constructible_v<typename P::key_type> &&
+    std::is_nothrow_copy_assignable_v<typename P::key_type> &&
+    requires(P& p, const P& cp, typename P::meta_type& m, const typename P::meta_type& cm,
+             const typename P::key_type& k, const PagedPolicyContext& ctx) {
+  { P::monotone_keys } -> std::convertible_to<bool>;
+  { p.on_create(ctx) } -> std::same_as<typename P::meta_type>;
+  p.on_match(m, ctx);
+  p.on_insert_hit(m, ctx);
+  p.on_evict(cm, ctx);
+  { cp.key(cm) } -> std::same_as<typename P::key_type>;
+  { k < k } -> std::convertible_to<bool>;
+};
+
+/// The shipped policies; their keys follow SGLang's eviction strategies
+/// (python/sglang/srt/mem_cache/evict_policy.py), with a logical clock for time.
+namespace eviction {
+
+/// Least recently used: a node's key is the tick of its last match or insert.
+/// The default policy.
+struct Lru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;              ///< The last access tick.
+  static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Oldest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
+};
+
+/// Least frequently used, then least recently used. As in SGLang, the count is
+/// of inserts through the node (an engine inserts every request's tokens when it
+/// finishes, so this counts the requests that used the prefix); match() only
+/// refreshes the access time. A split copies the count to both halves.
+struct Lfu {
+  /// Hit count and last access tick.
+  struct meta_type {
+    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (hits, last access), compared lexicographically.
+  struct key_type {
+    std::uint64_t hits = 0;         ///< Fewer hits are evicted first.
+    std::uint64_t last_access = 0;  ///< Then the older access.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.hits != b.hits ? a.hits < b.hits : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Counts and ticks only grow.
+
+  /// New node: one hit, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  /// Match: accessed now (not a hit, as in SGLang). O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: a hit, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    ++m.hits;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (hits, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return {m.hits, m.last_access}; }
+};
+
+/// First in, first out: a node's key is the tick of the insert that created its
+/// pages. Accesses change nothing. A split keeps the creation tick on both
+/// halves (SGLang stamps the new half with the split time; a split is not a new
+/// page here).
+struct Fifo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< The creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Oldest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.created; }
+};
+
+/// Per-insert priority, then least recently used: lower priorities are evicted
+/// first. As in SGLang, an insert raises the priority of every node on its path
+/// to at least its own (a prefix is as important as the most important request
+/// that used it), and a new node takes the insert's priority.
+struct Priority {
+  /// Priority and last access tick.
+  struct meta_type {
+    std::int64_t priority = 0;      ///< Highest priority of an insert through the node.
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (priority, last access), compared lexicographically.
+  struct key_type {
+    std::int64_t priority = 0;      ///< Lower priority is evicted first.
+    std::uint64_t last_access = 0;  ///< Then the older access.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.priority != b.priority ? a.priority < b.priority : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Priorities are raised, ticks only grow.
+
+  /// New node: the insert's priority, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.priority, c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: priority raised to the insert's, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    if (m.priority < c.priority) m.priority = c.priority;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (priority, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept {
+    return {m.priority, m.last_access};
+  }
+};
+
+/// Segmented LRU: nodes with at least `protected_threshold` hits (inserts
+/// through them, counted as for Lfu) are protected and evicted only after every
+/// probationary node; within a segment, least recently used first. SGLang's
+/// default threshold is 2.
+struct Slru {
+  /// Hits needed to enter the protected segment.
+  std::uint64_t protected_threshold = 2;
+
+  /// Hit count and last access tick.
+  struct meta_type {
+    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (segment, last access), compared lexicographically.
+  struct key_type {
+    std::uint8_t segment = 0;       ///< 0 probationary, 1 protected.
+    std::uint64_t last_access = 0;  ///< Older access first within a segment.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.segment != b.segment ? a.segment < b.segment : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Hits and ticks only grow.
+
+  /// New node: one hit, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: a hit, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    ++m.hits;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (protected?, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept {
+    return {static_cast<std::uint8_t>(m.hits >= protected_threshold ? 1 : 0), m.last_access};
+  }
+};
+
+/// Most recently used first (SGLang's "mru"): for workloads that scan a set of
+/// prompts larger than the cache, where the newest prefix is the least likely to
+/// be seen again before the others. A touch makes a key smaller, so the cache
+/// re-keys eagerly (O(log leaves) per touched leaf).
+struct Mru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;               ///< Max tick minus the last access tick.
+  static constexpr bool monotone_keys = false;  ///< Accesses make keys smaller.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.last_access; }
+};
+
+/// First in, last out (SGLang's "filo"): the newest pages are evicted first.
+struct Filo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< Max tick minus the creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
+};
+
+static_assert(PagedEvictionPolicy<Lru>);
+static_assert(PagedEvictionPolicy<Lfu>);
+static_assert(PagedEvictionPolicy<Fifo>);
+static_assert(PagedEvictionPolicy<Priority>);
+static_assert(PagedEvictionPolicy<Slru>);
+static_assert(PagedEvictionPolicy<Mru>);
+static_assert(PagedEvictionPolicy<Filo>);
+
+}  // namespace eviction
+
+}  // namespace promptcache
+
+#endif  // PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
+// ---- end promptcache/paged_eviction_policy.hpp ----
+// ---- begin promptcache/paged_prefix_cache.hpp ----
+// promptcache: paged_prefix_cache.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The prefix cache of a paged-KV engine (the design of SGLang's RadixCache and
+// vLLM's block pool): a radix tree over token ids at page granularity whose
+// nodes carry the engine's page ids. The engine owns its KV pages and their
+// allocator; the cache owns only the index. Running requests lock their path
+// so their pages are never evicted; evict() frees unlocked leaf pages in the
+// order of a pluggable policy (paged_eviction_policy.hpp) and hands each page
+// id back to the engine. Every change a router must know about is published as
+// a KvEvent (kv_index.hpp) carrying Dynamo block hashes (block_hash.hpp), so a
+// KvIndex fed by the events answers exactly what this cache would match.
+//
+// Layout: nodes live in one index-addressed vector; a node's token ids and page
+// ids share one allocation. With an event sink a node keeps only the sequence
+// hash of its last page (what a child's Stored event names as its parent); the
+// hashes of its other pages are recomputed from its tokens when they are
+// evicted, which keeps the index at a few bytes per page. Child edges of all nodes sit in
+// one hash table keyed by (parent, first token), and the evictable leaves in
+// one binary heap ordered by the policy key, so match and insert cost
+// O(tokens) and evict O(log leaves) per node it touches, whatever the size.
+//
+// Not thread-safe: one engine scheduler thread owns a cache.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_PAGED_PREFIX_CACHE_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/block_hash.hpp ----
+// promptcache: block_hash.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// xxh3 block hashes of token sequences, byte-identical to NVIDIA Dynamo's KV
+// router, so a C++ engine or router can publish and match the same hashes.
+//
+// A sequence of u32 tokens is cut into full blocks of `block_size` tokens (the
+// trailing partial block is not hashed: its KV is not cached yet). Each block
+// gets a *local* hash of its tokens' little-endian bytes, seeded by 1337 plus
+// the LoRA / cache-salt contributions; a block carrying images or other media
+// appends those media's u64 hashes, sorted, after its tokens. The *sequence*
+// hash chains the local hashes, so it identifies the whole prefix ending at a
+// block: seq[0] = local[0], seq[i] = xxh3(LE64(seq[i-1]) || LE64(local[i]), 1337).
+//
+// Everything is header-only (xxHash compiled inline, see
+// detail/block_hash_xxhash.hpp) and hashes the same values on big- and
+// little-endian hosts. No function allocates except the vector-returning
+// overloads (and, for a block with more than 32 media hashes, a scratch vector).
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_BLOCK_HASH_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_BLOCK_HASH_HPP
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+// ---- begin promptcache/detail/block_hash_bytes.hpp ----
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+// promptcache: detail/block_hash_bytes.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Little-endian byte encoding for block hashing. Dynamo hashes the
+// little-endian bytes of u32 tokens and u64 hashes; these helpers produce them
+// with shifts, so the result is the same on any host byte order.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace promptcache::detail {
+
+/// Writes `v` as 4 little-endian bytes at `p`. O(1).
+constexpr void store_le32(std::uint32_t v, unsigned char* p) noexcept {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+  p[2] = static_cast<unsigned char>(v >> 16);
+  p[3] = static_cast<unsigned char>(v >> 24);
+}
+
+/// Writes `v` as 8 little-endian bytes at `p`. O(1).
+constexpr void store_le64(std::uint64_t v, unsigned char* p) noexcept {
+  store_le32(static_cast<std::uint32_t>(v), p);
+  store_le32(static_cast<std::uint32_t>(v >> 32), p + 4);
+}
+
+/// Writes `words` as consecutive little-endian u32 at `out`, which must hold
+/// 4 * words.size() bytes. O(words.size()).
+constexpr void encode_le32(std::span<const std::uint32_t> words, unsigned char* out) noexcept {
+  for (const std::uint32_t w : words) {
+    store_le32(w, out);
+    out += 4;
+  }
+}
+
+/// Writes `words` as consecutive little-endian u64 at `out`, which must hold
+/// 8 * words.size() bytes. O(words.size()).
+constexpr void encode_le64(std::span<const std::uint64_t> words, unsigned char* out) noexcept {
+  for (const std::uint64_t w : words) {
+    store_le64(w, out);
+    out += 8;
+  }
+}
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+// ---- end promptcache/detail/block_hash_bytes.hpp ----
+// ---- begin promptcache/detail/block_hash_xxhash.hpp ----
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+// promptcache: detail/block_hash_xxhash.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Compiles xxHash into this translation unit (XXH_INLINE_ALL: every XXH
+// function becomes a `static inline` copy named XXH_INLINE_*), so the library
+// stays header-only and never needs libxxhash at link time, and exposes the few
+// XXH3 entry points block_hash.hpp uses as functions in promptcache::detail.
+//
+// The inline copies have internal linkage, so they cannot clash with a
+// libxxhash the program also links. What could leak is the preprocessor state:
+// XXH_INLINE_ALL maps the public names (XXH3_64bits, XXH3_state_t, ...) to the
+// XXH_INLINE_* copies and defines xxhash.h's include guards. Left alone, a
+// translation unit that includes <xxhash.h> itself before or after this header
+// would silently call (and name types of) the inline copies instead of the
+// library it links, e.g. `void f(XXH3_state_t*)` would mangle differently in
+// two translation units. So every macro xxhash.h touches is saved with
+// push_macro before the include and restored with pop_macro after the wrappers
+// below are defined: afterwards <xxhash.h> means exactly what it meant before.
+//
+// If the translation unit already asked for the inline build itself
+// (XXH_INLINE_ALL or XXH_PRIVATE_API defined, or xxhash.h already included with
+// it), this header reuses those copies and leaves the state as it found it.
+// Known limit: including <xxhash.h> *with* XXH_INLINE_ALL *after* this header
+// in the same translation unit is not supported (include it first instead).
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(XXH_INLINE_ALL) || defined(XXH_PRIVATE_API) || defined(XXH_INLINE_ALL_31684351384)
+#define PROMPTCACHE_XXH_SCOPED 0
+#else
+#define PROMPTCACHE_XXH_SCOPED 1
+#endif
+
+#if PROMPTCACHE_XXH_SCOPED
+// Every name xxhash.h 0.8.x (re)defines in XXH_INLINE_ALL mode, plus its
+// include guards and configuration macros.
+#pragma push_macro("XXH_versionNumber")
+#pragma push_macro("XXH32")
+#pragma push_macro("XXH32_createState")
+#pragma push_macro("XXH32_freeState")
+#pragma push_macro("XXH32_reset")
+#pragma push_macro("XXH32_update")
+#pragma push_macro("XXH32_digest")
+#pragma push_macro("XXH32_copyState")
+#pragma push_macro("XXH32_canonicalFromHash")
+#pragma push_macro("XXH32_hashFromCanonical")
+#pragma push_macro("XXH64")
+#pragma push_macro("XXH64_createState")
+#pragma push_macro("XXH64_freeState")
+#pragma push_macro("XXH64_reset")
+#pragma push_macro("XXH64_update")
+#pragma push_macro("XXH64_digest")
+#pragma push_macro("XXH64_copyState")
+#pragma push_macro("XXH64_canonicalFromHash")
+#pragma push_macro("XXH64_hashFromCanonical")
+#pragma push_macro("XXH3_64bits")
+#pragma push_macro("XXH3_64bits_withSecret")
+#pragma push_macro("XXH3_64bits_withSeed")
+#pragma push_macro("XXH3_64bits_withSecretandSeed")
+#pragma push_macro("XXH3_createState")
+#pragma push_macro("XXH3_freeState")
+#pragma push_macro("XXH3_copyState")
+#pragma push_macro("XXH3_64bits_reset")
+#pragma push_macro("XXH3_64bits_reset_withSeed")
+#pragma push_macro("XXH3_64bits_reset_withSecret")
+#pragma push_macro("XXH3_64bits_reset_withSecretandSeed")
+#pragma push_macro("XXH3_64bits_update")
+#pragma push_macro("XXH3_64bits_digest")
+#pragma push_macro("XXH3_generateSecret")
+#pragma push_macro("XXH3_generateSecret_fromSeed")
+#pragma push_macro("XXH128")
+#pragma push_macro("XXH3_128bits")
+#pragma push_macro("XXH3_128bits_withSeed")
+#pragma push_macro("XXH3_128bits_withSecret")
+#pragma push_macro("XXH3_128bits_withSecretandSeed")
+#pragma push_macro("XXH3_128bits_reset")
+#pragma push_macro("XXH3_128bits_reset_withSeed")
+#pragma push_macro("XXH3_128bits_reset_withSecret")
+#pragma push_macro("XXH3_128bits_reset_withSecretandSeed")
+#pragma push_macro("XXH3_128bits_update")
+#pragma push_macro("XXH3_128bits_digest")
+#pragma push_macro("XXH128_isEqual")
+#pragma push_macro("XXH128_cmp")
+#pragma push_macro("XXH128_canonicalFromHash")
+#pragma push_macro("XXH128_hashFromCanonical")
+#pragma push_macro("XXH_OK")
+#pragma push_macro("XXH_ERROR")
+#pragma push_macro("XXH_errorcode")
+#pragma push_macro("XXH32_canonical_t")
+#pragma push_macro("XXH64_canonical_t")
+#pragma push_macro("XXH128_canonical_t")
+#pragma push_macro("XXH32_state_s")
+#pragma push_macro("XXH32_state_t")
+#pragma push_macro("XXH64_state_s")
+#pragma push_macro("XXH64_state_t")
+#pragma push_macro("XXH3_state_s")
+#pragma push_macro("XXH3_state_t")
+#pragma push_macro("XXH128_hash_t")
+#pragma push_macro("XXH_NAMESPACE")
+#pragma push_macro("XXH_PUBLIC_API")
+#pragma push_macro("XXH_STATIC_LINKING_ONLY")
+#pragma push_macro("XXH_INLINE_ALL")
+#pragma push_macro("XXHASH_H_5627135585666179")
+#pragma push_macro("XXHASH_H_STATIC_13879238742")
+#define XXH_INLINE_ALL
+#endif
+
+#include <xxhash.h>
+
+#if !defined(XXH_VERSION_NUMBER) || XXH_VERSION_NUMBER < 801
+#error "promptcache/block_hash.hpp needs xxHash 0.8.1 or newer"
+#endif
+
+namespace promptcache::detail {
+
+/// Size of an XXH3 secret derived from a seed (XXH3_SECRET_DEFAULT_SIZE).
+inline constexpr std::size_t xxh3_secret_size = 192;
+/// Inputs up to this many bytes are hashed with the seed alone; longer ones
+/// use the secret (XXH3_MIDSIZE_MAX).
+inline constexpr std::size_t xxh3_midsize_max = 240;
+static_assert(xxh3_secret_size == XXH3_SECRET_DEFAULT_SIZE);
+static_assert(xxh3_midsize_max == XXH3_MIDSIZE_MAX);
+
+/// XXH3_64bits: unseeded 64-bit XXH3 of `len` bytes. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len) noexcept {
+  return XXH3_64bits(data, len);
+}
+
+/// XXH3_64bits_withSeed. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len, std::uint64_t seed) noexcept {
+  return XXH3_64bits_withSeed(data, len, seed);
+}
+
+/// Fills `secret` (xxh3_secret_size bytes) with the secret XXH3 derives from
+/// `seed`, so long inputs need not re-derive it on every call. O(1).
+inline void xxh3_secret_from_seed(unsigned char* secret, std::uint64_t seed) noexcept {
+  XXH3_generateSecret_fromSeed(secret, seed);
+}
+
+/// XXH3_64bits_withSecretandSeed with a secret from xxh3_secret_from_seed(seed):
+/// equal to xxh3_64(data, len, seed), minus the per-call secret derivation. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len, const unsigned char* secret,
+                             std::uint64_t seed) noexcept {
+  return XXH3_64bits_withSecretandSeed(data, len, secret, xxh3_secret_size, seed);
+}
+
+/// Streaming XXH3-64 with a seed and its derived secret: the digest equals
+/// xxh3_64(all bytes, seed). Holds ~600 bytes of state, never allocates.
+class Xxh3Stream {
+ public:
+  /// Starts an empty stream; `secret` must outlive the stream. O(1).
+  Xxh3Stream(const unsigned char* secret, std::uint64_t seed) noexcept {
+    XXH3_64bits_reset_withSecretandSeed(&state_, secret, xxh3_secret_size, seed);
+  }
+  /// Appends `len` bytes. O(len).
+  void update(const void* data, std::size_t len) noexcept {
+    XXH3_64bits_update(&state_, data, len);
+  }
+  /// The hash of everything appended so far; the stream stays usable. O(1).
+  [[nodiscard]] std::uint64_t digest() const noexcept { return XXH3_64bits_digest(&state_); }
+
+ private:
+  XXH3_state_t state_;
+};
+
+}  // namespace promptcache::detail
+
+#if PROMPTCACHE_XXH_SCOPED
+#pragma pop_macro("XXH_versionNumber")
+#pragma pop_macro("XXH32")
+#pragma pop_macro("XXH32_createState")
+#pragma pop_macro("XXH32_freeState")
+#pragma pop_macro("XXH32_reset")
+#pragma pop_macro("XXH32_update")
+#pragma pop_macro("XXH32_digest")
+#pragma pop_macro("XXH32_copyState")
+#pragma pop_macro("XXH32_canonicalFromHash")
+#pragma pop_macro("XXH32_hashFromCanonical")
+#pragma pop_macro("XXH64")
+#pragma pop_macro("XXH64_createState")
+#pragma pop_macro("XXH64_freeState")
+#pragma pop_macro("XXH64_reset")
+#pragma pop_macro("XXH64_update")
+#pragma pop_macro("XXH64_digest")
+#pragma pop_macro("XXH64_copyState")
+#pragma pop_macro("XXH64_canonicalFromHash")
+#pragma pop_macro("XXH64_hashFromCanonical")
+#pragma pop_macro("XXH3_64bits")
+#pragma pop_macro("XXH3_64bits_withSecret")
+#pragma pop_macro("XXH3_64bits_withSeed")
+#pragma pop_macro("XXH3_64bits_withSecretandSeed")
+#pragma pop_macro("XXH3_createState")
+#pragma pop_macro("XXH3_freeState")
+#pragma pop_macro("XXH3_copyState")
+#pragma pop_macro("XXH3_64bits_reset")
+#pragma pop_macro("XXH3_64bits_reset_withSeed")
+#pragma pop_macro("XXH3_64bits_reset_withSecret")
+#pragma pop_macro("XXH3_64bits_reset_withSecretandSeed")
+#pragma pop_macro("XXH3_64bits_update")
+#pragma pop_macro("XXH3_64bits_digest")
+#pragma pop_macro("XXH3_generateSecret")
+#pragma pop_macro("XXH3_generateSecret_fromSeed")
+#pragma pop_macro("XXH128")
+#pragma pop_macro("XXH3_128bits")
+#pragma pop_macro("XXH3_128bits_withSeed")
+#pragma pop_macro("XXH3_128bits_withSecret")
+#pragma pop_macro("XXH3_128bits_withSecretandSeed")
+#pragma pop_macro("XXH3_128bits_reset")
+#pragma pop_macro("XXH3_128bits_reset_withSeed")
+#pragma pop_macro("XXH3_128bits_reset_withSecret")
+#pragma pop_macro("XXH3_128bits_reset_withSecretandSeed")
+#pragma pop_macro("XXH3_128bits_update")
+#pragma pop_macro("XXH3_128bits_digest")
+#pragma pop_macro("XXH128_isEqual")
+#pragma pop_macro("XXH128_cmp")
+#pragma pop_macro("XXH128_canonicalFromHash")
+#pragma pop_macro("XXH128_hashFromCanonical")
+#pragma pop_macro("XXH_OK")
+#pragma pop_macro("XXH_ERROR")
+#pragma pop_macro("XXH_errorcode")
+#pragma pop_macro("XXH32_canonical_t")
+#pragma pop_macro("XXH64_canonical_t")
+#pragma pop_macro("XXH128_canonical_t")
+#pragma pop_macro("XXH32_state_s")
+#pragma pop_macro("XXH32_state_t")
+#pragma pop_macro("XXH64_state_s")
+#pragma pop_macro("XXH64_state_t")
+#pragma pop_macro("XXH3_state_s")
+#pragma pop_macro("XXH3_state_t")
+#pragma pop_macro("XXH128_hash_t")
+#pragma pop_macro("XXH_NAMESPACE")
+#pragma pop_macro("XXH_PUBLIC_API")
+#pragma pop_macro("XXH_STATIC_LINKING_ONLY")
+#pragma pop_macro("XXH_INLINE_ALL")
+#pragma pop_macro("XXHASH_H_5627135585666179")
+#pragma pop_macro("XXHASH_H_STATIC_13879238742")
+#endif
+
+#undef PROMPTCACHE_XXH_SCOPED
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+// ---- end promptcache/detail/block_hash_xxhash.hpp ----
+
+namespace promptcache {
+
+/// Dynamo's base seed: local hashes start from it, sequence hashes always use it.
+inline constexpr std::uint64_t block_hash_default_seed = 1337;
+
+/// The local-hash seed for a LoRA adapter and a cache salt: 1337, plus (wrapping)
+/// xxh3(lora_name) if non-empty, plus xxh3(cache_salt, seed 1) if non-empty. An
+/// empty name counts as absent. O(size of the names).
+[[nodiscard]] inline std::uint64_t block_hash_seed(std::string_view lora_name = {},
+                                                   std::string_view cache_salt = {}) noexcept {
+  std::uint64_t seed = block_hash_default_seed;
+  if (!lora_name.empty()) seed += detail::xxh3_64(lora_name.data(), lora_name.size());
+  if (!cache_salt.empty()) seed += detail::xxh3_64(cache_salt.data(), cache_salt.size(), 1);
+  return seed;
+}
+
+/// How local block hashes are computed; the default is Dynamo's plain text model.
+struct BlockHashOptions {
+  /// The seed from block_hash_seed() (LoRA name and cache salt).
+  std::uint64_t seed = block_hash_default_seed;
+  /// media[i] holds the media hashes carried by block i, in any order (they are
+  /// hashed sorted). Blocks past media.size() and empty entries carry no media.
+  /// Entries past the number of blocks are ignored.
+  std::span<const std::span<const std::uint64_t>> media = {};
+  /// Eagle (speculative decoding): block i hashes the block_size + 1 tokens
+  /// starting at i * block_size, so n tokens give (n - 1) / block_size blocks.
+  bool eagle = false;
+};
+
+/// Number of hashable blocks in `num_tokens` tokens: num_tokens / block_size, or
+/// (num_tokens - 1) / block_size in Eagle mode; 0 when block_size is 0. O(1).
+[[nodiscard]] constexpr std::size_t block_count(std::size_t num_tokens, std::size_t block_size,
+                                                bool eagle = false) noexcept {
+  if (block_size == 0 || num_tokens == 0) return 0;
+  return (eagle ? num_tokens - 1 : num_tokens) / block_size;
+}
+
+namespace detail {
+
+/// Hashes block windows with one seed. Derives the seed's XXH3 secret once,
+/// and only if some input is longer than xxh3_midsize_max bytes (XXH3's own
+/// seeded entry point would re-derive it on every call).
+class BlockHasher {
+ public:
+  /// Inputs up to this many bytes are encoded into an inline buffer and hashed
+  /// in one call; longer ones are streamed through it.
+  static constexpr std::size_t buffer_bytes = 2048;
+  /// Blocks with up to this many media hashes sort them without allocating.
+  static constexpr std::size_t inline_media = 32;
+
+  /// A hasher for `seed`; the secret is derived lazily. O(1).
+  explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
+
+  /// xxh3 of `len` bytes at `data` with the seed. O(len).
+  std::uint64_t hash_bytes(const void* data, std::size_t len) noexcept {
+    if (len <= xxh3_midsize_max) return xxh3_64(data, len, seed_);
+    return xxh3_64(data, len, secret(), seed_);
+  }
+
+  /// Local hash of one window of tokens and its (unsorted) media hashes, from
+  /// explicitly encoded little-endian bytes: correct on any host byte order.
+  /// O(window + media log media); allocates only for more than inline_media media.
+  std::uint64_t hash_encoded(std::span<const std::uint32_t> window,
+                             std::span<const std::uint64_t> media) {
+    std::array<std::uint64_t, inline_media> small;
+    std::vector<std::uint64_t> large;
+    std::span<std::uint64_t> sorted;
+    if (media.size() <= inline_media) {
+      sorted = std::span<std::uint64_t>(small.data(), media.size());
+    } else {
+      large.resize(media.size());
+      sorted = large;
+    }
+    std::copy(media.begin(), media.end(), sorted.begin());
+    std::sort(sorted.begin(), sorted.end());
+
+    const std::size_t token_bytes = window.size() * sizeof(std::uint32_t);
+    const std::size_t media_bytes = sorted.size() * sizeof(std::uint64_t);
+    if (token_bytes + media_bytes <= buffer_.size()) {
+      encode_le32(window, buffer_.data());
+      encode_le64(sorted, buffer_.data() + token_bytes);
+      return hash_bytes(buffer_.data(), token_bytes + media_bytes);
+    }
+    Xxh3Stream stream(secret(), seed_);
+    constexpr std::size_t tokens_per_chunk = buffer_bytes / sizeof(std::uint32_t);
+    for (std::size_t i = 0; i < window.size(); i += tokens_per_chunk) {
+      const auto part = window.subspan(i, std::min(tokens_per_chunk, window.size() - i));
+      encode_le32(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
+    }
+    constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
+    for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
+      const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
+      encode_le64(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
+    }
+    return stream.digest();
+  }
+
+  /// The XXH3 secret derived from the seed, computed on first use. O(1).
+  const unsigned char* secret() noexcept {
+    if (!has_secret_) {
+      xxh3_secret_from_seed(secret_.data(), seed_);
+      has_secret_ = true;
+    }
+    return secret_.data();
+  }
+
+ private:
+  std::uint64_t seed_;
+  bool has_secret_ = false;
+  alignas(64) std::array<unsigned char, xxh3_secret_size> secret_;
+  std::array<unsigned char, buffer_bytes> buffer_;
+};
+
+/// local_block_hashes() with the byte path chosen by the caller. Native = true
+/// hashes token memory in place for blocks without media, which is only
+/// correct on little-endian hosts; Native = false encodes every block
+/// explicitly (the tests run it on little-endian hosts to cover the
+/// big-endian path).
+template <bool Native>
+std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
+                               std::span<std::uint64_t> out, const BlockHashOptions& options) {
+  const std::size_t count = block_count(tokens.size(), block_size, options.eagle);
+  const std::size_t window = options.eagle ? block_size + 1 : block_size;
+  const std::size_t written = std::min(count, out.size());
+  BlockHasher hasher(options.seed);
+  if constexpr (Native) {
+    // The hot path: no media anywhere, one xxh3 call per block straight from
+    // the token memory.
+    if (options.media.empty()) {
+      // Locals, so the stores to out[] cannot force reloads of the seed.
+      const std::size_t bytes = window * sizeof(std::uint32_t);
+      const std::uint64_t seed = options.seed;
+      const std::uint32_t* data = tokens.data();
+      if (bytes <= xxh3_midsize_max) {
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, seed);
+        }
+      } else {
+        const unsigned char* secret = hasher.secret();
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, secret, seed);
+        }
+      }
+      return count;
+    }
+  }
+  for (std::size_t i = 0; i < written; ++i) {
+    const auto block = tokens.subspan(i * block_size, window);
+    const std::span<const std::uint64_t> media =
+        i < options.media.size() ? options.media[i] : std::span<const std::uint64_t>{};
+    if (Native && media.empty()) {
+      out[i] = hasher.hash_bytes(block.data(), block.size_bytes());
+    } else {
+      out[i] = hasher.hash_encoded(block, media);
+    }
+  }
+  return count;
+}
+
+}  // namespace detail
+
+/// Writes the local hash of each hashable block of `tokens` to `out` and returns
+/// the number of blocks, block_count(tokens.size(), block_size, options.eagle).
+/// If that exceeds out.size(), only the first out.size() hashes are computed and
+/// written (compare the result with out.size()). block_size 0 gives 0. Does not
+/// allocate (unless a block has more than 32 media hashes). O(tokens + media).
+inline std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
+                                      std::span<std::uint64_t> out,
+                                      const BlockHashOptions& options = {}) {
+  return detail::local_block_hashes<std::endian::native == std::endian::little>(tokens, block_size,
+                                                                                out, options);
+}
+
+/// The local hash of each hashable block of `tokens`, as a new vector of
+/// block_count(tokens.size(), block_size, options.eagle) hashes. O(tokens + media).
+[[nodiscard]] inline std::vector<std::uint64_t> local_block_hashes(
+    std::span<const std::uint32_t> tokens, std::size_t block_size,
+    const BlockHashOptions& options = {}) {
+  std::vector<std::uint64_t> out(block_count(tokens.size(), block_size, options.eagle));
+  local_block_hashes(tokens, block_size, out, options);
+  return out;
+}
+
+/// The sequence hash of a block whose local hash is `local` and whose previous
+/// block has sequence hash `parent`: xxh3(LE64(parent) || LE64(local), 1337). O(1).
+[[nodiscard]] inline std::uint64_t sequence_hash(std::uint64_t parent,
+                                                 std::uint64_t local) noexcept {
+  std::array<unsigned char, 16> bytes;
+  detail::store_le64(parent, bytes.data());
+  detail::store_le64(local, bytes.data() + 8);
+  return detail::xxh3_64(bytes.data(), bytes.size(), block_hash_default_seed);
+}
+
+/// Writes the sequence hashes of a run of local hashes to `out` and returns
+/// locals.size(). Without `parent` the run starts the sequence (out[0] =
+/// locals[0]); with it, the run continues after the block whose sequence hash is
+/// *parent. If out is smaller, only its first out.size() hashes are written.
+/// `out` may be the same span as `locals` (in-place). O(locals.size()).
+inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
+                                   std::span<std::uint64_t> out,
+                                   std::optional<std::uint64_t> parent = std::nullopt) noexcept {
+  const std::size_t written = std::min(locals.size(), out.size());
+  for (std::size_t i = 0; i < written; ++i) {
+    const std::uint64_t local = locals[i];
+    out[i] = parent ? sequence_hash(*parent, local) : local;
+    parent = out[i];
+  }
+  return locals.size();
+}
+
+/// The sequence hashes of a run of local hashes, as a new vector (see the
+/// span overload for `parent`). O(locals.size()).
+[[nodiscard]] inline std::vector<std::uint64_t> sequence_hashes(
+    std::span<const std::uint64_t> locals, std::optional<std::uint64_t> parent = std::nullopt) {
+  std::vector<std::uint64_t> out(locals.size());
+  sequence_hashes(locals, out, parent);
+  return out;
+}
+
+}  // namespace promptcache
+
+#endif  // PROMPTCACHE_BLOCK_HASH_HPP
+// ---- end promptcache/block_hash.hpp ----
+// ---- begin promptcache/detail/mismatch.hpp ----
+// promptcache: detail/mismatch.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The index of the first differing byte of two buffers: the inner loop of a
+// common-prefix lookup, which must find where a query leaves a stored edge.
+// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
+// step with AVX2 when the CPU has it (checked once, at the first call) and
+// with SSE2 otherwise; elsewhere 8 bytes per step.
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define PROMPTCACHE_DETAIL_SSE2 1
+#include <emmintrin.h>
+#endif
+
+// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
+// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
+// the build targets it (MSVC /arch:AVX2); so does clang-cl, whose __builtin_cpu_supports needs
+// a compiler-rt that MSVC-style links do not include.
+#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(_MSC_VER) && (defined(__x86_64__) || defined(__i386__))
+#define PROMPTCACHE_DETAIL_AVX2 1
+#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#elif defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace promptcache::detail {
+
+// Each stage advances from `at` over equal bytes in steps of its width and returns either the
+// first differing byte (found) or where fewer than one step is left. Positions travel by
+// value: through a reference, every step would store it, since the byte pointers may alias it.
+struct MismatchStep {
+  std::size_t at;
+  bool found;
+};
+
+inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                   std::size_t i) noexcept {
+  for (; n - i >= 8; i += 8) {
+    std::uint64_t x = 0, y = 0;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    if (x != y) {
+      // The first differing byte is the lowest-addressed one: the low end of the word on a
+      // little-endian host, the high end on a big-endian one.
+      const std::uint64_t d = x ^ y;
+      const int bit =
+          std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
+      i += static_cast<std::size_t>(bit) / 8;
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+// Byte equality of a[0, 16) and b[0, 16) (0xFF where equal), and its 16-bit mask.
+inline __m128i equal_bytes16(const unsigned char* a, const unsigned char* b) noexcept {
+  return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+}
+inline std::uint32_t mask16(__m128i eq) noexcept {
+  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
+}
+
+inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                  std::size_t i) noexcept {
+  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
+  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
+  for (; n - i >= 64; i += 64) {
+    const __m128i e0 = equal_bytes16(a + i, b + i);
+    const __m128i e1 = equal_bytes16(a + i + 16, b + i + 16);
+    const __m128i e2 = equal_bytes16(a + i + 32, b + i + 32);
+    const __m128i e3 = equal_bytes16(a + i + 48, b + i + 48);
+    if (mask16(_mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3))) != 0xFFFFU) {
+      const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
+                               std::uint64_t{mask16(e2)} << 32 | std::uint64_t{mask16(e3)} << 48;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  for (; n - i >= 16; i += 16) {
+    const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
+    if (eq != 0xFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+[[gnu::target("avx2")]]
+#endif
+inline MismatchStep
+mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
+              std::size_t i) noexcept {
+  for (; n - i >= 64; i += 64) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
+      const std::uint64_t eq =
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  if (n - i >= 32) {
+    const std::uint32_t eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)))));
+    if (eq != 0xFFFFFFFFU) {
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+    i += 32;
+  }
+  return {i, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+// Asked once per process; the function-local static makes the first call thread-safe.
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+#endif
+
+/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
+/// Reads each byte at most once. O(n).
+inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
+  const auto* a = static_cast<const unsigned char*>(pa);
+  const auto* b = static_cast<const unsigned char*>(pb);
+  MismatchStep r{0, false};
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+  // Below 64 bytes the call would not pay for itself.
+  if (n >= 64 && cpu_has_avx2()) r = mismatch_avx2(a, b, n, r.at);
+#elif defined(PROMPTCACHE_DETAIL_AVX2)
+  r = mismatch_avx2(a, b, n, r.at);
+#endif
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+  if (!r.found) r = mismatch_sse2(a, b, n, r.at);
+#endif
+  if (!r.found) r = mismatch_words(a, b, n, r.at);
+  if (r.found) return r.at;
+  std::size_t i = r.at;
+  while (i < n && a[i] == b[i])
+    ++i;
+  return i;
+}
+
+}  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
+// ---- end promptcache/detail/mismatch.hpp ----
+// ---- begin promptcache/detail/paged_edge_table.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+#define PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+// promptcache: detail/paged_edge_table.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The child edges of every node of a PagedPrefixCache in one hash table, keyed
+// by (parent node, first token of the child's first page). One shared table
+// instead of a table per node: a leaf (most nodes) then costs no table at all,
+// and a node with 50k children costs the same per lookup as one with two.
+// Open addressing with linear probing and backward-shift deletion; load kept
+// between 1/8 and 1/2. Growth is split into reserve() (may throw) and
+// insert_reserved() (never throws), so an insert can allocate before it changes
+// anything; erase() never throws (shrinking is best effort).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+namespace promptcache::detail {
+
+class PagedEdgeTable {
+ public:
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+
+  PagedEdgeTable() noexcept = default;
+  PagedEdgeTable(const PagedEdgeTable&) = delete;
+  PagedEdgeTable& operator=(const PagedEdgeTable&) = delete;
+  PagedEdgeTable(PagedEdgeTable&& o) noexcept { swap(o); }
+  PagedEdgeTable& operator=(PagedEdgeTable&& o) noexcept {
+    PagedEdgeTable tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  ~PagedEdgeTable() = default;
+
+  void swap(PagedEdgeTable& o) noexcept {
+    std::swap(slots_, o.slots_);
+    std::swap(mask_, o.mask_);
+    std::swap(shift_, o.shift_);
+    std::swap(size_, o.size_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return capacity() * sizeof(Slot); }
+
+  /// The child under (parent, token), or npos.
+  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+    if (!slots_) return npos;
+    for (std::size_t i = home(parent, token);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.child == npos) return npos;
+      if (s.parent == parent && s.token == token) return s.child;
+    }
+  }
+
+  /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
+  void reserve(std::size_t extra) {
+    const std::size_t need = 2 * (size_ + extra);
+    if (need <= capacity()) return;
+    std::size_t cap = 16;
+    while (cap < need)
+      cap *= 2;
+    rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
+  }
+
+  /// Adds an edge whose key is absent; requires a preceding reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    place(Slot{parent, token, child});
+    ++size_;
+  }
+
+  /// Points an existing key at another child.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    slots_[existing(parent, token)].child = child;
+  }
+
+  /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
+  void erase(std::uint32_t parent, std::uint32_t token) noexcept {
+    std::size_t hole = existing(parent, token);
+    for (std::size_t j = (hole + 1) & mask_; slots_[j].child != npos; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].parent, slots_[j].token);
+      // j may fill the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+      if (!stays) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    if (capacity() > 16 && size_ * 8 <= capacity()) {
+      std::size_t cap = 16;
+      while (cap < 4 * size_)
+        cap *= 2;
+      std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[cap]);
+      if (table) rehash(std::move(table), cap);
+    }
+  }
+
+  /// Drops every edge and the table. Never throws.
+  void clear() noexcept {
+    slots_.reset();
+    mask_ = 0;
+    shift_ = 63;
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t parent = 0;
+    std::uint32_t token = 0;
+    std::uint32_t child = npos;  // npos marks an empty slot
+  };
+
+  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
+    // Fibonacci hashing: the high bits of the product mix every bit of the key.
+    const std::uint64_t x = (std::uint64_t{parent} << 32 | token) * 0x9E3779B97F4A7C15ULL;
+    return static_cast<std::size_t>(x >> shift_);
+  }
+
+  [[nodiscard]] std::size_t existing(std::uint32_t parent, std::uint32_t token) const noexcept {
+    std::size_t i = home(parent, token);
+    while (!(slots_[i].child != npos && slots_[i].parent == parent && slots_[i].token == token))
+      i = (i + 1) & mask_;
+    return i;
+  }
+
+  void place(const Slot& s) noexcept {
+    std::size_t i = home(s.parent, s.token);
+    while (slots_[i].child != npos)
+      i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+
+  void rehash(std::unique_ptr<Slot[]> table, std::size_t cap) noexcept {
+    std::unique_ptr<Slot[]> old = std::exchange(slots_, std::move(table));
+    const std::size_t old_cap = old ? mask_ + 1 : 0;
+    mask_ = cap - 1;
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < cap)
+      ++bits;
+    shift_ = 64U - bits;
+    for (std::size_t i = 0; i < old_cap; ++i)
+      if (old[i].child != npos) place(old[i]);
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 63;
+  std::size_t size_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+// ---- end promptcache/detail/paged_edge_table.hpp ----
+
+namespace promptcache {
+
+/// A position in a PagedPrefixCache: the end of a matched or inserted prefix.
+/// Lock it while a request runs on those pages. An empty handle stands for the
+/// empty prefix. A handle goes stale when its node is evicted, trimmed, erased
+/// or cleared (which can happen only while it is unlocked); stale handles are
+/// refused by lock() and unlock(). Splits never make a handle stale.
+struct PagedPrefixHandle {
+  std::uint32_t node = 0xFFFFFFFFU;  ///< Node index (opaque).
+  std::uint32_t generation = 0;      ///< Node generation when the handle was made (opaque).
+  /// True for the empty prefix (a match of zero pages). O(1).
+  [[nodiscard]] constexpr bool empty() const noexcept { return node == 0xFFFFFFFFU; }
+  /// Memberwise equality. O(1).
+  friend constexpr bool operator==(const PagedPrefixHandle&, const PagedPrefixHandle&) = default;
+};
+
+/// Counters (since construction) and gauges (current) of a PagedPrefixCache.
+struct PagedCacheStats {
+  std::uint64_t lookups = 0;          ///< match() calls.
+  std::uint64_t query_tokens = 0;     ///< Sum of query lengths over match() calls.
+  std::uint64_t hit_tokens = 0;       ///< Sum of matched tokens over match() calls.
+  std::uint64_t inserts = 0;          ///< insert() calls that were accepted.
+  std::uint64_t inserted_pages = 0;   ///< Pages newly stored by insert().
+  std::uint64_t duplicate_pages = 0;  ///< Engine pages reported as duplicates by insert().
+  std::uint64_t evicted_pages = 0;    ///< Pages freed by evict().
+  std::uint64_t erased_pages = 0;     ///< Pages freed by erase_namespace().
+  std::uint64_t cleared_pages = 0;    ///< Pages freed by clear().
+  std::uint64_t splits = 0;           ///< Nodes split by a match or insert ending inside them.
+  std::uint64_t events = 0;           ///< KV events published.
+  std::size_t cached_pages = 0;       ///< Gauge: pages in the cache.
+  std::size_t locked_pages = 0;       ///< Gauge: pages on the path of at least one lock.
+  std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
+};
+
+/// Memory held by a PagedPrefixCache, split into the index and the token ids it indexes.
+struct PagedCacheMemory {
+  std::size_t index_bytes = 0;  ///< Nodes, page ids, block hashes, edge table, heap, namespaces.
+  std::size_t token_bytes = 0;  ///< Token ids kept to compare queries against.
+};
+
+/// The prefix cache (see the file comment).
+///
+/// - `PageId`: the engine's page id type (any integral type but bool).
+/// - `Policy`: the eviction policy (paged_eviction_policy.hpp); eviction::Lru by default.
+///
+/// Costs below: T = tokens of the call, P = pages of the call, L = evictable
+/// leaves, N = nodes. Invalidation: results are values (vectors, counts,
+/// handles); a handle is invalidated only as PagedPrefixHandle says.
+/// Exception safety: see each member; the event sink and the eviction callbacks
+/// are called after the cache is consistent.
+template <std::integral PageId = std::uint32_t, PagedEvictionPolicy Policy = eviction::Lru>
+class PagedPrefixCache {
+  static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
+  static_assert(alignof(PageId) <= alignof(std::uint64_t), "PageId alignment above 8");
+
+  using meta_type = typename Policy::meta_type;
+  using key_type = typename Policy::key_type;
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+
+ public:
+  using page_id = PageId;                                  ///< The engine's page id type.
+  using token_type = std::uint32_t;                        ///< Token ids (as hashed by Dynamo).
+  using namespace_id = std::uint64_t;                      ///< Tenant / model / adapter key.
+  using policy_type = Policy;                              ///< The eviction policy.
+  using event_sink = std::function<void(const KvEvent&)>;  ///< Receives the KV events.
+
+  /// What match() found.
+  struct MatchResult {
+    std::size_t matched = 0;      ///< Matched tokens: a multiple of page_size().
+    std::vector<PageId> pages{};  ///< The matched pages, root side first (matched / page_size).
+    PagedPrefixHandle handle{};   ///< End of the match; lock it to keep the pages.
+  };
+
+  /// What match() found, when the pages go to a caller's vector.
+  struct MatchEnd {
+    std::size_t matched = 0;     ///< Matched tokens: a multiple of page_size().
+    PagedPrefixHandle handle{};  ///< End of the match; lock it to keep the pages.
+  };
+
+  /// What insert() did.
+  struct InsertResult {
+    std::size_t cached_pages = 0;  ///< Leading pages that were already cached (kept as they were).
+    std::size_t inserted_pages = 0;  ///< Pages newly stored (the engine's ids, now the cache's).
+    /// Engine pages among the first cached_pages that differ from the cached ones: the
+    /// cache keeps its own pages, so the engine frees these (SGLang's contract).
+    std::vector<PageId> duplicates{};
+    PagedPrefixHandle handle{};  ///< End of the stored prefix (empty when nothing was stored).
+  };
+
+  /// A cache of pages of `page_size` tokens, evicting with `policy`, publishing KV
+  /// events to `sink` when given (pages are then hashed on insert and on eviction).
+  /// Throws std::invalid_argument if page_size is 0 or above 2^20. O(1).
+  explicit PagedPrefixCache(std::size_t page_size, Policy policy = Policy{}, event_sink sink = {})
+      : page_size_(check_page_size(page_size)),
+        policy_(std::move(policy)),
+        sink_(std::move(sink)),
+        hashes_(static_cast<bool>(sink_)) {}
+
+  /// Not copyable (one cache per engine).
+  PagedPrefixCache(const PagedPrefixCache&) = delete;
+  /// Not copy-assignable.
+  PagedPrefixCache& operator=(const PagedPrefixCache&) = delete;
+  /// Takes over `other` (handles into it stay valid for the new object). O(1).
+  PagedPrefixCache(PagedPrefixCache&&) = default;
+  /// Takes over `other`; this cache's pages are dropped without callbacks. O(N).
+  PagedPrefixCache& operator=(PagedPrefixCache&&) = default;
+  /// Releases the index (not the engine's pages: the engine owns them). O(N).
+  ~PagedPrefixCache() = default;
+
+  // ---- namespaces -------------------------------------------------------------------------
+
+  /// Sets the block-hash seed of namespace `ns` from a LoRA name and a cache salt
+  /// (block_hash_seed()). A namespace never configured hashes with no LoRA name and,
+  /// except namespace 0, its id in decimal as the cache salt, so distinct namespaces
+  /// never share block hashes. Throws std::invalid_argument (nothing changed) if `ns`
+  /// holds pages and the seed would change (published hashes would be wrong), or if
+  /// another namespace uses the seed. O(names + 1) expected.
+  void configure_namespace(namespace_id ns, std::string_view lora_name = {},
+                           std::string_view cache_salt = {}) {
+    const std::uint64_t seed = block_hash_seed(lora_name, cache_salt);
+    const auto it = ns_index_.find(ns);
+    if (it != ns_index_.end()) {
+      NsSlot& s = ns_slots_[it->second];
+      if (s.seed == seed) return;
+      if (nodes_[s.root].first_child != npos)
+        throw std::invalid_argument("PagedPrefixCache: namespace holds pages, seed cannot change");
+      check_seed_free(seed, ns);
+      seed_owner_.emplace(seed, ns);  // may throw: nothing changed yet
+      seed_owner_.erase(s.seed);
+      s.seed = seed;
+      return;
+    }
+    check_seed_free(seed, ns);
+    create_namespace(ns, seed);
+  }
+
+  /// The block-hash seed namespace `ns` uses (or would use) for its pages. O(1) expected.
+  [[nodiscard]] std::uint64_t namespace_seed(namespace_id ns) const {
+    const auto it = ns_index_.find(ns);
+    return it != ns_index_.end() ? ns_slots_[it->second].seed : default_seed(ns);
+  }
+
+  /// Number of namespaces known (configured or holding pages since their last erase). O(1).
+  [[nodiscard]] std::size_t namespace_count() const noexcept { return ns_index_.size(); }
+
+  // ---- lookups ----------------------------------------------------------------------------
+
+  /// The longest cached page-aligned prefix of `tokens` in namespace `ns`: matched
+  /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
+  /// matched pages. A match ending inside a node splits it (no event: the blocks did
+  /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
+  /// cached pages and every answer are unchanged; the walked pages' access metadata may
+  /// have been refreshed and a split made before the failure may remain.
+  [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
+    MatchResult r;
+    const MatchEnd e = match(tokens, ns, r.pages);
+    r.matched = e.matched;
+    r.handle = e.handle;
+    return r;
+  }
+
+  /// As match() above, writing the pages to `pages` (cleared first) so a caller can
+  /// reuse its capacity.
+  MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
+    pages.clear();
+    ++stats_.lookups;
+    stats_.query_tokens += tokens.size();
+    ++tick_;
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return {};
+    const std::size_t q_pages = tokens.size() / page_size_;
+    std::uint32_t cur = ns_slots_[it->second].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      std::uint32_t c = f.node;
+      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      if (inside) {
+        prepare_split();
+        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+      }
+      touch_match(c, ns);
+      const Node& x = nodes_[c];
+      const PageId* ids = page_ids(x);
+      pages.insert(pages.end(), ids, ids + x.n);
+      pos += x.n;
+      cur = c;
+      if (inside) break;
+    }
+    stats_.hit_tokens += pos * page_size_;
+    return {pos * page_size_, handle_of(cur)};
+  }
+
+  /// Matched tokens match() would report, without refreshing or splitting anything.
+  /// O(T); never throws.
+  [[nodiscard]] std::size_t peek(std::span<const token_type> tokens,
+                                 namespace_id ns = 0) const noexcept {
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return 0;
+    const std::size_t q_pages = tokens.size() / page_size_;
+    std::uint32_t cur = ns_slots_[it->second].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      pos += f.pages;
+      if (f.pages < nodes_[f.node].n) break;
+      cur = f.node;
+    }
+    return pos * page_size_;
+  }
+
+  // ---- locks ------------------------------------------------------------------------------
+
+  /// Locks the prefix ending at `h`: its pages are not evicted until a matching
+  /// unlock(). Locks nest (counted per node). Returns false, changing nothing, for a
+  /// stale handle or when 2^32 - 1 locks are held in the namespace; true (no-op) for
+  /// an empty handle. O(nodes on the path + log L); never throws.
+  bool lock(const PagedPrefixHandle& h) noexcept {
+    if (h.empty()) return true;
+    if (!valid(h)) return false;
+    Node& root = nodes_[ns_slots_[nodes_[h.node].ns].root];
+    if (root.lock == std::numeric_limits<std::uint32_t>::max()) return false;
+    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
+      Node& nd = nodes_[x];
+      if (nd.lock == 0) {
+        evictable_pages_ -= nd.n;
+        stats_.locked_pages += nd.n;
+        if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      }
+      ++nd.lock;
+    }
+    ++nodes_[h.node].own;
+    ++root.lock;
+    return true;
+  }
+
+  /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
+  /// false, changing nothing, for a stale handle or when no such lock is held
+  /// (unlocking below zero; locks of longer prefixes through `h` do not count); true
+  /// (no-op) for an empty handle. O(nodes on the path + log L); never throws.
+  bool unlock(const PagedPrefixHandle& h) noexcept {
+    if (h.empty()) return true;
+    if (!valid(h) || nodes_[h.node].own == 0) return false;
+    --nodes_[h.node].own;
+    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
+      Node& nd = nodes_[x];
+      --nd.lock;
+      if (nd.lock == 0) {
+        evictable_pages_ += nd.n;
+        stats_.locked_pages -= nd.n;
+        if (nd.first_child == npos) heap_push(x);
+      }
+    }
+    --nodes_[ns_slots_[nodes_[h.node].ns].root].lock;
+    return true;
+  }
+
+  /// True when `h` is empty or still names a cached prefix. O(1).
+  [[nodiscard]] bool valid(const PagedPrefixHandle& h) const noexcept {
+    if (h.empty()) return true;
+    return h.node < nodes_.size() && nodes_[h.node].kind == Kind::node &&
+           nodes_[h.node].gen == h.generation;
+  }
+
+  /// Locks taken with handles ending where `h` ends and not yet released (0 for an
+  /// empty or stale handle). O(1).
+  [[nodiscard]] std::size_t lock_count(const PagedPrefixHandle& h) const noexcept {
+    return !h.empty() && valid(h) ? nodes_[h.node].own : 0U;
+  }
+
+  // ---- insert / evict ---------------------------------------------------------------------
+
+  /// Stores the page-aligned prefix of `tokens` (tokens.size() / page_size() pages)
+  /// in namespace `ns`, with `pages[i]` the engine's page holding page i; pages past
+  /// that count (the partial page) are ignored. Leading pages already cached keep
+  /// their cached ids; engine ids that differ from them are returned as duplicates.
+  /// The policy sees an insert hit on every cached page of the path and `priority`
+  /// on the new ones. Publishes one Stored event for the new pages.
+  /// Throws std::invalid_argument if pages.size() is below the page count, or if `ns`
+  /// is new and its default seed is taken by a configured namespace. O(T + log L).
+  /// Strong guarantee: on any exception nothing changed (except the sink's own).
+  InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
+                      namespace_id ns = 0, std::int64_t priority = 0) {
+    const std::size_t q_pages = tokens.size() / page_size_;
+    if (pages.size() < q_pages)
+      throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
+    InsertResult r;
+    if (q_pages == 0) {
+      ++stats_.inserts;
+      return r;
+    }
+    if (q_pages > std::numeric_limits<std::uint32_t>::max() - 1)
+      throw std::invalid_argument("PagedPrefixCache::insert: more than 2^32 - 2 pages");
+
+    // Phase 1: find the path and allocate everything; nothing changes yet.
+    const auto it = ns_index_.find(ns);
+    std::uint64_t seed = 0;
+    std::uint32_t cur = npos;
+    if (it != ns_index_.end()) {
+      cur = ns_slots_[it->second].root;
+      seed = ns_slots_[it->second].seed;
+    } else {
+      seed = default_seed(ns);
+      check_seed_free(seed, ns);
+    }
+    path_.clear();
+    std::size_t pos = 0;
+    std::uint32_t split_node = npos;
+    std::uint32_t split_pages = 0;
+    if (cur != npos) {
+      while (pos < q_pages) {
+        const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+        if (f.node == npos) break;
+        const Node& x = nodes_[f.node];
+        const PageId* ids = page_ids(x);
+        for (std::size_t i = 0; i < f.pages; ++i)
+          if (ids[i] != pages[pos + i]) r.duplicates.push_back(pages[pos + i]);
+        pos += f.pages;
+        if (f.pages < x.n) {
+          split_node = f.node;
+          split_pages = static_cast<std::uint32_t>(f.pages);
+          break;
+        }
+        path_.push_back(f.node);
+        cur = f.node;
+      }
+    }
+    const std::size_t new_pages = q_pages - pos;
+    std::unique_ptr<unsigned char[]> head_block;
+    std::unique_ptr<unsigned char[]> leaf_block;
+    if (split_node != npos) head_block = make_block(split_pages);
+    if (new_pages > 0) leaf_block = make_block(static_cast<std::uint32_t>(new_pages));
+    std::optional<KvEventData> event;
+    if (new_pages > 0 && hashes_) {
+      kv_event::Stored st;
+      st.blocks.resize(new_pages);
+      std::vector<std::uint64_t> locals(new_pages);
+      BlockHashOptions opts;
+      opts.seed = seed;
+      local_block_hashes(tokens.subspan(pos * page_size_, new_pages * page_size_), page_size_,
+                         locals, opts);
+      std::optional<std::uint64_t> parent;
+      if (split_node != npos) {
+        const Node& c = nodes_[split_node];
+        parent = chain(parent_hash(c), tokens_of(c), split_pages, seed,
+                       [](std::uint32_t, std::uint64_t) {});
+      } else if (pos > 0) {
+        parent = nodes_[cur].last_hash;
+      }
+      st.parent_hash = parent;
+      for (std::size_t i = 0; i < new_pages; ++i) {
+        const std::uint64_t h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+        st.blocks[i] = KvBlock{h, locals[i]};
+        parent = h;
+      }
+      event.emplace(std::move(st));
+    }
+    const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
+    reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
+    edges_.reserve(extra_nodes);
+    reserve_heap(live_nodes_ + extra_nodes);
+    if (it == ns_index_.end()) {
+      create_namespace(ns, seed);  // strong: nothing else changed yet
+      cur = ns_slots_[ns_index_.find(ns)->second].root;
+    }
+
+    // Phase 2: commit; nothing below throws.
+    ++tick_;
+    ++stats_.inserts;
+    for (const std::uint32_t x : path_)
+      touch_insert(x, ns, priority);
+    if (split_node != npos) {
+      cur = split(split_node, split_pages, std::move(head_block));
+      touch_insert(cur, ns, priority);
+    }
+    if (new_pages > 0) {
+      cur = add_leaf(cur, tokens.data() + pos * page_size_, pages.data() + pos,
+                     static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns, priority,
+                     event ? &std::get<kv_event::Stored>(*event) : nullptr);
+    }
+    r.cached_pages = pos;
+    r.inserted_pages = new_pages;
+    r.handle = handle_of(cur);
+    stats_.inserted_pages += new_pages;
+    stats_.duplicate_pages += r.duplicates.size();
+    if (event) publish(std::move(*event));
+    return r;
+  }
+
+  /// Frees min(n_pages, evictable_pages()) pages, exactly: never more. Takes the
+  /// unlocked leaf with the smallest policy key and frees its pages from the tail
+  /// (so a long leaf can give up only what is needed); a leaf emptied this way is
+  /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
+  /// page (deepest first) and publishes one Removed event with their block hashes.
+  /// O(pages freed + log L per node touched); with a sink, plus hashing every page of
+  /// each node it touches (a node keeps only its last page's hash, so trimming k pages
+  /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
+  /// callback terminates: the cache cannot hand back half a node). Strong guarantee
+  /// for std::bad_alloc (before anything changes).
+  template <class OnEvict>
+  std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
+    const std::size_t target = std::min(n_pages, evictable_pages_);
+    if (target == 0) return 0;
+    std::vector<std::uint64_t> removed;
+    if (hashes_) removed.reserve(target);
+    evict_reserved(target, on_evict, removed);
+    if (hashes_) publish(kv_event::Removed{std::move(removed)});
+    return target;
+  }
+
+  /// evict() without a callback (for engines that track pages otherwise).
+  std::size_t evict(std::size_t n_pages) {
+    return evict(n_pages, [](PageId) noexcept {});
+  }
+
+  /// Drops every page of every namespace, calling on_free(PageId) for each (in
+  /// unspecified order), and publishes Cleared. Namespace configurations stay.
+  /// Returns false, changing nothing, if any page is locked. O(N + pages); the
+  /// callback must not throw (see evict). Invalidates every handle.
+  template <class OnFree>
+  bool clear(OnFree&& on_free) {
+    if (stats_.locked_pages > 0) return false;
+    clear_reserved(on_free);
+    publish(kv_event::Cleared{});
+    return true;
+  }
+
+  /// clear() without a callback.
+  bool clear() {
+    return clear([](PageId) noexcept {});
+  }
+
+  /// Drops every page of namespace `ns` (calling on_free for each) and forgets the
+  /// namespace, configuration included; publishes one Removed event if pages were
+  /// dropped. Returns false, changing nothing, if a page of `ns` is locked; true for
+  /// an unknown namespace. O(nodes and pages of ns). Strong guarantee for bad_alloc.
+  template <class OnFree>
+  bool erase_namespace(namespace_id ns, OnFree&& on_free) {
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return true;
+    const std::uint32_t slot = it->second;
+    const std::uint32_t root = ns_slots_[slot].root;
+    if (nodes_[root].lock > 0) return false;
+    std::vector<std::uint32_t> order;  // every node of the namespace, parents first
+    std::size_t pages = 0;
+    for (std::uint32_t c = nodes_[root].first_child; c != npos; c = nodes_[c].next)
+      order.push_back(c);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      pages += nodes_[order[i]].n;
+      for (std::uint32_t c = nodes_[order[i]].first_child; c != npos; c = nodes_[c].next)
+        order.push_back(c);
+    }
+    std::vector<std::uint64_t> removed;
+    if (hashes_) removed.reserve(pages);
+    erase_reserved(slot, order, on_free, removed);
+    stats_.erased_pages += pages;
+    if (hashes_ && pages > 0) publish(kv_event::Removed{std::move(removed)});
+    return true;
+  }
+
+  /// erase_namespace() without a callback.
+  bool erase_namespace(namespace_id ns) {
+    return erase_namespace(ns, [](PageId) noexcept {});
+  }
+
+  // ---- state ------------------------------------------------------------------------------
+
+  /// Tokens per page. O(1).
+  [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
+  /// Pages in the cache. O(1).
+  [[nodiscard]] std::size_t cached_pages() const noexcept { return stats_.cached_pages; }
+  /// Pages on the path of at least one lock. O(1).
+  [[nodiscard]] std::size_t locked_pages() const noexcept { return stats_.locked_pages; }
+  /// Pages evict() can free now (cached minus locked). O(1).
+  [[nodiscard]] std::size_t evictable_pages() const noexcept { return evictable_pages_; }
+  /// Tree nodes, namespace roots not counted. O(1).
+  [[nodiscard]] std::size_t node_count() const noexcept { return live_nodes_; }
+  /// True when a sink was given: pages carry block hashes and events are published. O(1).
+  [[nodiscard]] bool publishes_events() const noexcept { return hashes_; }
+  /// Id the next event will carry (events are numbered 0, 1, 2, ...). O(1).
+  [[nodiscard]] std::uint64_t next_event_id() const noexcept { return next_event_id_; }
+  /// Counters and gauges. O(1).
+  [[nodiscard]] const PagedCacheStats& stats() const noexcept { return stats_; }
+  /// The policy object (its own state, e.g. an adaptive target). O(1).
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+
+  /// Heap bytes held, split into the index and the token ids (capacities). O(1).
+  [[nodiscard]] PagedCacheMemory memory() const noexcept {
+    PagedCacheMemory m;
+    m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
+    m.index_bytes = block_pages_ * sizeof(PageId) + nodes_.capacity() * sizeof(Node) +
+                    edges_.memory_bytes() + heap_.capacity() * sizeof(HeapEntry) +
+                    ns_slots_.capacity() * sizeof(NsSlot) +
+                    (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
+                    path_.capacity() * sizeof(std::uint32_t);
+    return m;
+  }
+
+  /// Checks every internal invariant (links, edges, depths, lock counts, page
+  /// counters, heap membership and order, block hashes). O(N + pages * page_size);
+  /// for tests.
+  [[nodiscard]] bool check_invariants() const {
+    std::size_t live = 0, pages = 0, locked = 0, evictable = 0, in_heap = 0, block_pages = 0;
+    for (std::uint32_t slot = 0; slot < ns_slots_.size(); ++slot) {
+      const NsSlot& s = ns_slots_[slot];
+      if (!s.live) continue;
+      const auto it = ns_index_.find(s.id);
+      if (it == ns_index_.end() || it->second != slot) return false;
+      const auto so = seed_owner_.find(s.seed);
+      if (so == seed_owner_.end() || so->second != s.id) return false;
+      const Node& root = nodes_[s.root];
+      if (root.kind != Kind::root || root.ns != slot || root.parent != npos) return false;
+      std::vector<std::uint32_t> stack{s.root};
+      while (!stack.empty()) {
+        const std::uint32_t x = stack.back();
+        stack.pop_back();
+        const Node& nd = nodes_[x];
+        std::uint64_t child_locks = 0;
+        std::uint32_t prev = npos;
+        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next) {
+          const Node& ch = nodes_[c];
+          if (ch.kind != Kind::node || ch.parent != x || ch.prev != prev || ch.ns != slot)
+            return false;
+          if (ch.n == 0 || ch.off + ch.n > ch.cap) return false;
+          if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
+          // The child is reachable through its (parent, first token) chain.
+          bool reachable = false;
+          for (std::uint32_t e = edges_.find(x, tokens_of(ch)[0]); e != npos;
+               e = nodes_[e].next_same)
+            reachable = reachable || e == c;
+          if (!reachable) return false;
+          // Siblings never share their first page.
+          for (std::uint32_t o = ch.next; o != npos; o = nodes_[o].next)
+            if (std::memcmp(tokens_of(ch), tokens_of(nodes_[o]), page_bytes()) == 0) return false;
+          child_locks += ch.lock;
+          prev = c;
+          stack.push_back(c);
+        }
+        if (child_locks + nd.own != nd.lock) return false;
+        if (nd.kind == Kind::root) continue;
+        ++live;
+        pages += nd.n;
+        block_pages += nd.cap;
+        if (nd.lock > 0) locked += nd.n;
+        if (nd.lock == 0) evictable += nd.n;
+        const bool leaf = nd.first_child == npos && nd.lock == 0;
+        if (leaf != (nd.heap_pos != npos)) return false;
+        if (leaf) {
+          ++in_heap;
+          if (nd.heap_pos >= heap_.size() || heap_[nd.heap_pos].node != x) return false;
+          const key_type now = policy_.key(nd.meta);
+          const key_type& stored = heap_[nd.heap_pos].key;
+          if (now < stored) return false;
+          if (!Policy::monotone_keys && stored < now) return false;
+        }
+        if (hashes_ && chain(parent_hash(nd), tokens_of(nd), nd.n, s.seed,
+                             [](std::uint32_t, std::uint64_t) {}) != nd.last_hash)
+          return false;
+      }
+    }
+    if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
+        evictable != evictable_pages_ || in_heap != heap_.size() || block_pages != block_pages_)
+      return false;
+    if (edges_.size() != live_nodes_ - chained_siblings()) return false;
+    for (std::size_t i = 1; i < heap_.size(); ++i)
+      if (heap_[i].key < heap_[(i - 1) / 2].key) return false;
+    std::size_t free_count = 0;
+    for (std::uint32_t f = free_head_; f != npos; f = nodes_[f].next) {
+      if (nodes_[f].kind != Kind::free) return false;
+      ++free_count;
+    }
+    return free_count == free_count_ && live + free_count + live_namespaces() == nodes_.size();
+  }
+
+ private:
+  enum class Kind : std::uint8_t { free, root, node };
+
+  // One tree node. Pages [off, off + n) of its block are live: a split moves the
+  // head's pages to a new block and advances `off`, a trim lowers `n`; the block
+  // is compacted once less than half of it is live.
+  struct Node {
+    std::unique_ptr<unsigned char[]> block{};
+    std::uint32_t cap = 0;    // pages the block holds
+    std::uint32_t off = 0;    // first live page in the block
+    std::uint32_t n = 0;      // live pages
+    std::uint32_t depth = 0;  // pages before this node on its path
+    std::uint32_t parent = npos;
+    std::uint32_t first_child = npos;
+    std::uint32_t next = npos;       // next sibling (free list link for free nodes)
+    std::uint32_t prev = npos;       // previous sibling
+    std::uint32_t next_same = npos;  // next sibling with the same first token
+    std::uint32_t lock = 0;          // locks whose path runs through this node
+    std::uint32_t own = 0;           // locks taken with a handle ending at this node
+    std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
+    std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
+    std::uint32_t ns = 0;            // namespace slot
+    Kind kind = Kind::free;
+    std::uint64_t last_hash = 0;  // with a sink: sequence hash of the last page
+    meta_type meta{};
+  };
+
+  struct HeapEntry {
+    key_type key;
+    std::uint32_t node;
+  };
+
+  struct NsSlot {
+    namespace_id id = 0;
+    std::uint64_t seed = 0;
+    std::uint32_t root = npos;
+    bool live = false;
+  };
+
+  struct Found {
+    std::uint32_t node = npos;
+    std::size_t pages = 0;  // leading pages of the node that match
+  };
+
+  static std::size_t check_page_size(std::size_t page_size) {
+    if (page_size == 0 || page_size > (std::size_t{1} << 20))
+      throw std::invalid_argument("PagedPrefixCache: page_size must be in [1, 2^20]");
+    return page_size;
+  }
+
+  static std::uint64_t default_seed(namespace_id ns) {
+    if (ns == 0) return block_hash_seed();
+    return block_hash_seed({}, std::to_string(ns));
+  }
+
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
+
+  // Block layout for `cap` pages: [page ids][tokens], the tokens aligned.
+  [[nodiscard]] static std::size_t tokens_offset(std::size_t cap) noexcept {
+    const std::size_t end = cap * sizeof(PageId);
+    return (end + alignof(token_type) - 1) / alignof(token_type) * alignof(token_type);
+  }
+  [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
+    return std::unique_ptr<unsigned char[]>(
+        new unsigned char[tokens_offset(cap) + std::size_t{cap} * page_bytes()]);
+  }
+  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
+    return reinterpret_cast<PageId*>(x.block.get()) + x.off;
+  }
+  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
+    return reinterpret_cast<token_type*>(x.block.get() + tokens_offset(x.cap)) +
+           std::size_t{x.off} * page_size_;
+  }
+
+  // The child of `parent` sharing the most leading pages with q (at least one), or npos.
+  [[nodiscard]] Found find_child(std::uint32_t parent, const token_type* q,
+                                 std::size_t q_pages) const noexcept {
+    for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
+      const Node& x = nodes_[c];
+      const std::size_t cmp = std::min<std::size_t>(x.n, q_pages) * page_bytes();
+      const std::size_t k = detail::mismatch(tokens_of(x), q, cmp) / page_bytes();
+      if (k > 0) return {c, k};
+    }
+    return {};
+  }
+
+  // The sequence hash before node x's first page (none at the root).
+  [[nodiscard]] std::optional<std::uint64_t> parent_hash(const Node& x) const noexcept {
+    const Node& p = nodes_[x.parent];
+    if (p.kind != Kind::node) return std::nullopt;
+    return p.last_hash;
+  }
+
+  // Walks the sequence hashes of `n` pages at `tokens` following `parent`, calling
+  // f(page index, hash) for each; returns the last one. Allocates nothing.
+  template <class F>
+  std::uint64_t chain(std::optional<std::uint64_t> parent, const token_type* tokens, std::size_t n,
+                      std::uint64_t seed, F&& f) const noexcept {
+    constexpr std::size_t batch = 32;
+    std::uint64_t locals[batch];
+    BlockHashOptions opts;
+    opts.seed = seed;
+    std::uint64_t h = 0;
+    for (std::size_t base = 0; base < n; base += batch) {
+      const std::size_t m = std::min(batch, n - base);
+      local_block_hashes(std::span<const token_type>(tokens + base * page_size_, m * page_size_),
+                         page_size_, std::span<std::uint64_t>(locals, m), opts);
+      for (std::size_t i = 0; i < m; ++i) {
+        h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+        parent = h;
+        f(static_cast<std::uint32_t>(base + i), h);
+      }
+    }
+    return h;
+  }
+
+  [[nodiscard]] PagedPrefixHandle handle_of(std::uint32_t x) const noexcept {
+    if (nodes_[x].kind != Kind::node) return {};
+    return {x, nodes_[x].gen};
+  }
+
+  [[nodiscard]] PagedPolicyContext context(const Node& x, namespace_id ns,
+                                           std::int64_t priority) const noexcept {
+    return {tick_,
+            priority,
+            ns,
+            x.depth,
+            std::span<const token_type>(tokens_of(x), std::size_t{x.n} * page_size_),
+            false};
+  }
+
+  void touch_match(std::uint32_t x, namespace_id ns) noexcept {
+    Node& nd = nodes_[x];
+    policy_.on_match(nd.meta, context(nd, ns, 0));
+    if constexpr (!Policy::monotone_keys)
+      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+  }
+
+  void touch_insert(std::uint32_t x, namespace_id ns, std::int64_t priority) noexcept {
+    Node& nd = nodes_[x];
+    policy_.on_insert_hit(nd.meta, context(nd, ns, priority));
+    if constexpr (!Policy::monotone_keys)
+      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+  }
+
+  // ---- node slots --------------------------------------------------------------------------
+
+  void reserve_nodes(std::size_t k) {
+    if (free_count_ >= k) return;
+    const std::size_t need = nodes_.size() + (k - free_count_);
+    if (need > npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
+    if (need > nodes_.capacity())
+      nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
+  }
+
+  // The heap holds at most one entry per node; keeping room for every node lets
+  // unlock() and evict() push without allocating. Grows geometrically.
+  void reserve_heap(std::size_t n) {
+    if (n > heap_.capacity()) heap_.reserve(std::max(n, heap_.capacity() + heap_.capacity() / 2));
+  }
+
+  // Requires reserve_nodes(): never throws.
+  std::uint32_t alloc_node() noexcept {
+    if (free_head_ != npos) {
+      const std::uint32_t x = free_head_;
+      free_head_ = nodes_[x].next;
+      --free_count_;
+      nodes_[x].next = npos;
+      return x;
+    }
+    nodes_.emplace_back();
+    return static_cast<std::uint32_t>(nodes_.size() - 1);
+  }
+
+  void free_node(std::uint32_t x) noexcept {
+    Node& nd = nodes_[x];
+    block_pages_ -= nd.cap;
+    nd.block.reset();
+    nd.cap = nd.off = nd.n = nd.depth = 0;
+    nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
+    nd.lock = nd.own = 0;
+    nd.heap_pos = npos;
+    ++nd.gen;
+    nd.kind = Kind::free;
+    nd.next = free_head_;
+    free_head_ = x;
+    ++free_count_;
+  }
+
+  void create_namespace(namespace_id ns, std::uint64_t seed) {
+    reserve_nodes(1);
+    std::uint32_t slot = 0;
+    while (slot < ns_slots_.size() && ns_slots_[slot].live)
+      ++slot;
+    if (slot == ns_slots_.size()) ns_slots_.emplace_back();
+    try {
+      ns_index_.emplace(ns, slot);
+      try {
+        seed_owner_.emplace(seed, ns);
+      } catch (...) {
+        ns_index_.erase(ns);
+        throw;
+      }
+    } catch (...) {
+      if (slot + 1 == ns_slots_.size() && !ns_slots_[slot].live) ns_slots_.pop_back();
+      throw;
+    }
+    const std::uint32_t root = alloc_node();
+    Node& r = nodes_[root];
+    r.kind = Kind::root;
+    r.ns = slot;
+    ns_slots_[slot] = NsSlot{ns, seed, root, true};
+  }
+
+  void check_seed_free(std::uint64_t seed, namespace_id ns) const {
+    const auto so = seed_owner_.find(seed);
+    if (so != seed_owner_.end() && so->second != ns)
+      throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
+  }
+
+  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
+
+  // Nodes that are not the head of their (parent, first token) chain.
+  [[nodiscard]] std::size_t chained_siblings() const noexcept {
+    std::size_t k = 0;
+    for (const Node& nd : nodes_)
+      if (nd.kind == Kind::node && nd.next_same != npos) ++k;
+    return k;
+  }
+
+  // ---- structure ---------------------------------------------------------------------------
+
+  void prepare_split() {
+    reserve_nodes(1);
+    edges_.reserve(1);
+    reserve_heap(live_nodes_ + 1);
+  }
+
+  // Splits node c after its first k pages: a new node takes them (and c's place
+  // under its parent); c keeps the rest, and its index, so handles to c still
+  // name the same end. Requires prepare_split() or equivalent. Never throws.
+  std::uint32_t split(std::uint32_t c, std::size_t k_pages,
+                      std::unique_ptr<unsigned char[]> hb) noexcept {
+    const auto k = static_cast<std::uint32_t>(k_pages);
+    const std::uint32_t h = alloc_node();
+    Node& H = nodes_[h];
+    Node& C = nodes_[c];
+    H.block = std::move(hb);
+    H.cap = k;
+    H.off = 0;
+    H.n = k;
+    block_pages_ += k;
+    if (hashes_)
+      H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
+                          [](std::uint32_t, std::uint64_t) {});
+    std::memcpy(page_ids(H), page_ids(C), k * sizeof(PageId));
+    std::memcpy(tokens_of(H), tokens_of(C), std::size_t{k} * page_bytes());
+    H.depth = C.depth;
+    H.parent = C.parent;
+    H.lock = C.lock;
+    H.ns = C.ns;
+    H.meta = C.meta;
+    H.kind = Kind::node;
+    H.heap_pos = npos;
+    // H takes C's place among the siblings and in the edge chain.
+    H.prev = C.prev;
+    H.next = C.next;
+    if (C.prev != npos) nodes_[C.prev].next = h;
+    if (C.next != npos) nodes_[C.next].prev = h;
+    Node& P = nodes_[C.parent];
+    if (P.first_child == c) P.first_child = h;
+    const token_type first = tokens_of(C)[0];
+    H.next_same = C.next_same;
+    const std::uint32_t head = edges_.find(C.parent, first);
+    if (head == c) {
+      edges_.replace(C.parent, first, h);
+    } else {
+      std::uint32_t e = head;
+      while (nodes_[e].next_same != c)
+        e = nodes_[e].next_same;
+      nodes_[e].next_same = h;
+    }
+    // C becomes H's only child.
+    C.off += k;
+    C.n -= k;
+    C.depth += k;
+    C.parent = h;
+    C.prev = C.next = C.next_same = npos;
+    H.first_child = c;
+    edges_.insert_reserved(h, tokens_of(C)[0], c);
+    ++live_nodes_;
+    ++stats_.splits;
+    return h;
+  }
+
+  // Adds a new unlocked leaf under `parent` holding n pages. Requires room for a
+  // node, an edge and a heap entry. Never throws.
+  std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
+                         std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
+                         std::int64_t priority, const kv_event::Stored* st) noexcept {
+    const std::uint32_t x = alloc_node();
+    Node& L = nodes_[x];
+    Node& P = nodes_[parent];
+    L.block = std::move(block);
+    L.cap = n;
+    L.off = 0;
+    L.n = n;
+    block_pages_ += n;
+    if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
+    std::memcpy(page_ids(L), ids, n * sizeof(PageId));
+    std::memcpy(tokens_of(L), tokens, std::size_t{n} * page_bytes());
+    L.depth = P.kind == Kind::root ? 0U : P.depth + P.n;
+    L.parent = parent;
+    L.ns = P.ns;
+    L.kind = Kind::node;
+    L.meta = policy_.on_create(context(L, ns, priority));
+    // Link as the first child; chain behind any sibling with the same first token.
+    L.prev = npos;
+    L.next = P.first_child;
+    if (P.first_child != npos) nodes_[P.first_child].prev = x;
+    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(P.heap_pos);
+    P.first_child = x;
+    const std::uint32_t head = edges_.find(parent, tokens[0]);
+    if (head == npos) {
+      edges_.insert_reserved(parent, tokens[0], x);
+    } else {
+      L.next_same = head;
+      edges_.replace(parent, tokens[0], x);
+    }
+    ++live_nodes_;
+    stats_.cached_pages += n;
+    evictable_pages_ += n;
+    heap_push(x);
+    return x;
+  }
+
+  // Unlinks leaf x from its parent and the edge table, and frees it.
+  void remove_leaf(std::uint32_t x) noexcept {
+    Node& L = nodes_[x];
+    Node& P = nodes_[L.parent];
+    if (L.prev != npos) nodes_[L.prev].next = L.next;
+    if (L.next != npos) nodes_[L.next].prev = L.prev;
+    if (P.first_child == x) P.first_child = L.next;
+    const token_type first = tokens_of(L)[0];
+    const std::uint32_t head = edges_.find(L.parent, first);
+    if (head == x) {
+      if (L.next_same != npos)
+        edges_.replace(L.parent, first, L.next_same);
+      else
+        edges_.erase(L.parent, first);
+    } else {
+      std::uint32_t e = head;
+      while (nodes_[e].next_same != x)
+        e = nodes_[e].next_same;
+      nodes_[e].next_same = L.next_same;
+    }
+    --live_nodes_;
+    free_node(x);
+  }
+
+  // Keeps a trimmed node's block at most twice its live pages (best effort).
+  void compact(Node& x) noexcept {
+    if (std::size_t{x.n} * 2 > x.cap) return;
+    std::unique_ptr<unsigned char[]> nb(
+        new (std::nothrow) unsigned char[tokens_offset(x.n) + std::size_t{x.n} * page_bytes()]);
+    if (!nb) return;
+    Node y;
+    y.block = std::move(nb);
+    y.cap = x.n;
+    y.off = 0;
+    std::memcpy(page_ids(y), page_ids(x), x.n * sizeof(PageId));
+    std::memcpy(tokens_of(y), tokens_of(x), std::size_t{x.n} * page_bytes());
+    block_pages_ -= x.cap - x.n;
+    x.block = std::move(y.block);
+    x.cap = x.n;
+    x.off = 0;
+  }
+
+  template <class OnEvict>
+  void evict_reserved(std::size_t target, OnEvict& on_evict,
+                      std::vector<std::uint64_t>& removed) noexcept {
+    std::size_t freed = 0;
+    while (freed < target) {
+      heap_fresh_top();
+      const std::uint32_t x = heap_[0].node;
+      Node& nd = nodes_[x];
+      const std::uint32_t take =
+          static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      const std::uint32_t keep = nd.n - take;
+      for (std::uint32_t i = nd.n; i-- > keep;)
+        on_evict(page_ids(nd)[i]);
+      if (hashes_) {
+        // Only the last page's hash is kept: walk the node's chain once for the
+        // hashes of the freed pages (deepest first) and the new last page's.
+        const std::size_t first = removed.size();
+        std::uint64_t new_last = 0;
+        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
+              [&](std::uint32_t i, std::uint64_t h) {
+                if (i + 1 == keep) new_last = h;
+                if (i >= keep) removed.push_back(h);
+              });
+        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
+        nd.last_hash = new_last;
+      }
+      PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
+      ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
+      ctx.whole_node = keep == 0;
+      policy_.on_evict(nd.meta, ctx);
+      stats_.cached_pages -= take;
+      evictable_pages_ -= take;
+      stats_.evicted_pages += take;
+      freed += take;
+      if (keep == 0) {
+        const std::uint32_t parent = nd.parent;
+        heap_erase(0);
+        remove_leaf(x);
+        Node& p = nodes_[parent];
+        if (p.kind == Kind::node && p.first_child == npos && p.lock == 0) heap_push(parent);
+      } else {
+        nd.n = keep;
+        ++nd.gen;
+        compact(nd);
+      }
+    }
+  }
+
+  template <class OnFree>
+  void clear_reserved(OnFree& on_free) noexcept {
+    for (std::uint32_t x = 0; x < nodes_.size(); ++x) {
+      Node& nd = nodes_[x];
+      if (nd.kind == Kind::root) {
+        nd.first_child = npos;
+        nd.lock = 0;
+      }
+      if (nd.kind != Kind::node) continue;
+      for (std::uint32_t i = 0; i < nd.n; ++i)
+        on_free(page_ids(nd)[i]);
+      free_node(x);
+    }
+    stats_.cleared_pages += stats_.cached_pages;
+    stats_.cached_pages = 0;
+    evictable_pages_ = 0;
+    live_nodes_ = 0;
+    edges_.clear();
+    heap_.clear();
+  }
+
+  template <class OnFree>
+  void erase_reserved(std::uint32_t slot, const std::vector<std::uint32_t>& order, OnFree& on_free,
+                      std::vector<std::uint64_t>& removed) noexcept {
+    // Children first, so every removal is of a leaf.
+    for (std::size_t i = order.size(); i-- > 0;) {
+      const std::uint32_t x = order[i];
+      Node& nd = nodes_[x];
+      for (std::uint32_t j = nd.n; j-- > 0;)
+        on_free(page_ids(nd)[j]);
+      if (hashes_) {  // the parent is still there: children go first
+        const std::size_t first = removed.size();
+        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
+              [&](std::uint32_t, std::uint64_t h) { removed.push_back(h); });
+        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
+      }
+      stats_.cached_pages -= nd.n;
+      evictable_pages_ -= nd.n;
+      if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      remove_leaf(x);
+    }
+    NsSlot& s = ns_slots_[slot];
+    free_node(s.root);
+    ns_index_.erase(s.id);
+    seed_owner_.erase(s.seed);
+    s = NsSlot{};
+  }
+
+  void publish(KvEventData data) {
+    if (!sink_) return;
+    const KvEvent ev{next_event_id_++, std::move(data)};
+    ++stats_.events;
+    sink_(ev);
+  }
+
+  // ---- heap of evictable leaves --------------------------------------------------------------
+
+  void heap_set(std::size_t i, const HeapEntry& e) noexcept {
+    heap_[i] = e;
+    nodes_[e.node].heap_pos = static_cast<std::uint32_t>(i);
+  }
+
+  void sift_up(std::size_t i) noexcept {
+    const HeapEntry e = heap_[i];
+    while (i > 0) {
+      const std::size_t p = (i - 1) / 2;
+      if (!(e.key < heap_[p].key)) break;
+      heap_set(i, heap_[p]);
+      i = p;
+    }
+    heap_set(i, e);
+  }
+
+  void sift_down(std::size_t i) noexcept {
+    const HeapEntry e = heap_[i];
+    const std::size_t n = heap_.size();
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && heap_[c + 1].key < heap_[c].key) ++c;
+      if (!(heap_[c].key < e.key)) break;
+      heap_set(i, heap_[c]);
+      i = c;
+    }
+    heap_set(i, e);
+  }
+
+  // Requires capacity (kept at least the number of live nodes). Never throws.
+  void heap_push(std::uint32_t x) noexcept {
+    heap_.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
+    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap_.size() - 1);
+    sift_up(heap_.size() - 1);
+  }
+
+  void heap_erase(std::size_t i) noexcept {
+    nodes_[heap_[i].node].heap_pos = npos;
+    const HeapEntry last = heap_.back();
+    heap_.pop_back();
+    if (i == heap_.size()) return;
+    heap_set(i, last);
+    sift_up(i);
+    sift_down(nodes_[last.node].heap_pos);
+  }
+
+  void heap_rekey(std::size_t i) noexcept {
+    heap_[i].key = policy_.key(nodes_[heap_[i].node].meta);
+    sift_up(i);
+    sift_down(nodes_[heap_[i].node].heap_pos);
+  }
+
+  // Lazy re-keying: a leaf whose key grew since it was pushed sinks when it
+  // reaches the top, so the top is then the true minimum.
+  void heap_fresh_top() noexcept {
+    if constexpr (Policy::monotone_keys) {
+      for (;;) {
+        const key_type now = policy_.key(nodes_[heap_[0].node].meta);
+        if (!(heap_[0].key < now)) return;
+        heap_[0].key = now;
+        sift_down(0);
+      }
+    }
+  }
+
+  std::size_t page_size_;
+  Policy policy_;
+  event_sink sink_;
+  bool hashes_;
+  std::vector<Node> nodes_;
+  std::uint32_t free_head_ = npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_nodes_ = 0;
+  std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
+  std::size_t evictable_pages_ = 0;
+  detail::PagedEdgeTable edges_;
+  std::vector<HeapEntry> heap_;
+  std::vector<NsSlot> ns_slots_;
+  std::unordered_map<namespace_id, std::uint32_t> ns_index_;
+  std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
+  std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
+  std::uint64_t tick_ = 0;
+  std::uint64_t next_event_id_ = 0;
+  PagedCacheStats stats_;
+};
+
+}  // namespace promptcache
+
+#endif  // PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
+// ---- end promptcache/paged_prefix_cache.hpp ----
 // ---- begin promptcache/prompt_cache_pool.hpp ----
 // promptcache: prompt_cache_pool.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3154,183 +5571,6 @@ class PoolRetiredChain {
 #include <utility>
 #include <vector>
 
-// ---- begin promptcache/detail/mismatch.hpp ----
-#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_DETAIL_MISMATCH_HPP
-// promptcache: detail/mismatch.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// The index of the first differing byte of two buffers: the inner loop of a
-// common-prefix lookup, which must find where a query leaves a stored edge.
-// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
-// step with AVX2 when the CPU has it (checked once, at the first call) and
-// with SSE2 otherwise; elsewhere 8 bytes per step.
-
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-
-#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
-#define PROMPTCACHE_DETAIL_SSE2 1
-#include <emmintrin.h>
-#endif
-
-// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
-// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
-// the build targets it (MSVC /arch:AVX2); so does clang-cl, whose __builtin_cpu_supports needs
-// a compiler-rt that MSVC-style links do not include.
-#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(_MSC_VER) && (defined(__x86_64__) || defined(__i386__))
-#define PROMPTCACHE_DETAIL_AVX2 1
-#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
-#elif defined(__AVX2__)
-#define PROMPTCACHE_DETAIL_AVX2 1
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2)
-#include <immintrin.h>
-#endif
-
-namespace promptcache::detail {
-
-// Each stage advances from `at` over equal bytes in steps of its width and returns either the
-// first differing byte (found) or where fewer than one step is left. Positions travel by
-// value: through a reference, every step would store it, since the byte pointers may alias it.
-struct MismatchStep {
-  std::size_t at;
-  bool found;
-};
-
-inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
-                                   std::size_t i) noexcept {
-  for (; n - i >= 8; i += 8) {
-    std::uint64_t x = 0, y = 0;
-    std::memcpy(&x, a + i, 8);
-    std::memcpy(&y, b + i, 8);
-    if (x != y) {
-      // The first differing byte is the lowest-addressed one: the low end of the word on a
-      // little-endian host, the high end on a big-endian one.
-      const std::uint64_t d = x ^ y;
-      const int bit =
-          std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
-      i += static_cast<std::size_t>(bit) / 8;
-      return {i, true};
-    }
-  }
-  return {i, false};
-}
-
-#if defined(PROMPTCACHE_DETAIL_SSE2)
-// Byte equality of a[0, 16) and b[0, 16) (0xFF where equal), and its 16-bit mask.
-inline __m128i equal_bytes16(const unsigned char* a, const unsigned char* b) noexcept {
-  return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-}
-inline std::uint32_t mask16(__m128i eq) noexcept {
-  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
-}
-
-inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
-                                  std::size_t i) noexcept {
-  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
-  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
-  for (; n - i >= 64; i += 64) {
-    const __m128i e0 = equal_bytes16(a + i, b + i);
-    const __m128i e1 = equal_bytes16(a + i + 16, b + i + 16);
-    const __m128i e2 = equal_bytes16(a + i + 32, b + i + 32);
-    const __m128i e3 = equal_bytes16(a + i + 48, b + i + 48);
-    if (mask16(_mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3))) != 0xFFFFU) {
-      const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
-                               std::uint64_t{mask16(e2)} << 32 | std::uint64_t{mask16(e3)} << 48;
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-  }
-  for (; n - i >= 16; i += 16) {
-    const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
-    if (eq != 0xFFFFU) {
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-  }
-  return {i, false};
-}
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2)
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-[[gnu::target("avx2")]]
-#endif
-inline MismatchStep
-mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
-              std::size_t i) noexcept {
-  for (; n - i >= 64; i += 64) {
-    const __m256i e0 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    const __m256i e1 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
-    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
-      const std::uint64_t eq =
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-  }
-  if (n - i >= 32) {
-    const std::uint32_t eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)))));
-    if (eq != 0xFFFFFFFFU) {
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-    i += 32;
-  }
-  return {i, false};
-}
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-// Asked once per process; the function-local static makes the first call thread-safe.
-inline bool cpu_has_avx2() noexcept {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
-#endif
-
-/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
-/// Reads each byte at most once. O(n).
-inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
-  const auto* a = static_cast<const unsigned char*>(pa);
-  const auto* b = static_cast<const unsigned char*>(pb);
-  MismatchStep r{0, false};
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-  // Below 64 bytes the call would not pay for itself.
-  if (n >= 64 && cpu_has_avx2()) r = mismatch_avx2(a, b, n, r.at);
-#elif defined(PROMPTCACHE_DETAIL_AVX2)
-  r = mismatch_avx2(a, b, n, r.at);
-#endif
-#if defined(PROMPTCACHE_DETAIL_SSE2)
-  if (!r.found) r = mismatch_sse2(a, b, n, r.at);
-#endif
-  if (!r.found) r = mismatch_words(a, b, n, r.at);
-  if (r.found) return r.at;
-  std::size_t i = r.at;
-  while (i < n && a[i] == b[i])
-    ++i;
-  return i;
-}
-
-}  // namespace promptcache::detail
-#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
-// ---- end promptcache/detail/mismatch.hpp ----
 // ---- begin promptcache/detail/pool_best_heap.hpp ----
 #ifndef PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
 #define PROMPTCACHE_DETAIL_POOL_BEST_HEAP_HPP
