@@ -2,7 +2,8 @@
 # installed (Debian packages), installing them when run as root.
 # shellcheck shell=bash
 
-PROMPTCACHE_PACKAGES=(cmake g++ catch2 libxxhash-dev python3 pkg-config)
+PROMPTCACHE_PACKAGES=(cmake g++ catch2 libxxhash-dev python3 pkg-config
+  libmsgpack-cxx-dev cppzmq-dev libzmq3-dev python3-msgpack python3-zmq)
 
 promptcache_missing_packages() {
   local missing=() pkg
