@@ -46,6 +46,9 @@
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
 #endif
+#if !defined(PROMPTCACHE_PAGED_EVICTION_POLICY_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
 #include <concepts>
 #include <cstddef>
@@ -311,3 +314,5 @@ static_assert(PagedEvictionPolicy<Filo>);
 }  // namespace eviction
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_PAGED_EVICTION_POLICY_HPP

@@ -26,6 +26,9 @@
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
 #endif
+#if !defined(PROMPTCACHE_PAGED_PREFIX_CACHE_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
 
 #include <algorithm>
 #include <concepts>
@@ -1199,3 +1202,5 @@ class PagedPrefixCache {
 };
 
 }  // namespace promptcache
+
+#endif  // PROMPTCACHE_PAGED_PREFIX_CACHE_HPP

@@ -7,6 +7,8 @@
 // step with AVX2 when the CPU has it (checked once, at the first call) and
 // with SSE2 otherwise; elsewhere 8 bytes per step.
 #pragma once
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
 
 #include <bit>
 #include <cstddef>
@@ -171,3 +173,5 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }
 
 }  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP

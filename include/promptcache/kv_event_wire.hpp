@@ -1,0 +1,753 @@
+// promptcache: kv_event_wire.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Decodes the KV event batches that vLLM and SGLang publish with
+// --kv-events-config (msgpack payloads written by msgspec) into the KvEventData
+// that KvIndex consumes, computing each stored block's tokens hash the way
+// NVIDIA Dynamo's router does (block_hash.hpp, LoRA name as seed, multimodal
+// hashes from extra_keys).
+//
+// Three layouts are in the field and all decode:
+//   [ts, [events]] / [ts, [events], dp_rank, ...]   with array events
+//   [ts, [events], dp_rank, ...]                     with map events
+//   {"ts": .., "events": [..], "data_parallel_rank": ..}   with map events
+// An array event carries its tag first (["BlockStored", hashes, parent, tokens,
+// block_size, lora_id, medium, lora_name, extra_keys, group_idx, spec_kind]);
+// a map event has a "type" key anywhere. Missing trailing array elements and
+// omitted map keys take their defaults; extra elements and unknown keys are
+// ignored. docs/kv_event_wire.md lists every rule.
+//
+// A payload either decodes completely or yields an error code and an empty
+// batch: bad bytes never throw, never crash, and never give half a batch.
+// The msgpack parser builds no object tree: values go to a flat tape whose
+// length is bounded by the payload size, so a huge declared length costs
+// nothing before it is found truncated.
+//
+// Needs msgpack-cxx (header-only, used without Boost: MSGPACK_NO_BOOST is
+// defined here unless the includer decided otherwise).
+#pragma once
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_KV_EVENT_WIRE_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_KV_EVENT_WIRE_HPP
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#ifndef MSGPACK_NO_BOOST
+#define MSGPACK_NO_BOOST
+#endif
+#include <msgpack.hpp>
+
+#include "promptcache/block_hash.hpp"
+#include "promptcache/kv_index.hpp"
+
+namespace promptcache {
+
+/// Why a payload was rejected; `ok` when it decoded.
+enum class KvWireErrc : std::uint8_t {
+  ok = 0,           ///< Decoded.
+  empty,            ///< Zero bytes.
+  too_large,        ///< Longer than KvWireOptions::max_payload_bytes.
+  truncated,        ///< The bytes end inside a value (also: a length larger than what follows).
+  invalid_msgpack,  ///< Not msgpack (a reserved type byte).
+  trailing_bytes,   ///< Bytes follow the batch value.
+  too_deep,         ///< Containers nested deeper than KvWireOptions::max_depth.
+  bad_batch,        ///< The batch is not [ts, events, dp_rank?] or a map with "ts" and "events".
+  bad_event,        ///< An event is not a tagged array or map, or lacks a required field.
+  bad_value,        ///< A field has the wrong type or a value out of its range.
+};
+
+/// The name of an error code, for logs. O(1).
+[[nodiscard]] constexpr std::string_view to_string(KvWireErrc e) noexcept {
+  switch (e) {
+    case KvWireErrc::ok:
+      return "ok";
+    case KvWireErrc::empty:
+      return "empty";
+    case KvWireErrc::too_large:
+      return "too_large";
+    case KvWireErrc::truncated:
+      return "truncated";
+    case KvWireErrc::invalid_msgpack:
+      return "invalid_msgpack";
+    case KvWireErrc::trailing_bytes:
+      return "trailing_bytes";
+    case KvWireErrc::too_deep:
+      return "too_deep";
+    case KvWireErrc::bad_batch:
+      return "bad_batch";
+    case KvWireErrc::bad_event:
+      return "bad_event";
+    case KvWireErrc::bad_value:
+      return "bad_value";
+  }
+  return "unknown";
+}
+
+/// The outcome of one decode: the error code, and for event-level errors the
+/// index of the offending event in the batch's event list.
+struct KvWireStatus {
+  KvWireErrc code = KvWireErrc::ok;  ///< ok, or why the payload was rejected.
+  std::size_t event = 0;             ///< bad_event / bad_value inside an event: its index.
+  std::string_view detail = {};      ///< A static description of the failed check ("" when ok).
+
+  /// True when the payload decoded. O(1).
+  [[nodiscard]] constexpr bool ok() const noexcept { return code == KvWireErrc::ok; }
+};
+
+/// Decoding choices a router makes once for all publishers.
+struct KvWireOptions {
+  /// The router's block size: a stored event with another block_size keeps no
+  /// blocks (and is counted as ignored), as Dynamo's router refuses them. 0
+  /// accepts whatever block_size each event carries.
+  std::uint32_t block_size = 0;
+  /// Only events about device (GPU) memory apply; events whose "medium" is a
+  /// string other than "GPU" (CPU offload tiers, disk) are skipped and counted
+  /// as ignored. false: every medium applies.
+  bool device_only = true;
+  /// Longer payloads are rejected before parsing (too_large).
+  std::size_t max_payload_bytes = std::size_t{64} << 20;
+  /// Deeper container nesting is rejected (too_deep). The format needs 6.
+  std::uint32_t max_depth = 16;
+};
+
+/// One decoded KVEventBatch.
+struct KvWireBatch {
+  double ts = 0.0;                       ///< The publisher's timestamp (seconds since the epoch).
+  std::optional<std::uint32_t> dp_rank;  ///< data_parallel_rank, when the batch carries one.
+  std::vector<KvEventData> events;       ///< The events to apply, in order.
+  std::size_t unknown_events = 0;        ///< Events with an unknown tag (skipped).
+  std::size_t ignored_events = 0;  ///< Events skipped by rule: another medium or attention group,
+                                   ///< or a stored event left without blocks.
+  std::size_t dropped_blocks = 0;  ///< Stored blocks without their full tokens, or with another
+                                   ///< block size than KvWireOptions::block_size (not applied).
+  std::size_t blocks = 0;          ///< Blocks over all Stored and Removed events kept.
+
+  /// Empties the batch, keeping the events vector's capacity. O(events).
+  void clear() noexcept {
+    ts = 0.0;
+    dp_rank.reset();
+    events.clear();
+    unknown_events = 0;
+    ignored_events = 0;
+    dropped_blocks = 0;
+    blocks = 0;
+  }
+};
+
+/// The 64-bit name of a block hash sent as a byte string (vLLM's sha256 or
+/// xxh128 block hashes): the last 8 bytes read big-endian, i.e. the integer
+/// value modulo 2^64. It is the integer vLLM itself publishes for the same
+/// block with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, so both settings name a
+/// block identically. Shorter strings are zero-extended. O(1).
+[[nodiscard]] constexpr std::uint64_t kv_wire_hash_from_bytes(
+    std::span<const unsigned char> bytes) noexcept {
+  std::uint64_t v = 0;
+  const std::size_t from = bytes.size() > 8 ? bytes.size() - 8 : 0;
+  for (std::size_t i = from; i < bytes.size(); ++i)
+    v = (v << 8) | bytes[i];
+  return v;
+}
+
+/// The multimodal hash that an extra_keys string names, Dynamo's rule: a
+/// 64-character hexadecimal identifier gives the value of its first 16 hex
+/// digits; anything else (LoRA names, cache salts, other ids) is no media
+/// hash. O(1).
+[[nodiscard]] constexpr std::optional<std::uint64_t> kv_wire_media_hash(
+    std::string_view s) noexcept {
+  if (s.size() != 64) return std::nullopt;
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    std::uint64_t d = 0;
+    if (c >= '0' && c <= '9')
+      d = static_cast<std::uint64_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<std::uint64_t>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<std::uint64_t>(c - 'A' + 10);
+    else
+      return std::nullopt;
+    if (i < 16) v = (v << 4) | d;
+  }
+  return v;
+}
+
+namespace detail {
+
+enum class MpKind : std::uint8_t { nil, boolean, uint, sint, real, str, bin, ext, array, map };
+
+// One msgpack value on the tape, in pre-order. A container's children follow
+// it; `end` is the index past its last descendant (for a scalar, its own
+// index + 1), so any value is skipped in O(1).
+struct MpNode {
+  std::uint64_t bits = 0;  // uint, sint (two's complement), real (bit pattern), str/bin offset
+  std::uint32_t size = 0;  // array: elements; map: pairs; str/bin/ext: bytes
+  std::uint32_t end = 0;
+  MpKind kind = MpKind::nil;
+};
+
+// A msgpack-cxx parse visitor that writes the tape. Every value takes at
+// least one input byte, so the tape never has more nodes than the payload has
+// bytes, whatever lengths the payload declares.
+class MpTapeBuilder : public msgpack::null_visitor {
+ public:
+  MpTapeBuilder(std::vector<MpNode>& tape, std::vector<std::uint32_t>& open, const char* base,
+                std::uint32_t max_depth) noexcept
+      : tape_(tape), open_(open), base_(base), max_depth_(max_depth) {}
+
+  bool visit_nil() { return leaf(MpKind::nil, 0, 0); }
+  bool visit_boolean(bool v) { return leaf(MpKind::boolean, v ? 1U : 0U, 0); }
+  bool visit_positive_integer(std::uint64_t v) { return leaf(MpKind::uint, v, 0); }
+  bool visit_negative_integer(std::int64_t v) {
+    return leaf(MpKind::sint, static_cast<std::uint64_t>(v), 0);
+  }
+  bool visit_float32(float v) {
+    return leaf(MpKind::real, std::bit_cast<std::uint64_t>(static_cast<double>(v)), 0);
+  }
+  bool visit_float64(double v) { return leaf(MpKind::real, std::bit_cast<std::uint64_t>(v), 0); }
+  bool visit_str(const char* v, std::uint32_t size) { return leaf(MpKind::str, offset(v), size); }
+  bool visit_bin(const char* v, std::uint32_t size) { return leaf(MpKind::bin, offset(v), size); }
+  bool visit_ext(const char* v, std::uint32_t size) { return leaf(MpKind::ext, offset(v), size); }
+  bool start_array(std::uint32_t n) { return open(MpKind::array, n); }
+  bool end_array() { return close(); }
+  bool start_map(std::uint32_t n) { return open(MpKind::map, n); }
+  bool end_map() { return close(); }
+  void parse_error(std::size_t, std::size_t) { invalid = true; }
+  void insufficient_bytes(std::size_t, std::size_t) { truncated = true; }
+
+  bool invalid = false;
+  bool truncated = false;
+  bool too_deep = false;
+
+ private:
+  std::uint64_t offset(const char* p) const noexcept {
+    return static_cast<std::uint64_t>(p - base_);
+  }
+  bool leaf(MpKind kind, std::uint64_t bits, std::uint32_t size) {
+    MpNode n;
+    n.bits = bits;
+    n.size = size;
+    n.kind = kind;
+    n.end = static_cast<std::uint32_t>(tape_.size() + 1U);
+    tape_.push_back(n);
+    return true;
+  }
+  bool open(MpKind kind, std::uint32_t n) {
+    if (open_.size() >= max_depth_) {
+      too_deep = true;
+      return false;
+    }
+    open_.push_back(static_cast<std::uint32_t>(tape_.size()));
+    MpNode node;
+    node.size = n;
+    node.kind = kind;
+    tape_.push_back(node);
+    return true;
+  }
+  bool close() {
+    tape_[open_.back()].end = static_cast<std::uint32_t>(tape_.size());
+    open_.pop_back();
+    return true;
+  }
+
+  std::vector<MpNode>& tape_;
+  std::vector<std::uint32_t>& open_;
+  const char* base_;
+  std::uint32_t max_depth_;
+};
+
+}  // namespace detail
+
+/// A reusable decoder: keeps its scratch buffers between payloads, so steady
+/// state decoding allocates only the events it returns. Not thread-safe; use
+/// one per thread.
+class KvEventWireDecoder {
+ public:
+  /// A decoder with default options. O(1).
+  KvEventWireDecoder() = default;
+  /// A decoder with `options`. O(1).
+  explicit KvEventWireDecoder(const KvWireOptions& options) : options_(options) {}
+
+  /// The options in use. O(1).
+  [[nodiscard]] const KvWireOptions& options() const noexcept { return options_; }
+
+  /// Decodes one payload into `out` (cleared first). On any error `out` is
+  /// left empty and the status says why; bad bytes never throw (only
+  /// std::bad_alloc can, with `out` then unspecified but valid).
+  /// O(payload bytes + tokens); hashing the tokens dominates.
+  KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out) {
+    out.clear();
+    KvWireStatus st = decode_impl(payload, out);
+    if (!st.ok()) out.clear();
+    return st;
+  }
+
+  /// As above, for `size` bytes at `data`.
+  KvWireStatus decode(const void* data, std::size_t size, KvWireBatch& out) {
+    return decode(std::span<const std::byte>(static_cast<const std::byte*>(data), size), out);
+  }
+
+ private:
+  using Kind = detail::MpKind;
+
+  struct Fail {
+    KvWireErrc code;
+    std::string_view detail;
+  };
+
+  // Fields of one event, gathered before it is built.
+  struct Fields {
+    std::uint32_t hashes = kNone;
+    std::uint32_t parent = kNone;
+    std::uint32_t tokens = kNone;
+    std::uint32_t block_size = kNone;
+    std::uint32_t medium = kNone;
+    std::uint32_t lora_name = kNone;
+    std::uint32_t extra_keys = kNone;
+    std::uint32_t group_idx = kNone;
+    std::uint32_t spec_kind = kNone;
+  };
+
+  enum class Tag : std::uint8_t { stored, removed, cleared, unknown };
+
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  KvWireStatus decode_impl(std::span<const std::byte> payload, KvWireBatch& out) {
+    if (payload.empty()) return {KvWireErrc::empty, 0, "no bytes"};
+    if (payload.size() > options_.max_payload_bytes ||
+        payload.size() >= std::numeric_limits<std::uint32_t>::max())
+      return {KvWireErrc::too_large, 0, "payload longer than max_payload_bytes"};
+    base_ = reinterpret_cast<const char*>(payload.data());
+    tape_.clear();
+    open_.clear();
+    detail::MpTapeBuilder builder(tape_, open_, base_, options_.max_depth);
+    std::size_t off = 0;
+    bool parsed = false;
+    try {
+      parsed = msgpack::parse(base_, payload.size(), off, builder);
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (...) {  // msgpack-cxx's own checks (size overflows) report bad input
+      return {KvWireErrc::invalid_msgpack, 0, "rejected by the msgpack parser"};
+    }
+    if (builder.too_deep) return {KvWireErrc::too_deep, 0, "nesting deeper than max_depth"};
+    if (builder.invalid) return {KvWireErrc::invalid_msgpack, 0, "reserved msgpack type byte"};
+    if (!parsed || builder.truncated) return {KvWireErrc::truncated, 0, "bytes end inside a value"};
+    if (off != payload.size()) return {KvWireErrc::trailing_bytes, 0, "bytes after the batch"};
+    return batch(out);
+  }
+
+  // --- tape access ---------------------------------------------------------
+
+  const detail::MpNode& at(std::uint32_t i) const noexcept { return tape_[i]; }
+  std::uint32_t next(std::uint32_t i) const noexcept { return tape_[i].end; }
+  std::string_view str(std::uint32_t i) const noexcept { return {base_ + at(i).bits, at(i).size}; }
+  bool is_str(std::uint32_t i, std::string_view s) const noexcept {
+    return at(i).kind == Kind::str && str(i) == s;
+  }
+  bool is_nil(std::uint32_t i) const noexcept { return i == kNone || at(i).kind == Kind::nil; }
+
+  // The children of array `i` (element indexes) into `out`.
+  void children(std::uint32_t i, std::vector<std::uint32_t>& out) const {
+    out.clear();
+    std::uint32_t c = i + 1U;
+    for (std::uint32_t k = 0; k < at(i).size; ++k) {
+      out.push_back(c);
+      c = next(c);
+    }
+  }
+
+  // An integer that fits `max`, from an unsigned or non-negative signed node.
+  bool small_uint(std::uint32_t i, std::uint64_t max, std::uint64_t& v) const noexcept {
+    if (at(i).kind != Kind::uint || at(i).bits > max) return false;
+    v = at(i).bits;
+    return true;
+  }
+
+  // A block hash: unsigned (up to 2^64 - 1), signed (two's complement, as
+  // SGLang sends Python's signed hashes), or a byte string (see
+  // kv_wire_hash_from_bytes).
+  bool block_hash(std::uint32_t i, std::uint64_t& v) const noexcept {
+    const detail::MpNode& n = at(i);
+    switch (n.kind) {
+      case Kind::uint:
+      case Kind::sint:
+        v = n.bits;
+        return true;
+      case Kind::bin:
+        if (n.size == 0) return false;
+        v = kv_wire_hash_from_bytes(std::span<const unsigned char>(
+            reinterpret_cast<const unsigned char*>(base_ + n.bits), n.size));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // --- batch ---------------------------------------------------------------
+
+  KvWireStatus batch(KvWireBatch& out) {
+    const std::uint32_t root = 0;
+    std::uint32_t ts = kNone, events = kNone, rank = kNone;
+    if (at(root).kind == Kind::array) {
+      if (at(root).size < 2) return {KvWireErrc::bad_batch, 0, "batch array shorter than 2"};
+      ts = root + 1U;
+      events = next(ts);
+      if (at(root).size >= 3) rank = next(events);
+    } else if (at(root).kind == Kind::map) {
+      std::uint32_t k = root + 1U;
+      for (std::uint32_t p = 0; p < at(root).size; ++p) {
+        const std::uint32_t v = next(k);
+        if (is_str(k, "ts"))
+          ts = v;
+        else if (is_str(k, "events"))
+          events = v;
+        else if (is_str(k, "data_parallel_rank") || is_str(k, "dp_rank"))
+          rank = v;
+        k = next(v);
+      }
+      if (ts == kNone) return {KvWireErrc::bad_batch, 0, "batch map without ts"};
+      if (events == kNone) return {KvWireErrc::bad_batch, 0, "batch map without events"};
+    } else {
+      return {KvWireErrc::bad_batch, 0, "batch is neither an array nor a map"};
+    }
+
+    switch (at(ts).kind) {
+      case Kind::real:
+        out.ts = std::bit_cast<double>(at(ts).bits);
+        break;
+      case Kind::uint:
+        out.ts = static_cast<double>(at(ts).bits);
+        break;
+      case Kind::sint:
+        out.ts = static_cast<double>(static_cast<std::int64_t>(at(ts).bits));
+        break;
+      default:
+        return {KvWireErrc::bad_batch, 0, "ts is not a number"};
+    }
+    if (!is_nil(rank)) {
+      std::uint64_t r = 0;
+      if (!small_uint(rank, std::numeric_limits<std::uint32_t>::max(), r))
+        return {KvWireErrc::bad_batch, 0, "data_parallel_rank is not a 32-bit unsigned integer"};
+      out.dp_rank = static_cast<std::uint32_t>(r);
+    }
+    if (at(events).kind != Kind::array) return {KvWireErrc::bad_batch, 0, "events is not an array"};
+
+    out.events.reserve(at(events).size);
+    std::uint32_t e = events + 1U;
+    for (std::uint32_t k = 0; k < at(events).size; ++k) {
+      if (const auto f = event(e, out)) return {f->code, k, f->detail};
+      e = next(e);
+    }
+    return {};
+  }
+
+  // --- events --------------------------------------------------------------
+
+  static Tag tag_of(std::string_view s) noexcept {
+    if (s == "BlockStored") return Tag::stored;
+    if (s == "BlockRemoved") return Tag::removed;
+    if (s == "AllBlocksCleared") return Tag::cleared;
+    return Tag::unknown;
+  }
+
+  std::optional<Fail> event(std::uint32_t e, KvWireBatch& out) {
+    Fields f;
+    Tag tag = Tag::unknown;
+    if (at(e).kind == Kind::array) {
+      if (at(e).size == 0) return Fail{KvWireErrc::bad_event, "empty event array"};
+      const std::uint32_t t = e + 1U;
+      if (at(t).kind != Kind::str) return Fail{KvWireErrc::bad_event, "event tag is not a string"};
+      tag = tag_of(str(t));
+      // Positional fields in msgspec's declaration order.
+      std::uint32_t c = next(t);
+      for (std::uint32_t pos = 1; pos < at(e).size; ++pos, c = next(c)) {
+        if (tag == Tag::stored) {
+          switch (pos) {
+            case 1:
+              f.hashes = c;
+              break;
+            case 2:
+              f.parent = c;
+              break;
+            case 3:
+              f.tokens = c;
+              break;
+            case 4:
+              f.block_size = c;
+              break;
+            case 6:
+              f.medium = c;
+              break;
+            case 7:
+              f.lora_name = c;
+              break;
+            case 8:
+              f.extra_keys = c;
+              break;
+            case 9:
+              f.group_idx = c;
+              break;
+            case 10:
+              f.spec_kind = c;
+              break;
+            default:
+              break;  // 5: lora_id (superseded by lora_name); later ones: unknown
+          }
+        } else if (tag == Tag::removed) {
+          switch (pos) {
+            case 1:
+              f.hashes = c;
+              break;
+            case 2:
+              f.medium = c;
+              break;
+            case 3:
+              f.group_idx = c;
+              break;
+            case 4:
+              f.spec_kind = c;
+              break;
+            default:
+              break;
+          }
+        }
+      }
+    } else if (at(e).kind == Kind::map) {
+      bool has_type = false;
+      std::uint32_t k = e + 1U;
+      for (std::uint32_t p = 0; p < at(e).size; ++p) {
+        const std::uint32_t v = next(k);
+        if (at(k).kind == Kind::str) {
+          const std::string_view key = str(k);
+          if (key == "type") {
+            if (at(v).kind != Kind::str)
+              return Fail{KvWireErrc::bad_event, "event type is not a string"};
+            tag = tag_of(str(v));
+            has_type = true;
+          } else if (key == "block_hashes") {
+            f.hashes = v;
+          } else if (key == "parent_block_hash") {
+            f.parent = v;
+          } else if (key == "token_ids") {
+            f.tokens = v;
+          } else if (key == "block_size") {
+            f.block_size = v;
+          } else if (key == "medium") {
+            f.medium = v;
+          } else if (key == "lora_name") {
+            f.lora_name = v;
+          } else if (key == "extra_keys") {
+            f.extra_keys = v;
+          } else if (key == "group_idx") {
+            f.group_idx = v;
+          } else if (key == "kv_cache_spec_kind") {
+            f.spec_kind = v;
+          }
+        }
+        k = next(v);
+      }
+      if (!has_type) return Fail{KvWireErrc::bad_event, "event map without type"};
+    } else {
+      return Fail{KvWireErrc::bad_event, "event is neither an array nor a map"};
+    }
+
+    switch (tag) {
+      case Tag::unknown:
+        ++out.unknown_events;
+        return std::nullopt;
+      case Tag::cleared:
+        out.events.emplace_back(kv_event::Cleared{});
+        return std::nullopt;
+      case Tag::removed:
+        return removed(f, out);
+      case Tag::stored:
+        return stored(f, out);
+    }
+    return std::nullopt;
+  }
+
+  // Dynamo's filter: only the main attention group's blocks are routed on.
+  // A known spec kind decides; otherwise a group index other than 0 skips.
+  bool skipped_by_rule(const Fields& f) const noexcept {
+    if (options_.device_only && f.medium != kNone && at(f.medium).kind == Kind::str &&
+        str(f.medium) != "GPU")
+      return true;
+    if (f.spec_kind != kNone && at(f.spec_kind).kind == Kind::str) {
+      const std::string_view k = str(f.spec_kind);
+      return !(k == "full_attention" || k == "mla_attention" || k == "sink_full_attention");
+    }
+    return f.group_idx != kNone && at(f.group_idx).kind == Kind::uint && at(f.group_idx).bits != 0;
+  }
+
+  std::optional<Fail> hash_list(std::uint32_t i, std::vector<std::uint64_t>& out) const {
+    out.clear();
+    if (i == kNone) return Fail{KvWireErrc::bad_event, "block_hashes missing"};
+    if (at(i).kind != Kind::array) return Fail{KvWireErrc::bad_value, "block_hashes not an array"};
+    out.reserve(at(i).size);
+    std::uint32_t c = i + 1U;
+    for (std::uint32_t k = 0; k < at(i).size; ++k, c = next(c)) {
+      std::uint64_t h = 0;
+      if (!block_hash(c, h)) return Fail{KvWireErrc::bad_value, "block hash of a wrong type"};
+      out.push_back(h);
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Fail> removed(const Fields& f, KvWireBatch& out) {
+    if (auto fail = hash_list(f.hashes, hashes_)) return fail;
+    if (skipped_by_rule(f)) {
+      ++out.ignored_events;
+      return std::nullopt;
+    }
+    out.blocks += hashes_.size();
+    out.events.emplace_back(kv_event::Removed{hashes_});
+    return std::nullopt;
+  }
+
+  // token_ids: plain ids, or (Eagle speculative decoding) [token, next] pairs
+  // from which the window of block_size + 1 tokens is rebuilt, as Dynamo does.
+  std::optional<Fail> token_list(std::uint32_t i, bool& eagle) {
+    tokens_.clear();
+    eagle = false;
+    if (i == kNone) return Fail{KvWireErrc::bad_event, "token_ids missing"};
+    if (at(i).kind != Kind::array) return Fail{KvWireErrc::bad_value, "token_ids not an array"};
+    const std::uint32_t n = at(i).size;
+    eagle = n > 0 && at(i + 1U).kind == Kind::array;
+    tokens_.reserve(std::size_t{n} + (eagle ? 1U : 0U));
+    constexpr std::uint64_t max = std::numeric_limits<std::uint32_t>::max();
+    std::uint32_t c = i + 1U;
+    std::uint64_t last = 0;
+    for (std::uint32_t k = 0; k < n; ++k, c = next(c)) {
+      std::uint64_t t = 0;
+      if (eagle) {
+        if (at(c).kind != Kind::array || at(c).size != 2 || !small_uint(c + 1U, max, t) ||
+            !small_uint(next(c + 1U), max, last))
+          return Fail{KvWireErrc::bad_value, "token pair is not two 32-bit token ids"};
+      } else if (!small_uint(c, max, t)) {
+        return Fail{KvWireErrc::bad_value, "token id is not a 32-bit unsigned integer"};
+      }
+      tokens_.push_back(static_cast<std::uint32_t>(t));
+    }
+    if (eagle) tokens_.push_back(static_cast<std::uint32_t>(last));
+    return std::nullopt;
+  }
+
+  // extra_keys: one entry per block, nil or a list of keys; a key is a string
+  // or a [string, offset] pair. Only strings that name a media hash count.
+  void media_lists(std::uint32_t i, std::size_t blocks) {
+    media_.resize(std::max(media_.size(), blocks));
+    for (std::size_t b = 0; b < blocks; ++b)
+      media_[b].clear();
+    media_spans_.clear();
+    if (i == kNone || at(i).kind != Kind::array) return;
+    bool any = false;
+    std::uint32_t c = i + 1U;
+    for (std::uint32_t b = 0; b < at(i).size && b < blocks; ++b, c = next(c)) {
+      if (at(c).kind != Kind::array) continue;
+      std::uint32_t key = c + 1U;
+      for (std::uint32_t k = 0; k < at(c).size; ++k, key = next(key)) {
+        std::uint32_t s = key;
+        if (at(key).kind == Kind::array && at(key).size >= 1) s = key + 1U;
+        if (at(s).kind != Kind::str) continue;
+        if (const auto h = kv_wire_media_hash(str(s))) {
+          media_[b].push_back(*h);
+          any = true;
+        }
+      }
+    }
+    if (!any) return;
+    for (std::size_t b = 0; b < blocks; ++b)
+      media_spans_.emplace_back(media_[b]);
+  }
+
+  std::optional<Fail> stored(const Fields& f, KvWireBatch& out) {
+    if (auto fail = hash_list(f.hashes, hashes_)) return fail;
+    std::optional<std::uint64_t> parent;
+    if (!is_nil(f.parent)) {
+      std::uint64_t p = 0;
+      if (!block_hash(f.parent, p))
+        return Fail{KvWireErrc::bad_value, "parent_block_hash of a wrong type"};
+      parent = p;
+    }
+    bool eagle = false;
+    if (auto fail = token_list(f.tokens, eagle)) return fail;
+    if (f.block_size == kNone) return Fail{KvWireErrc::bad_event, "block_size missing"};
+    std::uint64_t bs = 0;
+    if (!small_uint(f.block_size, std::numeric_limits<std::uint32_t>::max(), bs))
+      return Fail{KvWireErrc::bad_value, "block_size is not a 32-bit unsigned integer"};
+    if (bs == 0 && !hashes_.empty()) return Fail{KvWireErrc::bad_value, "block_size 0 with blocks"};
+    if (skipped_by_rule(f)) {
+      ++out.ignored_events;
+      return std::nullopt;
+    }
+
+    // Blocks whose tokens are all present, in order; the rest are not
+    // published (Dynamo stops at the first incomplete block).
+    std::size_t kept = 0;
+    if (options_.block_size == 0 || bs == options_.block_size) {
+      const std::size_t usable = tokens_.size() - (eagle && !tokens_.empty() ? 1U : 0U);
+      kept = std::min(hashes_.size(), bs == 0 ? std::size_t{0} : usable / bs);
+    }
+    out.dropped_blocks += hashes_.size() - kept;
+    if (kept == 0) {
+      ++out.ignored_events;
+      return std::nullopt;
+    }
+
+    std::string_view lora;
+    if (f.lora_name != kNone && at(f.lora_name).kind == Kind::str) lora = str(f.lora_name);
+    media_lists(f.extra_keys, kept);
+    BlockHashOptions ho;
+    ho.seed = block_hash_seed(lora);
+    ho.media = media_spans_;
+    ho.eagle = eagle;
+    locals_.resize(kept);
+    const std::size_t window = kept * bs + (eagle ? 1U : 0U);
+    local_block_hashes(std::span<const std::uint32_t>(tokens_.data(), window), bs, locals_, ho);
+
+    kv_event::Stored ev;
+    ev.parent_hash = parent;
+    ev.blocks.resize(kept);
+    for (std::size_t b = 0; b < kept; ++b)
+      ev.blocks[b] = KvBlock{hashes_[b], locals_[b]};
+    out.blocks += kept;
+    out.events.emplace_back(std::move(ev));
+    return std::nullopt;
+  }
+
+  KvWireOptions options_;
+  const char* base_ = nullptr;
+  std::vector<detail::MpNode> tape_;
+  std::vector<std::uint32_t> open_;
+  std::vector<std::uint64_t> hashes_;
+  std::vector<std::uint32_t> tokens_;
+  std::vector<std::uint64_t> locals_;
+  std::vector<std::vector<std::uint64_t>> media_;
+  std::vector<std::span<const std::uint64_t>> media_spans_;
+};
+
+/// Decodes one payload with a temporary decoder (see KvEventWireDecoder::decode;
+/// keep a decoder to reuse its buffers). O(payload bytes + tokens).
+inline KvWireStatus decode_kv_event_batch(std::span<const std::byte> payload, KvWireBatch& out,
+                                          const KvWireOptions& options = {}) {
+  KvEventWireDecoder decoder(options);
+  return decoder.decode(payload, out);
+}
+
+}  // namespace promptcache
+
+#endif  // PROMPTCACHE_KV_EVENT_WIRE_HPP

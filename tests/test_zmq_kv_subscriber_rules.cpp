@@ -1,0 +1,311 @@
+// The subscriber's rules one by one, against an in-process publisher on
+// loopback (ephemeral ports): bad frames, undecodable payloads, gaps without
+// a replay socket, a replay socket that never answers, replies carrying a
+// topic frame, duplicates versus restarts, dp rank mismatches, and the
+// background thread. Every wait polls with a timeout under a deadline.
+#include <promptcache/zmq_kv_subscriber.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+
+using promptcache::KvPublisherCounters;
+using promptcache::KvWorker;
+using promptcache::ZmqKvSubscriber;
+using namespace std::chrono_literals;
+
+namespace {
+
+const KvWorker W{3, 0};
+
+std::string seq_bytes(std::uint64_t seq) {
+  std::string s(8, '\0');
+  for (std::size_t i = 0; i < 8; ++i)
+    s[i] = static_cast<char>((seq >> (56U - 8U * i)) & 0xffU);
+  return s;
+}
+
+// A batch storing one block `name` (under `parent` when non-zero), SGLang
+// layout, with timestamp `ts` and dp rank `rank`.
+std::string batch(double ts, std::uint64_t name, std::uint64_t parent = 0, std::uint32_t rank = 0) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> p(buf);
+  p.pack_array(3);
+  p.pack(ts);
+  p.pack_array(1);
+  p.pack_array(8);
+  p.pack(std::string("BlockStored"));
+  p.pack_array(1);
+  p.pack(name);
+  if (parent != 0)
+    p.pack(parent);
+  else
+    p.pack_nil();
+  p.pack(std::vector<std::uint32_t>{static_cast<std::uint32_t>(name), 2, 3, 4});
+  p.pack(4);
+  p.pack_nil();
+  p.pack(std::string("GPU"));
+  p.pack_nil();
+  p.pack(rank);
+  return std::string(buf.data(), buf.size());
+}
+
+// A publisher: XPUB (so the test knows when the subscription arrived) and a
+// ROUTER replay socket served by a thread from a buffer of (seq, payload).
+class FakePublisher {
+ public:
+  explicit FakePublisher(bool answer_replays = true, bool topic_in_replies = false)
+      : pub_(ctx_, zmq::socket_type::xpub), router_(ctx_, zmq::socket_type::router) {
+    pub_.set(zmq::sockopt::linger, 0);
+    router_.set(zmq::sockopt::linger, 0);
+    pub_.bind("tcp://127.0.0.1:*");
+    router_.bind("tcp://127.0.0.1:*");
+    pub_ep_ = pub_.get(zmq::sockopt::last_endpoint);
+    replay_ep_ = router_.get(zmq::sockopt::last_endpoint);
+    server_ = std::thread([this, answer_replays, topic_in_replies] {
+      while (!stop_.load()) {
+        zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, 20ms) == 0) continue;
+        std::vector<zmq::message_t> req;
+        if (!zmq::recv_multipart(router_, std::back_inserter(req))) continue;
+        ++requests;
+        if (!answer_replays || req.size() != 3) continue;
+        std::uint64_t start = 0;
+        for (std::size_t i = 0; i < 8; ++i)
+          start = (start << 8) | static_cast<const unsigned char*>(req[2].data())[i];
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& [seq, payload] : buffer_) {
+          if (seq < start) continue;
+          std::vector<zmq::const_buffer> reply = {zmq::buffer(req[0].data(), req[0].size()),
+                                                  zmq::const_buffer(nullptr, 0)};
+          if (topic_in_replies) reply.push_back(zmq::str_buffer("kv"));
+          const std::string s = seq_bytes(seq);
+          reply.push_back(zmq::buffer(s));
+          reply.push_back(zmq::buffer(payload));
+          zmq::send_multipart(router_, reply);
+        }
+        const std::string end = seq_bytes(~std::uint64_t{0});
+        std::vector<zmq::const_buffer> reply = {zmq::buffer(req[0].data(), req[0].size()),
+                                                zmq::const_buffer(nullptr, 0), zmq::buffer(end),
+                                                zmq::const_buffer(nullptr, 0)};
+        zmq::send_multipart(router_, reply);
+      }
+    });
+  }
+  ~FakePublisher() {
+    stop_.store(true);
+    server_.join();
+  }
+
+  const std::string& endpoint() const { return pub_ep_; }
+  const std::string& replay_endpoint() const { return replay_ep_; }
+
+  void wait_for_subscriber() {
+    zmq::pollitem_t item{pub_.handle(), 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq::poll(&item, 1, 10000ms) == 1);
+    zmq::message_t m;
+    REQUIRE(pub_.recv(m));
+  }
+
+  // Buffers and (unless `drop`) sends batch `payload` as `seq`.
+  void publish(std::uint64_t seq, const std::string& payload, bool drop = false) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      buffer_.emplace_back(seq, payload);
+    }
+    if (!drop) send_frames({"kv", seq_bytes(seq), payload});
+  }
+
+  void send_frames(const std::vector<std::string>& frames) {
+    std::vector<zmq::const_buffer> parts;
+    for (const auto& f : frames)
+      parts.push_back(zmq::buffer(f));
+    REQUIRE(zmq::send_multipart(pub_, parts));
+  }
+
+  void clear_buffer() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    buffer_.clear();
+  }
+
+  std::atomic<int> requests{0};
+
+ private:
+  zmq::context_t ctx_;
+  zmq::socket_t pub_;
+  zmq::socket_t router_;
+  std::string pub_ep_, replay_ep_;
+  std::mutex mutex_;
+  std::vector<std::pair<std::uint64_t, std::string>> buffer_;
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+};
+
+void poll_until(ZmqKvSubscriber& sub, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!done()) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    sub.poll(20ms);
+  }
+}
+
+std::size_t messages(const ZmqKvSubscriber& sub) {
+  return sub.counters(0).messages;
+}
+
+}  // namespace
+
+TEST_CASE("bad frames and undecodable payloads are counted and skipped", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.send_frames({"kv", seq_bytes(0)});                      // two frames
+  pub.send_frames({"kv", "1234", batch(1.0, 10)});            // a 4-byte seq
+  pub.send_frames({"kv", seq_bytes(0), batch(1.0, 10), ""});  // four frames
+  poll_until(sub, [&] { return messages(sub) == 3; });
+  CHECK(sub.counters(0).bad_frames == 3);
+  CHECK_FALSE(sub.last_seq(0).has_value());
+  CHECK(sub.index().block_count(W) == 0);
+
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, "\xc1 not msgpack");
+  pub.publish(2, batch(1.2, 11, 10));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.malformed == 1);
+  CHECK(c.last_error == promptcache::KvWireErrc::invalid_msgpack);
+  CHECK(c.gaps == 0);  // the bad payload consumed its seq
+  CHECK(c.batches_applied == 2);
+  CHECK(sub.index().block_count(W) == 2);
+}
+
+TEST_CASE("without a replay socket a gap resets the view and continues", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), "", W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, batch(1.1, 11, 10), true);  // lost
+  pub.publish(2, batch(1.2, 12));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.gaps == 1);
+  CHECK(c.gaps_unrecoverable == 1);
+  CHECK(c.resets == 1);
+  CHECK(sub.index().block_count(W) == 1);  // only block 12: block 10 went with the reset
+}
+
+TEST_CASE("a replay socket that never answers times out into a reset", "[zmq_kv_subscriber]") {
+  FakePublisher pub(false);
+  promptcache::ZmqKvSubscriberOptions o;
+  o.replay_timeout = 100ms;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, batch(1.1, 11, 10), true);
+  pub.publish(2, batch(1.2, 12));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(pub.requests.load() == 1);
+  CHECK(c.replay_timeouts == 1);
+  CHECK(c.gaps_unrecoverable == 1);
+  CHECK(sub.index().block_count(W) == 1);
+}
+
+TEST_CASE("replay replies with a topic frame are accepted", "[zmq_kv_subscriber]") {
+  FakePublisher pub(true, true);
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, batch(1.1, 11, 10), true);
+  pub.publish(2, batch(1.2, 12, 11));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(c.batches_replayed == 2);  // 1 and 2 (then the live 2 is already applied)
+  CHECK(c.bad_frames == 0);
+  CHECK(sub.index().block_count(W) == 3);
+  CHECK(sub.index().counters().parent_not_found == 0);
+}
+
+TEST_CASE("an old seq is a duplicate unless it is small and newer: then a restart",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 2;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  REQUIRE(sub.index().block_count(W) == 5);
+
+  pub.send_frames({"kv", seq_bytes(1), batch(1.1, 11, 10)});  // a late duplicate
+  pub.send_frames({"kv", seq_bytes(3), batch(9.0, 50)});      // newer, but seq 3 > 2
+  poll_until(sub, [&] { return messages(sub) == 7; });
+  CHECK(sub.counters(0).duplicates == 2);
+  CHECK(sub.counters(0).restarts == 0);
+  CHECK(sub.index().block_count(W) == 5);
+
+  // The publisher restarts; its first batch (seq 0) is lost and replayed
+  // from its new buffer.
+  pub.clear_buffer();
+  pub.publish(0, batch(10.0, 100), true);
+  pub.publish(1, batch(10.1, 101, 100));
+  poll_until(sub, [&] { return sub.counters(0).restarts == 1 && sub.last_seq(0) == 1U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.resets == 1);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(sub.index().block_count(W) == 2);  // only the new run's blocks
+}
+
+TEST_CASE("a first batch other than seq 0 catches up from the replay buffer",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10), true);
+  pub.publish(1, batch(1.1, 11, 10), true);
+  pub.publish(2, batch(1.2, 12, 11), false);
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  CHECK(sub.counters(0).gaps_recovered == 1);
+  CHECK(sub.index().block_count(W) == 3);
+}
+
+TEST_CASE("dp rank mismatches are counted; the configured worker gets the events",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), "", W, "kv"}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10, 0, 5));
+  poll_until(sub, [&] { return sub.last_seq(0) == 0U; });
+  CHECK(sub.counters(0).dp_rank_mismatches == 1);
+  CHECK(sub.index().block_count(W) == 1);
+}
+
+TEST_CASE("thread mode applies in the background; with_index reads under the lock",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  sub.start();
+  CHECK(sub.running());
+  CHECK_THROWS_AS(sub.poll(0ms), std::logic_error);
+  for (std::uint64_t s = 0; s < 20; ++s)
+    pub.publish(s, batch(1.0, 10 + s, s == 0 ? 0 : 9 + s), s == 7);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (sub.with_index([](const promptcache::KvIndex& i) { return i.block_count(W); }) < 20) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::yield();
+  }
+  sub.stop();
+  CHECK_FALSE(sub.running());
+  CHECK(sub.thread_error() == nullptr);
+  CHECK(sub.counters(0).gaps_recovered == 1);
+  CHECK(sub.total_counters().batches_applied == 20);
+}
