@@ -25,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace promptcache::replay {
 
@@ -33,9 +32,6 @@ namespace promptcache::replay {
 struct AdaptiveParams {
   double ghost_factor = 4.0;   ///< Ghost ids remembered, as a multiple of the capacity.
   bool cache_partial = false;  ///< Cache the final partial block of a prompt.
-  bool tail_aware = false;    ///< Learn reuse by distance from the prompt's end; demote cold tails.
-  double demote_below = 0.5;  ///< Demote a bucket whose reuse rate is below this x the average.
-  std::size_t buckets = 4;    ///< Distance buckets 0 .. buckets - 1 (last one: that far or more).
 };
 
 /// ARC adapted to leaf-only eviction (see the file comment).
@@ -43,24 +39,22 @@ class AdaptiveLeafPolicy {
   enum : std::uint8_t { none = 0, t1 = 1, t2 = 2, b1 = 3, b2 = 4 };
 
  public:
+  /// A policy for a cache of `capacity` blocks over the nodes of `t`.
   AdaptiveLeafPolicy(const Trace& t, std::size_t capacity, AdaptiveParams params = {})
       : lists_(t.node_count(), 4),
         block_size_(t.block_size),
         capacity_(capacity),
-        params_(params),
-        bucket_(t.node_count(), kNoBucket),
-        demoted_(t.node_count(), 0),
-        ins_(params.buckets, 0.0),
-        reuse_(params.buckets, 0.0) {}
+        params_(params) {}
+  /// The policy's name in the outputs.
   [[nodiscard]] static std::string name() { return "adaptive"; }
   /// The current target size of T1, in blocks.
   [[nodiscard]] double target() const { return p_; }
 
+  /// Whether to cache block i of r; a ghost hit moves the target (ARC's adaptation).
   bool admit(const Request& r, std::size_t i) {
     if (!params_.cache_partial && i + 1 == r.nodes.size() && r.input_length % block_size_ != 0)
       return false;
     const std::uint32_t n = r.nodes[i];
-    credit(n);
     const std::uint8_t l = lists_.list[n];
     const double s1 = static_cast<double>(lists_.size(b1));
     const double s2 = static_cast<double>(lists_.size(b2));
@@ -74,42 +68,22 @@ class AdaptiveLeafPolicy {
     }
     return true;
   }
-  void touch(std::uint32_t n) {
-    credit(n);
-    demoted_[n] = 0;
-    lists_.push_mru(n, t2);
-  }
-  void inserted(std::uint32_t n, const Request& r, std::size_t i) {
+  /// A cached block was used again: it moves to T2.
+  void touch(std::uint32_t n) { lists_.push_mru(n, t2); }
+  /// A block was stored: to T2 if its id was on a ghost list, else to T1.
+  void inserted(std::uint32_t n, const Request& /*r*/, std::size_t /*i*/) {
     const std::uint8_t l = lists_.list[n];
-    if (l == b1 || l == b2) {
-      lists_.push_mru(n, t2);
-    } else if (params_.tail_aware) {
-      const std::size_t full = r.input_length / block_size_;
-      const std::size_t dist = i < full ? full - 1 - i : 0;
-      const std::size_t b = std::min(dist, params_.buckets - 1);
-      bucket_[n] = static_cast<std::uint8_t>(b);
-      const double avg = (reuse_all_ + 1.0) / (ins_all_ + 2.0);
-      const double est = (reuse_[b] + prior_ * avg) / (ins_[b] + prior_);
-      ins_[b] += 1.0;
-      ins_all_ += 1.0;
-      if (ins_all_ > params_.ghost_factor * static_cast<double>(capacity_) + 64.0) decay();
-      if (est < params_.demote_below * avg) {
-        demoted_[n] = 1;
-        lists_.push_lru(n, t1);
-      } else {
-        lists_.push_mru(n, t1);
-      }
-    } else {
-      lists_.push_mru(n, t1);
-    }
+    lists_.push_mru(n, l == b1 || l == b2 ? t2 : t1);
     trim_ghosts();
   }
+  /// Re-touches the request's blocks deepest first, so parents stay more recent.
   void end_request(const Request& r, std::size_t cached) {
     for (std::size_t i = cached; i-- > 0;) {
       const std::uint32_t n = r.nodes[i];
-      if (demoted_[n] == 0) lists_.push_mru(n, lists_.list[n]);
+      lists_.push_mru(n, lists_.list[n]);
     }
   }
+  /// ARC's choice of list, then its least recent evictable block (else the other list's).
   [[nodiscard]] std::uint32_t victim(const LeafState& s) const {
     const double s1 = static_cast<double>(lists_.size(t1));
     const bool from_t1 =
@@ -118,10 +92,8 @@ class AdaptiveLeafPolicy {
     if (v == detail::nil) v = scan(from_t1 ? t2 : t1, s);
     return v;
   }
-  void evicted(std::uint32_t n) {
-    demoted_[n] = 0;
-    lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2);
-  }
+  /// The evicted block's id goes to the ghost list of its list.
+  void evicted(std::uint32_t n) { lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2); }
 
  private:
   [[nodiscard]] std::uint32_t scan(std::uint8_t l, const LeafState& s) const {
@@ -138,35 +110,12 @@ class AdaptiveLeafPolicy {
     }
   }
 
-  static constexpr std::uint8_t kNoBucket = 255;
-  // A block brought in fresh is used again: its distance bucket earns a reuse.
-  void credit(std::uint32_t n) {
-    const std::uint8_t b = bucket_[n];
-    if (b == kNoBucket) return;
-    bucket_[n] = kNoBucket;
-    reuse_[b] += 1.0;
-    reuse_all_ += 1.0;
-  }
-  void decay() {
-    for (double& x : ins_)
-      x *= 0.5;
-    for (double& x : reuse_)
-      x *= 0.5;
-    ins_all_ *= 0.5;
-    reuse_all_ *= 0.5;
-  }
-
   detail::NodeLists lists_;
   std::size_t block_size_;
   std::size_t capacity_;
   AdaptiveParams params_;
   double p_ = 0.0;
   bool pending_b2_ = false;
-  std::vector<std::uint8_t> bucket_;
-  std::vector<std::uint8_t> demoted_;
-  std::vector<double> ins_, reuse_;
-  double ins_all_ = 0.0, reuse_all_ = 0.0;
-  double prior_ = 32.0;
 };
 
 }  // namespace promptcache::replay

@@ -77,19 +77,6 @@ struct NodeLists {
     ++h.size;
     list[n] = l;
   }
-  void push_lru(std::uint32_t n, std::uint8_t l) {
-    if (list[n] != 0) unlink(n);
-    Head& h = heads[l];
-    next[n] = h.lru;
-    prev[n] = nil;
-    if (h.lru != nil)
-      prev[h.lru] = n;
-    else
-      h.mru = n;
-    h.lru = n;
-    ++h.size;
-    list[n] = l;
-  }
   [[nodiscard]] std::size_t size(std::uint8_t l) const { return heads[l].size; }
 };
 
