@@ -9,6 +9,8 @@
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_index.hpp"
 #include "promptcache/manual_clock.hpp"
+#include "promptcache/paged_eviction_policy.hpp"
+#include "promptcache/paged_prefix_cache.hpp"
 #include "promptcache/prompt_cache_pool.hpp"
 #include "promptcache/synchronized_prompt_cache_pool.hpp"
 #include "promptcache/version.hpp"

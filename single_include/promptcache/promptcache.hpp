@@ -2407,37 +2407,365 @@ class ManualClock {
 }  // namespace promptcache
 #endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_MANUAL_CLOCK_HPP
 // ---- end promptcache/manual_clock.hpp ----
-// ---- begin promptcache/prompt_cache_pool.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
-// promptcache: prompt_cache_pool.hpp
+// ---- begin promptcache/paged_eviction_policy.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
+// promptcache: paged_eviction_policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// A process-local pool of recently used prompt prefixes and the per-layer KV
-// state an engine computed for them. A stateless server sends the full token
-// list on every call; the pool answers "which stored prefix of this request can
-// I resume from" and keeps the state after each call.
+// Eviction policies of PagedPrefixCache, and the interface a new one implements.
 //
-// Layout: one compressed trie (radix tree) per namespace over token ids; an
-// entry lives on the node where its ids end. Edge labels are not copies: they
-// point into the ids of some entry stored below the edge, so the index costs a
-// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
-// entries also sit on an intrusive recency list (one per distinct TTL), which
-// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
-// entry. Lookup and insert cost O(query length), whatever the pool size.
+// The cache keeps every evictable leaf (an unlocked node without children) in a
+// binary min-heap ordered by the policy's key, and evicts from the leaf with the
+// smallest key, tail pages first. A policy decides only two things: what it
+// remembers per node (its `meta_type`, updated by the hooks below) and how that
+// metadata orders leaves (its `key_type`). The cache calls the hooks; a policy
+// never sees the tree and never needs to rebuild anything, so a new policy is
+// one small class and no edit of the cache.
+//
+// Interface (checked by the PagedEvictionPolicy concept):
+//
+//   struct MyPolicy {
+//     using meta_type = ...;   // per-node metadata: trivially copyable, stored in every node
+//     using key_type = ...;    // totally ordered by operator<; the smaller key is evicted first
+//     static constexpr bool monotone_keys = ...;  // see below
+//     meta_type on_create(const PagedPolicyContext&);               // insert created a node
+//     void on_match(meta_type&, const PagedPolicyContext&);         // match() walked the node
+//     void on_insert_hit(meta_type&, const PagedPolicyContext&);    // insert() walked the node
+//     void on_evict(const meta_type&, const PagedPolicyContext&);   // pages of the node freed
+//     key_type key(const meta_type&) const;                         // the eviction order
+//   };
+//
+// Rules the cache relies on:
+// - key() depends on the node's metadata alone (not on other policy state), so a
+//   leaf's position in the heap changes only when a hook changes its metadata.
+// - monotone_keys = true promises that on_match and on_insert_hit never make
+//   key() smaller. The cache then re-keys lazily: a hook costs O(1), and a leaf
+//   whose key grew is moved down the heap only when it reaches the top during
+//   evict(). match() stays O(path). With monotone_keys = false every hook on a
+//   node in the heap re-keys it at once, O(log leaves).
+// - A node split (a match or insert ending inside a node) copies the metadata
+//   to both halves; a split is not an access and calls no hook.
+// - Keys of two leaves should differ (the shipped policies break ties by a
+//   logical access time that no two leaves share); equal keys are evicted in an
+//   unspecified order.
+// - Hooks must not throw (they run while the cache is mid-update).
+// The policy object is a member of the cache (constructed from the instance
+// given to the cache), so it may keep state of its own: ghost lists, adaptive
+// targets, counters.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace promptcache {
+
+/// What a policy hook is told about the node it is called for.
+struct PagedPolicyContext {
+  /// Logical time of the operation: the cache's operation counter, incremented
+  /// by every match() and insert(); strictly increasing, starting at 1.
+  std::uint64_t tick = 0;
+  /// insert(): the request's priority; other hooks: 0.
+  std::int64_t priority = 0;
+  /// The namespace of the node.
+  std::uint64_t ns = 0;
+  /// Depth of the node's first page: the number of pages before it on its path.
+  std::size_t depth_pages = 0;
+  /// on_evict: the pages being freed now (the node's tail, all of them when
+  /// `whole_node`); other hooks: the node's pages. One page is page_size tokens.
+  std::span<const std::uint32_t> tokens{};
+  /// on_evict: true when the node goes away entirely (not just its tail).
+  bool whole_node = false;
+};
+
+/// The interface of an eviction policy (see the file comment for the rules).
+template <class P>
+concept PagedEvictionPolicy = std::is_nothrow_copy_constructible_v<typename P::meta_type> &&
+    std::is_trivially_copyable_v<typename P::meta_type> &&
+    std::is_nothrow_copy_constructible_v<typename P::key_type> &&
+    std::is_nothrow_copy_assignable_v<typename P::key_type> &&
+    requires(P& p, const P& cp, typename P::meta_type& m, const typename P::meta_type& cm,
+             const typename P::key_type& k, const PagedPolicyContext& ctx) {
+  { P::monotone_keys } -> std::convertible_to<bool>;
+  { p.on_create(ctx) } -> std::same_as<typename P::meta_type>;
+  p.on_match(m, ctx);
+  p.on_insert_hit(m, ctx);
+  p.on_evict(cm, ctx);
+  { cp.key(cm) } -> std::same_as<typename P::key_type>;
+  { k < k } -> std::convertible_to<bool>;
+};
+
+/// The shipped policies; their keys follow SGLang's eviction strategies
+/// (python/sglang/srt/mem_cache/evict_policy.py), with a logical clock for time.
+namespace eviction {
+
+/// Least recently used: a node's key is the tick of its last match or insert.
+/// The default policy.
+struct Lru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;              ///< The last access tick.
+  static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Oldest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
+};
+
+/// Least frequently used, then least recently used. As in SGLang, the count is
+/// of inserts through the node (an engine inserts every request's tokens when it
+/// finishes, so this counts the requests that used the prefix); match() only
+/// refreshes the access time. A split copies the count to both halves.
+struct Lfu {
+  /// Hit count and last access tick.
+  struct meta_type {
+    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (hits, last access), compared lexicographically.
+  struct key_type {
+    std::uint64_t hits = 0;         ///< Fewer hits are evicted first.
+    std::uint64_t last_access = 0;  ///< Then the older access.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.hits != b.hits ? a.hits < b.hits : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Counts and ticks only grow.
+
+  /// New node: one hit, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  /// Match: accessed now (not a hit, as in SGLang). O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: a hit, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    ++m.hits;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (hits, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return {m.hits, m.last_access}; }
+};
+
+/// First in, first out: a node's key is the tick of the insert that created its
+/// pages. Accesses change nothing. A split keeps the creation tick on both
+/// halves (SGLang stamps the new half with the split time; a split is not a new
+/// page here).
+struct Fifo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< The creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Oldest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.created; }
+};
+
+/// Per-insert priority, then least recently used: lower priorities are evicted
+/// first. As in SGLang, an insert raises the priority of every node on its path
+/// to at least its own (a prefix is as important as the most important request
+/// that used it), and a new node takes the insert's priority.
+struct Priority {
+  /// Priority and last access tick.
+  struct meta_type {
+    std::int64_t priority = 0;      ///< Highest priority of an insert through the node.
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (priority, last access), compared lexicographically.
+  struct key_type {
+    std::int64_t priority = 0;      ///< Lower priority is evicted first.
+    std::uint64_t last_access = 0;  ///< Then the older access.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.priority != b.priority ? a.priority < b.priority : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Priorities are raised, ticks only grow.
+
+  /// New node: the insert's priority, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.priority, c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: priority raised to the insert's, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    if (m.priority < c.priority) m.priority = c.priority;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (priority, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept {
+    return {m.priority, m.last_access};
+  }
+};
+
+/// Segmented LRU: nodes with at least `protected_threshold` hits (inserts
+/// through them, counted as for Lfu) are protected and evicted only after every
+/// probationary node; within a segment, least recently used first. SGLang's
+/// default threshold is 2.
+struct Slru {
+  /// Hits needed to enter the protected segment.
+  std::uint64_t protected_threshold = 2;
+
+  /// Hit count and last access tick.
+  struct meta_type {
+    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+  };
+  /// (segment, last access), compared lexicographically.
+  struct key_type {
+    std::uint8_t segment = 0;       ///< 0 probationary, 1 protected.
+    std::uint64_t last_access = 0;  ///< Older access first within a segment.
+    /// Lexicographic order. O(1).
+    friend constexpr bool operator<(const key_type& a, const key_type& b) noexcept {
+      return a.segment != b.segment ? a.segment < b.segment : a.last_access < b.last_access;
+    }
+  };
+  static constexpr bool monotone_keys = true;  ///< Hits and ticks only grow.
+
+  /// New node: one hit, accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: a hit, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    ++m.hits;
+    m.last_access = c.tick;
+  }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// (protected?, last access). O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept {
+    return {static_cast<std::uint8_t>(m.hits >= protected_threshold ? 1 : 0), m.last_access};
+  }
+};
+
+/// Most recently used first (SGLang's "mru"): for workloads that scan a set of
+/// prompts larger than the cache, where the newest prefix is the least likely to
+/// be seen again before the others. A touch makes a key smaller, so the cache
+/// re-keys eagerly (O(log leaves) per touched leaf).
+struct Mru {
+  /// Last access tick.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+  };
+  using key_type = std::uint64_t;               ///< Max tick minus the last access tick.
+  static constexpr bool monotone_keys = false;  ///< Accesses make keys smaller.
+
+  /// New node: accessed now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// Match: accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Insert through the node: accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest access first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.last_access; }
+};
+
+/// First in, last out (SGLang's "filo"): the newest pages are evicted first.
+struct Filo {
+  /// Creation tick.
+  struct meta_type {
+    std::uint64_t created = 0;  ///< Tick of the insert that stored the pages.
+  };
+  using key_type = std::uint64_t;              ///< Max tick minus the creation tick.
+  static constexpr bool monotone_keys = true;  ///< Keys never change.
+
+  /// New node: created now. O(1).
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return {c.tick}; }
+  /// No change. O(1).
+  void on_match(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// No change. O(1).
+  void on_insert_hit(meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Nothing to remember. O(1).
+  void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
+  /// Newest creation first. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
+};
+
+static_assert(PagedEvictionPolicy<Lru>);
+static_assert(PagedEvictionPolicy<Lfu>);
+static_assert(PagedEvictionPolicy<Fifo>);
+static_assert(PagedEvictionPolicy<Priority>);
+static_assert(PagedEvictionPolicy<Slru>);
+static_assert(PagedEvictionPolicy<Mru>);
+static_assert(PagedEvictionPolicy<Filo>);
+
+}  // namespace eviction
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
+// ---- end promptcache/paged_eviction_policy.hpp ----
+// ---- begin promptcache/paged_prefix_cache.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
+// promptcache: paged_prefix_cache.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The prefix cache of a paged-KV engine (the design of SGLang's RadixCache and
+// vLLM's block pool): a radix tree over token ids at page granularity whose
+// nodes carry the engine's page ids. The engine owns its KV pages and their
+// allocator; the cache owns only the index. Running requests lock their path
+// so their pages are never evicted; evict() frees unlocked leaf pages in the
+// order of a pluggable policy (paged_eviction_policy.hpp) and hands each page
+// id back to the engine. Every change a router must know about is published as
+// a KvEvent (kv_index.hpp) carrying Dynamo block hashes (block_hash.hpp), so a
+// KvIndex fed by the events answers exactly what this cache would match.
+//
+// Layout: nodes live in one index-addressed vector; a node's token ids, page
+// ids and block hashes share one allocation. Child edges of all nodes sit in
+// one hash table keyed by (parent, first token), and the evictable leaves in
+// one binary heap ordered by the policy key, so match and insert cost
+// O(tokens) and evict O(log leaves) per node it touches, whatever the size.
+//
+// Not thread-safe: one engine scheduler thread owns a cache.
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
 
 #include <algorithm>
-#include <bit>
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -2620,6 +2948,1317 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_MISMATCH_HPP
 // ---- end promptcache/detail/mismatch.hpp ----
+// ---- begin promptcache/detail/paged_edge_table.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+// promptcache: detail/paged_edge_table.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The child edges of every node of a PagedPrefixCache in one hash table, keyed
+// by (parent node, first token of the child's first page). One shared table
+// instead of a table per node: a leaf (most nodes) then costs no table at all,
+// and a node with 50k children costs the same per lookup as one with two.
+// Open addressing with linear probing and backward-shift deletion; load kept
+// between 1/8 and 1/2. Growth is split into reserve() (may throw) and
+// insert_reserved() (never throws), so an insert can allocate before it changes
+// anything; erase() never throws (shrinking is best effort).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+namespace promptcache::detail {
+
+class PagedEdgeTable {
+ public:
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+
+  PagedEdgeTable() noexcept = default;
+  PagedEdgeTable(const PagedEdgeTable&) = delete;
+  PagedEdgeTable& operator=(const PagedEdgeTable&) = delete;
+  PagedEdgeTable(PagedEdgeTable&& o) noexcept { swap(o); }
+  PagedEdgeTable& operator=(PagedEdgeTable&& o) noexcept {
+    PagedEdgeTable tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  ~PagedEdgeTable() = default;
+
+  void swap(PagedEdgeTable& o) noexcept {
+    std::swap(slots_, o.slots_);
+    std::swap(mask_, o.mask_);
+    std::swap(shift_, o.shift_);
+    std::swap(size_, o.size_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return capacity() * sizeof(Slot); }
+
+  /// The child under (parent, token), or npos.
+  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+    if (!slots_) return npos;
+    for (std::size_t i = home(parent, token);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.child == npos) return npos;
+      if (s.parent == parent && s.token == token) return s.child;
+    }
+  }
+
+  /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
+  void reserve(std::size_t extra) {
+    const std::size_t need = 2 * (size_ + extra);
+    if (need <= capacity()) return;
+    std::size_t cap = 16;
+    while (cap < need)
+      cap *= 2;
+    rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
+  }
+
+  /// Adds an edge whose key is absent; requires a preceding reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    place(Slot{parent, token, child});
+    ++size_;
+  }
+
+  /// Points an existing key at another child.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    slots_[existing(parent, token)].child = child;
+  }
+
+  /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
+  void erase(std::uint32_t parent, std::uint32_t token) noexcept {
+    std::size_t hole = existing(parent, token);
+    for (std::size_t j = (hole + 1) & mask_; slots_[j].child != npos; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].parent, slots_[j].token);
+      // j may fill the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+      if (!stays) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    if (capacity() > 16 && size_ * 8 <= capacity()) {
+      std::size_t cap = 16;
+      while (cap < 4 * size_)
+        cap *= 2;
+      std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[cap]);
+      if (table) rehash(std::move(table), cap);
+    }
+  }
+
+  /// Drops every edge and the table. Never throws.
+  void clear() noexcept {
+    slots_.reset();
+    mask_ = 0;
+    shift_ = 63;
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t parent = 0;
+    std::uint32_t token = 0;
+    std::uint32_t child = npos;  // npos marks an empty slot
+  };
+
+  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
+    // Fibonacci hashing: the high bits of the product mix every bit of the key.
+    const std::uint64_t x = (std::uint64_t{parent} << 32 | token) * 0x9E3779B97F4A7C15ULL;
+    return static_cast<std::size_t>(x >> shift_);
+  }
+
+  [[nodiscard]] std::size_t existing(std::uint32_t parent, std::uint32_t token) const noexcept {
+    std::size_t i = home(parent, token);
+    while (!(slots_[i].child != npos && slots_[i].parent == parent && slots_[i].token == token))
+      i = (i + 1) & mask_;
+    return i;
+  }
+
+  void place(const Slot& s) noexcept {
+    std::size_t i = home(s.parent, s.token);
+    while (slots_[i].child != npos)
+      i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+
+  void rehash(std::unique_ptr<Slot[]> table, std::size_t cap) noexcept {
+    std::unique_ptr<Slot[]> old = std::exchange(slots_, std::move(table));
+    const std::size_t old_cap = old ? mask_ + 1 : 0;
+    mask_ = cap - 1;
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < cap)
+      ++bits;
+    shift_ = 64U - bits;
+    for (std::size_t i = 0; i < old_cap; ++i)
+      if (old[i].child != npos) place(old[i]);
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 63;
+  std::size_t size_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
+// ---- end promptcache/detail/paged_edge_table.hpp ----
+
+namespace promptcache {
+
+/// A position in a PagedPrefixCache: the end of a matched or inserted prefix.
+/// Lock it while a request runs on those pages. An empty handle stands for the
+/// empty prefix. A handle goes stale when its node is evicted, trimmed, erased
+/// or cleared (which can happen only while it is unlocked); stale handles are
+/// refused by lock() and unlock(). Splits never make a handle stale.
+struct PagedPrefixHandle {
+  std::uint32_t node = 0xFFFFFFFFU;  ///< Node index (opaque).
+  std::uint32_t generation = 0;      ///< Node generation when the handle was made (opaque).
+  /// True for the empty prefix (a match of zero pages). O(1).
+  [[nodiscard]] constexpr bool empty() const noexcept { return node == 0xFFFFFFFFU; }
+  /// Memberwise equality. O(1).
+  friend constexpr bool operator==(const PagedPrefixHandle&, const PagedPrefixHandle&) = default;
+};
+
+/// Counters (since construction) and gauges (current) of a PagedPrefixCache.
+struct PagedCacheStats {
+  std::uint64_t lookups = 0;          ///< match() calls.
+  std::uint64_t query_tokens = 0;     ///< Sum of query lengths over match() calls.
+  std::uint64_t hit_tokens = 0;       ///< Sum of matched tokens over match() calls.
+  std::uint64_t inserts = 0;          ///< insert() calls that were accepted.
+  std::uint64_t inserted_pages = 0;   ///< Pages newly stored by insert().
+  std::uint64_t duplicate_pages = 0;  ///< Engine pages reported as duplicates by insert().
+  std::uint64_t evicted_pages = 0;    ///< Pages freed by evict().
+  std::uint64_t erased_pages = 0;     ///< Pages freed by erase_namespace().
+  std::uint64_t cleared_pages = 0;    ///< Pages freed by clear().
+  std::uint64_t splits = 0;           ///< Nodes split by a match or insert ending inside them.
+  std::uint64_t events = 0;           ///< KV events published.
+  std::size_t cached_pages = 0;       ///< Gauge: pages in the cache.
+  std::size_t locked_pages = 0;       ///< Gauge: pages on the path of at least one lock.
+  std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
+};
+
+/// Memory held by a PagedPrefixCache, split into the index and the token ids it indexes.
+struct PagedCacheMemory {
+  std::size_t index_bytes = 0;  ///< Nodes, page ids, block hashes, edge table, heap, namespaces.
+  std::size_t token_bytes = 0;  ///< Token ids kept to compare queries against.
+};
+
+/// The prefix cache (see the file comment).
+///
+/// - `PageId`: the engine's page id type (any integral type but bool).
+/// - `Policy`: the eviction policy (paged_eviction_policy.hpp); eviction::Lru by default.
+///
+/// Costs below: T = tokens of the call, P = pages of the call, L = evictable
+/// leaves, N = nodes. Invalidation: results are values (vectors, counts,
+/// handles); a handle is invalidated only as PagedPrefixHandle says.
+/// Exception safety: see each member; the event sink and the eviction callbacks
+/// are called after the cache is consistent.
+template <std::integral PageId = std::uint32_t, PagedEvictionPolicy Policy = eviction::Lru>
+class PagedPrefixCache {
+  static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
+  static_assert(alignof(PageId) <= alignof(std::uint64_t), "PageId alignment above 8");
+
+  using meta_type = typename Policy::meta_type;
+  using key_type = typename Policy::key_type;
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+
+ public:
+  using page_id = PageId;                                  ///< The engine's page id type.
+  using token_type = std::uint32_t;                        ///< Token ids (as hashed by Dynamo).
+  using namespace_id = std::uint64_t;                      ///< Tenant / model / adapter key.
+  using policy_type = Policy;                              ///< The eviction policy.
+  using event_sink = std::function<void(const KvEvent&)>;  ///< Receives the KV events.
+
+  /// What match() found.
+  struct MatchResult {
+    std::size_t matched = 0;      ///< Matched tokens: a multiple of page_size().
+    std::vector<PageId> pages{};  ///< The matched pages, root side first (matched / page_size).
+    PagedPrefixHandle handle{};   ///< End of the match; lock it to keep the pages.
+  };
+
+  /// What match() found, when the pages go to a caller's vector.
+  struct MatchEnd {
+    std::size_t matched = 0;     ///< Matched tokens: a multiple of page_size().
+    PagedPrefixHandle handle{};  ///< End of the match; lock it to keep the pages.
+  };
+
+  /// What insert() did.
+  struct InsertResult {
+    std::size_t cached_pages = 0;  ///< Leading pages that were already cached (kept as they were).
+    std::size_t inserted_pages = 0;  ///< Pages newly stored (the engine's ids, now the cache's).
+    /// Engine pages among the first cached_pages that differ from the cached ones: the
+    /// cache keeps its own pages, so the engine frees these (SGLang's contract).
+    std::vector<PageId> duplicates{};
+    PagedPrefixHandle handle{};  ///< End of the stored prefix (empty when nothing was stored).
+  };
+
+  /// A cache of pages of `page_size` tokens, evicting with `policy`, publishing KV
+  /// events to `sink` when given (block hashes are then computed and kept per page).
+  /// Throws std::invalid_argument if page_size is 0 or above 2^20. O(1).
+  explicit PagedPrefixCache(std::size_t page_size, Policy policy = Policy{}, event_sink sink = {})
+      : page_size_(check_page_size(page_size)),
+        policy_(std::move(policy)),
+        sink_(std::move(sink)),
+        hashes_(static_cast<bool>(sink_)) {}
+
+  /// Not copyable (one cache per engine).
+  PagedPrefixCache(const PagedPrefixCache&) = delete;
+  /// Not copy-assignable.
+  PagedPrefixCache& operator=(const PagedPrefixCache&) = delete;
+  /// Takes over `other` (handles into it stay valid for the new object). O(1).
+  PagedPrefixCache(PagedPrefixCache&&) = default;
+  /// Takes over `other`; this cache's pages are dropped without callbacks. O(N).
+  PagedPrefixCache& operator=(PagedPrefixCache&&) = default;
+  /// Releases the index (not the engine's pages: the engine owns them). O(N).
+  ~PagedPrefixCache() = default;
+
+  // ---- namespaces -------------------------------------------------------------------------
+
+  /// Sets the block-hash seed of namespace `ns` from a LoRA name and a cache salt
+  /// (block_hash_seed()). A namespace never configured hashes with no LoRA name and,
+  /// except namespace 0, its id in decimal as the cache salt, so distinct namespaces
+  /// never share block hashes. Throws std::invalid_argument (nothing changed) if `ns`
+  /// holds pages and the seed would change (published hashes would be wrong), or if
+  /// another namespace uses the seed. O(names + 1) expected.
+  void configure_namespace(namespace_id ns, std::string_view lora_name = {},
+                           std::string_view cache_salt = {}) {
+    const std::uint64_t seed = block_hash_seed(lora_name, cache_salt);
+    const auto it = ns_index_.find(ns);
+    if (it != ns_index_.end()) {
+      NsSlot& s = ns_slots_[it->second];
+      if (s.seed == seed) return;
+      if (nodes_[s.root].first_child != npos)
+        throw std::invalid_argument("PagedPrefixCache: namespace holds pages, seed cannot change");
+      check_seed_free(seed, ns);
+      seed_owner_.emplace(seed, ns);  // may throw: nothing changed yet
+      seed_owner_.erase(s.seed);
+      s.seed = seed;
+      return;
+    }
+    check_seed_free(seed, ns);
+    create_namespace(ns, seed);
+  }
+
+  /// The block-hash seed namespace `ns` uses (or would use) for its pages. O(1) expected.
+  [[nodiscard]] std::uint64_t namespace_seed(namespace_id ns) const {
+    const auto it = ns_index_.find(ns);
+    return it != ns_index_.end() ? ns_slots_[it->second].seed : default_seed(ns);
+  }
+
+  /// Number of namespaces known (configured or holding pages since their last erase). O(1).
+  [[nodiscard]] std::size_t namespace_count() const noexcept { return ns_index_.size(); }
+
+  // ---- lookups ----------------------------------------------------------------------------
+
+  /// The longest cached page-aligned prefix of `tokens` in namespace `ns`: matched
+  /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
+  /// matched pages. A match ending inside a node splits it (no event: the blocks did
+  /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
+  /// tree is unchanged; access metadata of the walked pages may have been refreshed.
+  [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
+    MatchResult r;
+    const MatchEnd e = match(tokens, ns, r.pages);
+    r.matched = e.matched;
+    r.handle = e.handle;
+    return r;
+  }
+
+  /// As match() above, writing the pages to `pages` (cleared first) so a caller can
+  /// reuse its capacity.
+  MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
+    pages.clear();
+    ++stats_.lookups;
+    stats_.query_tokens += tokens.size();
+    ++tick_;
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return {};
+    const std::size_t q_pages = tokens.size() / page_size_;
+    std::uint32_t cur = ns_slots_[it->second].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      std::uint32_t c = f.node;
+      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      if (inside) {
+        prepare_split();
+        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+      }
+      touch_match(c, ns);
+      const Node& x = nodes_[c];
+      const PageId* ids = page_ids(x);
+      pages.insert(pages.end(), ids, ids + x.n);
+      pos += x.n;
+      cur = c;
+      if (inside) break;
+    }
+    stats_.hit_tokens += pos * page_size_;
+    return {pos * page_size_, handle_of(cur)};
+  }
+
+  /// Matched tokens match() would report, without refreshing or splitting anything.
+  /// O(T); never throws.
+  [[nodiscard]] std::size_t peek(std::span<const token_type> tokens,
+                                 namespace_id ns = 0) const noexcept {
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return 0;
+    const std::size_t q_pages = tokens.size() / page_size_;
+    std::uint32_t cur = ns_slots_[it->second].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      pos += f.pages;
+      if (f.pages < nodes_[f.node].n) break;
+      cur = f.node;
+    }
+    return pos * page_size_;
+  }
+
+  // ---- locks ------------------------------------------------------------------------------
+
+  /// Locks the prefix ending at `h`: its pages are not evicted until a matching
+  /// unlock(). Locks nest (counted per node). Returns false, changing nothing, for a
+  /// stale handle or when 2^32 - 1 locks are held in the namespace; true (no-op) for
+  /// an empty handle. O(nodes on the path + log L); never throws.
+  bool lock(const PagedPrefixHandle& h) noexcept {
+    if (h.empty()) return true;
+    if (!valid(h)) return false;
+    Node& root = nodes_[ns_slots_[nodes_[h.node].ns].root];
+    if (root.lock == std::numeric_limits<std::uint32_t>::max()) return false;
+    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
+      Node& nd = nodes_[x];
+      if (nd.lock == 0) {
+        evictable_pages_ -= nd.n;
+        stats_.locked_pages += nd.n;
+        if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      }
+      ++nd.lock;
+    }
+    ++nodes_[h.node].own;
+    ++root.lock;
+    return true;
+  }
+
+  /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
+  /// false, changing nothing, for a stale handle or when no such lock is held
+  /// (unlocking below zero; locks of longer prefixes through `h` do not count); true
+  /// (no-op) for an empty handle. O(nodes on the path + log L); never throws.
+  bool unlock(const PagedPrefixHandle& h) noexcept {
+    if (h.empty()) return true;
+    if (!valid(h) || nodes_[h.node].own == 0) return false;
+    --nodes_[h.node].own;
+    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
+      Node& nd = nodes_[x];
+      --nd.lock;
+      if (nd.lock == 0) {
+        evictable_pages_ += nd.n;
+        stats_.locked_pages -= nd.n;
+        if (nd.first_child == npos) heap_push(x);
+      }
+    }
+    --nodes_[ns_slots_[nodes_[h.node].ns].root].lock;
+    return true;
+  }
+
+  /// True when `h` is empty or still names a cached prefix. O(1).
+  [[nodiscard]] bool valid(const PagedPrefixHandle& h) const noexcept {
+    if (h.empty()) return true;
+    return h.node < nodes_.size() && nodes_[h.node].kind == Kind::node &&
+           nodes_[h.node].gen == h.generation;
+  }
+
+  /// Locks taken with handles ending where `h` ends and not yet released (0 for an
+  /// empty or stale handle). O(1).
+  [[nodiscard]] std::size_t lock_count(const PagedPrefixHandle& h) const noexcept {
+    return !h.empty() && valid(h) ? nodes_[h.node].own : 0U;
+  }
+
+  // ---- insert / evict ---------------------------------------------------------------------
+
+  /// Stores the page-aligned prefix of `tokens` (tokens.size() / page_size() pages)
+  /// in namespace `ns`, with `pages[i]` the engine's page holding page i; pages past
+  /// that count (the partial page) are ignored. Leading pages already cached keep
+  /// their cached ids; engine ids that differ from them are returned as duplicates.
+  /// The policy sees an insert hit on every cached page of the path and `priority`
+  /// on the new ones. Publishes one Stored event for the new pages.
+  /// Throws std::invalid_argument if pages.size() is below the page count, or if `ns`
+  /// is new and its default seed is taken by a configured namespace. O(T + log L).
+  /// Strong guarantee: on any exception nothing changed (except the sink's own).
+  InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
+                      namespace_id ns = 0, std::int64_t priority = 0) {
+    const std::size_t q_pages = tokens.size() / page_size_;
+    if (pages.size() < q_pages)
+      throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
+    InsertResult r;
+    if (q_pages == 0) {
+      ++stats_.inserts;
+      return r;
+    }
+    if (q_pages > std::numeric_limits<std::uint32_t>::max() - 1)
+      throw std::invalid_argument("PagedPrefixCache::insert: more than 2^32 - 2 pages");
+
+    // Phase 1: find the path and allocate everything; nothing changes yet.
+    const auto it = ns_index_.find(ns);
+    std::uint64_t seed = 0;
+    std::uint32_t cur = npos;
+    if (it != ns_index_.end()) {
+      cur = ns_slots_[it->second].root;
+      seed = ns_slots_[it->second].seed;
+    } else {
+      seed = default_seed(ns);
+      check_seed_free(seed, ns);
+    }
+    path_.clear();
+    std::size_t pos = 0;
+    std::uint32_t split_node = npos;
+    std::uint32_t split_pages = 0;
+    if (cur != npos) {
+      while (pos < q_pages) {
+        const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+        if (f.node == npos) break;
+        const Node& x = nodes_[f.node];
+        const PageId* ids = page_ids(x);
+        for (std::size_t i = 0; i < f.pages; ++i)
+          if (ids[i] != pages[pos + i]) r.duplicates.push_back(pages[pos + i]);
+        pos += f.pages;
+        if (f.pages < x.n) {
+          split_node = f.node;
+          split_pages = static_cast<std::uint32_t>(f.pages);
+          break;
+        }
+        path_.push_back(f.node);
+        cur = f.node;
+      }
+    }
+    const std::size_t new_pages = q_pages - pos;
+    std::unique_ptr<unsigned char[]> head_block;
+    std::unique_ptr<unsigned char[]> leaf_block;
+    if (split_node != npos) head_block = make_block(split_pages);
+    if (new_pages > 0) leaf_block = make_block(static_cast<std::uint32_t>(new_pages));
+    std::optional<KvEventData> event;
+    if (new_pages > 0 && hashes_) {
+      kv_event::Stored st;
+      st.blocks.resize(new_pages);
+      std::vector<std::uint64_t> locals(new_pages);
+      BlockHashOptions opts;
+      opts.seed = seed;
+      local_block_hashes(tokens.subspan(pos * page_size_, new_pages * page_size_), page_size_,
+                         locals, opts);
+      std::optional<std::uint64_t> parent;
+      if (pos > 0) {
+        if (split_node != npos)
+          parent = block_hashes(nodes_[split_node])[split_pages - 1];
+        else
+          parent = block_hashes(nodes_[cur])[nodes_[cur].n - 1];
+      }
+      st.parent_hash = parent;
+      for (std::size_t i = 0; i < new_pages; ++i) {
+        const std::uint64_t h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+        st.blocks[i] = KvBlock{h, locals[i]};
+        parent = h;
+      }
+      event.emplace(std::move(st));
+    }
+    const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
+    reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
+    edges_.reserve(extra_nodes);
+    heap_.reserve(live_nodes_ + extra_nodes);
+    if (it == ns_index_.end()) {
+      create_namespace(ns, seed);  // strong: nothing else changed yet
+      cur = ns_slots_[ns_index_.find(ns)->second].root;
+    }
+
+    // Phase 2: commit; nothing below throws.
+    ++tick_;
+    ++stats_.inserts;
+    for (const std::uint32_t x : path_)
+      touch_insert(x, ns, priority);
+    if (split_node != npos) {
+      cur = split(split_node, split_pages, std::move(head_block));
+      touch_insert(cur, ns, priority);
+    }
+    if (new_pages > 0) {
+      cur = add_leaf(cur, tokens.data() + pos * page_size_, pages.data() + pos,
+                     static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns, priority,
+                     event ? &std::get<kv_event::Stored>(*event) : nullptr);
+    }
+    r.cached_pages = pos;
+    r.inserted_pages = new_pages;
+    r.handle = handle_of(cur);
+    stats_.inserted_pages += new_pages;
+    stats_.duplicate_pages += r.duplicates.size();
+    if (event) publish(std::move(*event));
+    return r;
+  }
+
+  /// Frees min(n_pages, evictable_pages()) pages, exactly: never more. Takes the
+  /// unlocked leaf with the smallest policy key and frees its pages from the tail
+  /// (so a long leaf can give up only what is needed); a leaf emptied this way is
+  /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
+  /// page (deepest first) and publishes one Removed event with their block hashes.
+  /// O(pages freed + log L per node touched). on_evict must not throw (a throwing
+  /// callback terminates: the cache cannot hand back half a node). Strong guarantee
+  /// for std::bad_alloc (before anything changes).
+  template <class OnEvict>
+  std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
+    const std::size_t target = std::min(n_pages, evictable_pages_);
+    if (target == 0) return 0;
+    std::vector<std::uint64_t> removed;
+    if (hashes_) removed.reserve(target);
+    evict_reserved(target, on_evict, removed);
+    if (hashes_) publish(kv_event::Removed{std::move(removed)});
+    return target;
+  }
+
+  /// evict() without a callback (for engines that track pages otherwise).
+  std::size_t evict(std::size_t n_pages) {
+    return evict(n_pages, [](PageId) noexcept {});
+  }
+
+  /// Drops every page of every namespace, calling on_free(PageId) for each (in
+  /// unspecified order), and publishes Cleared. Namespace configurations stay.
+  /// Returns false, changing nothing, if any page is locked. O(N + pages); the
+  /// callback must not throw (see evict). Invalidates every handle.
+  template <class OnFree>
+  bool clear(OnFree&& on_free) {
+    if (stats_.locked_pages > 0) return false;
+    clear_reserved(on_free);
+    publish(kv_event::Cleared{});
+    return true;
+  }
+
+  /// clear() without a callback.
+  bool clear() {
+    return clear([](PageId) noexcept {});
+  }
+
+  /// Drops every page of namespace `ns` (calling on_free for each) and forgets the
+  /// namespace, configuration included; publishes one Removed event if pages were
+  /// dropped. Returns false, changing nothing, if a page of `ns` is locked; true for
+  /// an unknown namespace. O(nodes and pages of ns). Strong guarantee for bad_alloc.
+  template <class OnFree>
+  bool erase_namespace(namespace_id ns, OnFree&& on_free) {
+    const auto it = ns_index_.find(ns);
+    if (it == ns_index_.end()) return true;
+    const std::uint32_t slot = it->second;
+    const std::uint32_t root = ns_slots_[slot].root;
+    if (nodes_[root].lock > 0) return false;
+    std::vector<std::uint32_t> order;  // every node of the namespace, parents first
+    std::size_t pages = 0;
+    for (std::uint32_t c = nodes_[root].first_child; c != npos; c = nodes_[c].next)
+      order.push_back(c);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      pages += nodes_[order[i]].n;
+      for (std::uint32_t c = nodes_[order[i]].first_child; c != npos; c = nodes_[c].next)
+        order.push_back(c);
+    }
+    std::vector<std::uint64_t> removed;
+    if (hashes_) removed.reserve(pages);
+    erase_reserved(slot, order, on_free, removed);
+    stats_.erased_pages += pages;
+    if (hashes_ && pages > 0) publish(kv_event::Removed{std::move(removed)});
+    return true;
+  }
+
+  /// erase_namespace() without a callback.
+  bool erase_namespace(namespace_id ns) {
+    return erase_namespace(ns, [](PageId) noexcept {});
+  }
+
+  // ---- state ------------------------------------------------------------------------------
+
+  /// Tokens per page. O(1).
+  [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
+  /// Pages in the cache. O(1).
+  [[nodiscard]] std::size_t cached_pages() const noexcept { return stats_.cached_pages; }
+  /// Pages on the path of at least one lock. O(1).
+  [[nodiscard]] std::size_t locked_pages() const noexcept { return stats_.locked_pages; }
+  /// Pages evict() can free now (cached minus locked). O(1).
+  [[nodiscard]] std::size_t evictable_pages() const noexcept { return evictable_pages_; }
+  /// Tree nodes, namespace roots not counted. O(1).
+  [[nodiscard]] std::size_t node_count() const noexcept { return live_nodes_; }
+  /// True when a sink was given: pages carry block hashes and events are published. O(1).
+  [[nodiscard]] bool publishes_events() const noexcept { return hashes_; }
+  /// Id the next event will carry (events are numbered 0, 1, 2, ...). O(1).
+  [[nodiscard]] std::uint64_t next_event_id() const noexcept { return next_event_id_; }
+  /// Counters and gauges. O(1).
+  [[nodiscard]] const PagedCacheStats& stats() const noexcept { return stats_; }
+  /// The policy object (its own state, e.g. an adaptive target). O(1).
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+
+  /// Heap bytes held, split into the index and the token ids (capacities). O(1).
+  [[nodiscard]] PagedCacheMemory memory() const noexcept {
+    PagedCacheMemory m;
+    m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
+    m.index_bytes = block_pages_ * (sizeof(PageId) + (hashes_ ? sizeof(std::uint64_t) : 0U)) +
+                    nodes_.capacity() * sizeof(Node) + edges_.memory_bytes() +
+                    heap_.capacity() * sizeof(HeapEntry) + ns_slots_.capacity() * sizeof(NsSlot) +
+                    (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
+                    path_.capacity() * sizeof(std::uint32_t);
+    return m;
+  }
+
+  /// Checks every internal invariant (links, edges, depths, lock counts, page
+  /// counters, heap membership and order, block hashes). O(N + pages * page_size);
+  /// for tests.
+  [[nodiscard]] bool check_invariants() const {
+    std::size_t live = 0, pages = 0, locked = 0, evictable = 0, in_heap = 0, block_pages = 0;
+    for (std::uint32_t slot = 0; slot < ns_slots_.size(); ++slot) {
+      const NsSlot& s = ns_slots_[slot];
+      if (!s.live) continue;
+      const auto it = ns_index_.find(s.id);
+      if (it == ns_index_.end() || it->second != slot) return false;
+      const auto so = seed_owner_.find(s.seed);
+      if (so == seed_owner_.end() || so->second != s.id) return false;
+      const Node& root = nodes_[s.root];
+      if (root.kind != Kind::root || root.ns != slot || root.parent != npos) return false;
+      std::vector<std::uint32_t> stack{s.root};
+      while (!stack.empty()) {
+        const std::uint32_t x = stack.back();
+        stack.pop_back();
+        const Node& nd = nodes_[x];
+        std::uint64_t child_locks = 0;
+        std::uint32_t prev = npos;
+        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next) {
+          const Node& ch = nodes_[c];
+          if (ch.kind != Kind::node || ch.parent != x || ch.prev != prev || ch.ns != slot)
+            return false;
+          if (ch.n == 0 || ch.off + ch.n > ch.cap) return false;
+          if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
+          // The child is reachable through its (parent, first token) chain.
+          bool reachable = false;
+          for (std::uint32_t e = edges_.find(x, tokens_of(ch)[0]); e != npos;
+               e = nodes_[e].next_same)
+            reachable = reachable || e == c;
+          if (!reachable) return false;
+          // Siblings never share their first page.
+          for (std::uint32_t o = ch.next; o != npos; o = nodes_[o].next)
+            if (std::memcmp(tokens_of(ch), tokens_of(nodes_[o]), page_bytes()) == 0) return false;
+          child_locks += ch.lock;
+          prev = c;
+          stack.push_back(c);
+        }
+        if (child_locks + nd.own != nd.lock) return false;
+        if (nd.kind == Kind::root) continue;
+        ++live;
+        pages += nd.n;
+        block_pages += nd.cap;
+        if (nd.lock > 0) locked += nd.n;
+        if (nd.lock == 0) evictable += nd.n;
+        const bool leaf = nd.first_child == npos && nd.lock == 0;
+        if (leaf != (nd.heap_pos != npos)) return false;
+        if (leaf) {
+          ++in_heap;
+          if (nd.heap_pos >= heap_.size() || heap_[nd.heap_pos].node != x) return false;
+          const key_type now = policy_.key(nd.meta);
+          const key_type& stored = heap_[nd.heap_pos].key;
+          if (now < stored) return false;
+          if (!Policy::monotone_keys && stored < now) return false;
+        }
+        if (hashes_) {
+          const std::uint64_t seed = s.seed;
+          std::optional<std::uint64_t> parent;
+          if (nd.parent != s.root) {
+            const Node& p = nodes_[nd.parent];
+            parent = block_hashes(p)[p.n - 1];
+          }
+          for (std::uint32_t i = 0; i < nd.n; ++i) {
+            std::uint64_t local = 0;
+            BlockHashOptions opts;
+            opts.seed = seed;
+            local_block_hashes(std::span<const token_type>(
+                                   tokens_of(nd) + std::size_t{i} * page_size_, page_size_),
+                               page_size_, std::span<std::uint64_t>(&local, 1), opts);
+            const std::uint64_t h = parent ? sequence_hash(*parent, local) : local;
+            if (block_hashes(nd)[i] != h) return false;
+            parent = h;
+          }
+        }
+      }
+    }
+    if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
+        evictable != evictable_pages_ || in_heap != heap_.size() || block_pages != block_pages_)
+      return false;
+    if (edges_.size() != live_nodes_ - chained_siblings()) return false;
+    for (std::size_t i = 1; i < heap_.size(); ++i)
+      if (heap_[i].key < heap_[(i - 1) / 2].key) return false;
+    std::size_t free_count = 0;
+    for (std::uint32_t f = free_head_; f != npos; f = nodes_[f].next) {
+      if (nodes_[f].kind != Kind::free) return false;
+      ++free_count;
+    }
+    return free_count == free_count_ && live + free_count + live_namespaces() == nodes_.size();
+  }
+
+ private:
+  enum class Kind : std::uint8_t { free, root, node };
+
+  // One tree node. Pages [off, off + n) of its block are live: a split moves the
+  // head's pages to a new block and advances `off`, a trim lowers `n`; the block
+  // is compacted once less than half of it is live.
+  struct Node {
+    std::unique_ptr<unsigned char[]> block{};
+    std::uint32_t cap = 0;    // pages the block holds
+    std::uint32_t off = 0;    // first live page in the block
+    std::uint32_t n = 0;      // live pages
+    std::uint32_t depth = 0;  // pages before this node on its path
+    std::uint32_t parent = npos;
+    std::uint32_t first_child = npos;
+    std::uint32_t next = npos;       // next sibling (free list link for free nodes)
+    std::uint32_t prev = npos;       // previous sibling
+    std::uint32_t next_same = npos;  // next sibling with the same first token
+    std::uint32_t lock = 0;          // locks whose path runs through this node
+    std::uint32_t own = 0;           // locks taken with a handle ending at this node
+    std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
+    std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
+    std::uint32_t ns = 0;            // namespace slot
+    Kind kind = Kind::free;
+    meta_type meta{};
+  };
+
+  struct HeapEntry {
+    key_type key;
+    std::uint32_t node;
+  };
+
+  struct NsSlot {
+    namespace_id id = 0;
+    std::uint64_t seed = 0;
+    std::uint32_t root = npos;
+    bool live = false;
+  };
+
+  struct Found {
+    std::uint32_t node = npos;
+    std::size_t pages = 0;  // leading pages of the node that match
+  };
+
+  static std::size_t check_page_size(std::size_t page_size) {
+    if (page_size == 0 || page_size > (std::size_t{1} << 20))
+      throw std::invalid_argument("PagedPrefixCache: page_size must be in [1, 2^20]");
+    return page_size;
+  }
+
+  static std::uint64_t default_seed(namespace_id ns) {
+    if (ns == 0) return block_hash_seed();
+    return block_hash_seed({}, std::to_string(ns));
+  }
+
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
+
+  // Block layout for `cap` pages: [hashes][page ids][tokens], each aligned.
+  [[nodiscard]] std::size_t ids_offset(std::size_t cap) const noexcept {
+    return hashes_ ? cap * sizeof(std::uint64_t) : 0U;
+  }
+  [[nodiscard]] std::size_t tokens_offset(std::size_t cap) const noexcept {
+    const std::size_t end = ids_offset(cap) + cap * sizeof(PageId);
+    return (end + alignof(token_type) - 1) / alignof(token_type) * alignof(token_type);
+  }
+  [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
+    return std::unique_ptr<unsigned char[]>(
+        new unsigned char[tokens_offset(cap) + std::size_t{cap} * page_bytes()]);
+  }
+  [[nodiscard]] std::uint64_t* block_hashes(const Node& x) const noexcept {
+    return reinterpret_cast<std::uint64_t*>(x.block.get()) + x.off;
+  }
+  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
+    return reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)) + x.off;
+  }
+  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
+    return reinterpret_cast<token_type*>(x.block.get() + tokens_offset(x.cap)) +
+           std::size_t{x.off} * page_size_;
+  }
+
+  // The child of `parent` sharing the most leading pages with q (at least one), or npos.
+  [[nodiscard]] Found find_child(std::uint32_t parent, const token_type* q,
+                                 std::size_t q_pages) const noexcept {
+    for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
+      const Node& x = nodes_[c];
+      const std::size_t cmp = std::min<std::size_t>(x.n, q_pages) * page_bytes();
+      const std::size_t k = detail::mismatch(tokens_of(x), q, cmp) / page_bytes();
+      if (k > 0) return {c, k};
+    }
+    return {};
+  }
+
+  [[nodiscard]] PagedPrefixHandle handle_of(std::uint32_t x) const noexcept {
+    if (nodes_[x].kind != Kind::node) return {};
+    return {x, nodes_[x].gen};
+  }
+
+  [[nodiscard]] PagedPolicyContext context(const Node& x, namespace_id ns,
+                                           std::int64_t priority) const noexcept {
+    return {tick_,
+            priority,
+            ns,
+            x.depth,
+            std::span<const token_type>(tokens_of(x), std::size_t{x.n} * page_size_),
+            false};
+  }
+
+  void touch_match(std::uint32_t x, namespace_id ns) noexcept {
+    Node& nd = nodes_[x];
+    policy_.on_match(nd.meta, context(nd, ns, 0));
+    if constexpr (!Policy::monotone_keys)
+      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+  }
+
+  void touch_insert(std::uint32_t x, namespace_id ns, std::int64_t priority) noexcept {
+    Node& nd = nodes_[x];
+    policy_.on_insert_hit(nd.meta, context(nd, ns, priority));
+    if constexpr (!Policy::monotone_keys)
+      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+  }
+
+  // ---- node slots --------------------------------------------------------------------------
+
+  void reserve_nodes(std::size_t k) {
+    if (free_count_ >= k) return;
+    const std::size_t need = nodes_.size() + (k - free_count_);
+    if (need > npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
+    if (need > nodes_.capacity()) nodes_.reserve(std::max(need, nodes_.capacity() * 2));
+  }
+
+  // Requires reserve_nodes(): never throws.
+  std::uint32_t alloc_node() noexcept {
+    if (free_head_ != npos) {
+      const std::uint32_t x = free_head_;
+      free_head_ = nodes_[x].next;
+      --free_count_;
+      nodes_[x].next = npos;
+      return x;
+    }
+    nodes_.emplace_back();
+    return static_cast<std::uint32_t>(nodes_.size() - 1);
+  }
+
+  void free_node(std::uint32_t x) noexcept {
+    Node& nd = nodes_[x];
+    block_pages_ -= nd.cap;
+    nd.block.reset();
+    nd.cap = nd.off = nd.n = nd.depth = 0;
+    nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
+    nd.lock = nd.own = 0;
+    nd.heap_pos = npos;
+    ++nd.gen;
+    nd.kind = Kind::free;
+    nd.next = free_head_;
+    free_head_ = x;
+    ++free_count_;
+  }
+
+  void create_namespace(namespace_id ns, std::uint64_t seed) {
+    reserve_nodes(1);
+    std::uint32_t slot = 0;
+    while (slot < ns_slots_.size() && ns_slots_[slot].live)
+      ++slot;
+    if (slot == ns_slots_.size()) ns_slots_.emplace_back();
+    try {
+      ns_index_.emplace(ns, slot);
+      try {
+        seed_owner_.emplace(seed, ns);
+      } catch (...) {
+        ns_index_.erase(ns);
+        throw;
+      }
+    } catch (...) {
+      if (slot + 1 == ns_slots_.size() && !ns_slots_[slot].live) ns_slots_.pop_back();
+      throw;
+    }
+    const std::uint32_t root = alloc_node();
+    Node& r = nodes_[root];
+    r.kind = Kind::root;
+    r.ns = slot;
+    ns_slots_[slot] = NsSlot{ns, seed, root, true};
+  }
+
+  void check_seed_free(std::uint64_t seed, namespace_id ns) const {
+    const auto so = seed_owner_.find(seed);
+    if (so != seed_owner_.end() && so->second != ns)
+      throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
+  }
+
+  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
+
+  // Nodes that are not the head of their (parent, first token) chain.
+  [[nodiscard]] std::size_t chained_siblings() const noexcept {
+    std::size_t k = 0;
+    for (const Node& nd : nodes_)
+      if (nd.kind == Kind::node && nd.next_same != npos) ++k;
+    return k;
+  }
+
+  // ---- structure ---------------------------------------------------------------------------
+
+  void prepare_split() {
+    reserve_nodes(1);
+    edges_.reserve(1);
+    heap_.reserve(live_nodes_ + 1);
+  }
+
+  // Splits node c after its first k pages: a new node takes them (and c's place
+  // under its parent); c keeps the rest, and its index, so handles to c still
+  // name the same end. Requires prepare_split() or equivalent. Never throws.
+  std::uint32_t split(std::uint32_t c, std::size_t k_pages,
+                      std::unique_ptr<unsigned char[]> hb) noexcept {
+    const auto k = static_cast<std::uint32_t>(k_pages);
+    const std::uint32_t h = alloc_node();
+    Node& H = nodes_[h];
+    Node& C = nodes_[c];
+    H.block = std::move(hb);
+    H.cap = k;
+    H.off = 0;
+    H.n = k;
+    block_pages_ += k;
+    if (hashes_) std::memcpy(block_hashes(H), block_hashes(C), k * sizeof(std::uint64_t));
+    std::memcpy(page_ids(H), page_ids(C), k * sizeof(PageId));
+    std::memcpy(tokens_of(H), tokens_of(C), std::size_t{k} * page_bytes());
+    H.depth = C.depth;
+    H.parent = C.parent;
+    H.lock = C.lock;
+    H.ns = C.ns;
+    H.meta = C.meta;
+    H.kind = Kind::node;
+    H.heap_pos = npos;
+    // H takes C's place among the siblings and in the edge chain.
+    H.prev = C.prev;
+    H.next = C.next;
+    if (C.prev != npos) nodes_[C.prev].next = h;
+    if (C.next != npos) nodes_[C.next].prev = h;
+    Node& P = nodes_[C.parent];
+    if (P.first_child == c) P.first_child = h;
+    const token_type first = tokens_of(C)[0];
+    H.next_same = C.next_same;
+    const std::uint32_t head = edges_.find(C.parent, first);
+    if (head == c) {
+      edges_.replace(C.parent, first, h);
+    } else {
+      std::uint32_t e = head;
+      while (nodes_[e].next_same != c)
+        e = nodes_[e].next_same;
+      nodes_[e].next_same = h;
+    }
+    // C becomes H's only child.
+    C.off += k;
+    C.n -= k;
+    C.depth += k;
+    C.parent = h;
+    C.prev = C.next = C.next_same = npos;
+    H.first_child = c;
+    edges_.insert_reserved(h, tokens_of(C)[0], c);
+    ++live_nodes_;
+    ++stats_.splits;
+    return h;
+  }
+
+  // Adds a new unlocked leaf under `parent` holding n pages. Requires room for a
+  // node, an edge and a heap entry. Never throws.
+  std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
+                         std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
+                         std::int64_t priority, const kv_event::Stored* st) noexcept {
+    const std::uint32_t x = alloc_node();
+    Node& L = nodes_[x];
+    Node& P = nodes_[parent];
+    L.block = std::move(block);
+    L.cap = n;
+    L.off = 0;
+    L.n = n;
+    block_pages_ += n;
+    if (st != nullptr)
+      for (std::uint32_t i = 0; i < n; ++i)
+        block_hashes(L)[i] = st->blocks[i].block_hash;
+    std::memcpy(page_ids(L), ids, n * sizeof(PageId));
+    std::memcpy(tokens_of(L), tokens, std::size_t{n} * page_bytes());
+    L.depth = P.kind == Kind::root ? 0U : P.depth + P.n;
+    L.parent = parent;
+    L.ns = P.ns;
+    L.kind = Kind::node;
+    L.meta = policy_.on_create(context(L, ns, priority));
+    // Link as the first child; chain behind any sibling with the same first token.
+    L.prev = npos;
+    L.next = P.first_child;
+    if (P.first_child != npos) nodes_[P.first_child].prev = x;
+    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(P.heap_pos);
+    P.first_child = x;
+    const std::uint32_t head = edges_.find(parent, tokens[0]);
+    if (head == npos) {
+      edges_.insert_reserved(parent, tokens[0], x);
+    } else {
+      L.next_same = head;
+      edges_.replace(parent, tokens[0], x);
+    }
+    ++live_nodes_;
+    stats_.cached_pages += n;
+    evictable_pages_ += n;
+    heap_push(x);
+    return x;
+  }
+
+  // Unlinks leaf x from its parent and the edge table, and frees it.
+  void remove_leaf(std::uint32_t x) noexcept {
+    Node& L = nodes_[x];
+    Node& P = nodes_[L.parent];
+    if (L.prev != npos) nodes_[L.prev].next = L.next;
+    if (L.next != npos) nodes_[L.next].prev = L.prev;
+    if (P.first_child == x) P.first_child = L.next;
+    const token_type first = tokens_of(L)[0];
+    const std::uint32_t head = edges_.find(L.parent, first);
+    if (head == x) {
+      if (L.next_same != npos)
+        edges_.replace(L.parent, first, L.next_same);
+      else
+        edges_.erase(L.parent, first);
+    } else {
+      std::uint32_t e = head;
+      while (nodes_[e].next_same != x)
+        e = nodes_[e].next_same;
+      nodes_[e].next_same = L.next_same;
+    }
+    --live_nodes_;
+    free_node(x);
+  }
+
+  // Keeps a trimmed node's block at most twice its live pages (best effort).
+  void compact(Node& x) noexcept {
+    if (std::size_t{x.n} * 2 > x.cap) return;
+    std::unique_ptr<unsigned char[]> nb(
+        new (std::nothrow) unsigned char[tokens_offset(x.n) + std::size_t{x.n} * page_bytes()]);
+    if (!nb) return;
+    Node y;
+    y.block = std::move(nb);
+    y.cap = x.n;
+    y.off = 0;
+    if (hashes_) std::memcpy(block_hashes(y), block_hashes(x), x.n * sizeof(std::uint64_t));
+    std::memcpy(page_ids(y), page_ids(x), x.n * sizeof(PageId));
+    std::memcpy(tokens_of(y), tokens_of(x), std::size_t{x.n} * page_bytes());
+    block_pages_ -= x.cap - x.n;
+    x.block = std::move(y.block);
+    x.cap = x.n;
+    x.off = 0;
+  }
+
+  template <class OnEvict>
+  void evict_reserved(std::size_t target, OnEvict& on_evict,
+                      std::vector<std::uint64_t>& removed) noexcept {
+    std::size_t freed = 0;
+    while (freed < target) {
+      heap_fresh_top();
+      const std::uint32_t x = heap_[0].node;
+      Node& nd = nodes_[x];
+      const std::uint32_t take =
+          static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      const std::uint32_t keep = nd.n - take;
+      for (std::uint32_t i = nd.n; i-- > keep;) {
+        on_evict(page_ids(nd)[i]);
+        if (hashes_) removed.push_back(block_hashes(nd)[i]);
+      }
+      PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
+      ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
+      ctx.whole_node = keep == 0;
+      policy_.on_evict(nd.meta, ctx);
+      stats_.cached_pages -= take;
+      evictable_pages_ -= take;
+      stats_.evicted_pages += take;
+      freed += take;
+      if (keep == 0) {
+        const std::uint32_t parent = nd.parent;
+        heap_erase(0);
+        remove_leaf(x);
+        Node& p = nodes_[parent];
+        if (p.kind == Kind::node && p.first_child == npos && p.lock == 0) heap_push(parent);
+      } else {
+        nd.n = keep;
+        ++nd.gen;
+        compact(nd);
+      }
+    }
+  }
+
+  template <class OnFree>
+  void clear_reserved(OnFree& on_free) noexcept {
+    for (std::uint32_t x = 0; x < nodes_.size(); ++x) {
+      Node& nd = nodes_[x];
+      if (nd.kind == Kind::root) {
+        nd.first_child = npos;
+        nd.lock = 0;
+      }
+      if (nd.kind != Kind::node) continue;
+      for (std::uint32_t i = 0; i < nd.n; ++i)
+        on_free(page_ids(nd)[i]);
+      free_node(x);
+    }
+    stats_.cleared_pages += stats_.cached_pages;
+    stats_.cached_pages = 0;
+    evictable_pages_ = 0;
+    live_nodes_ = 0;
+    edges_.clear();
+    heap_.clear();
+  }
+
+  template <class OnFree>
+  void erase_reserved(std::uint32_t slot, const std::vector<std::uint32_t>& order, OnFree& on_free,
+                      std::vector<std::uint64_t>& removed) noexcept {
+    // Children first, so every removal is of a leaf.
+    for (std::size_t i = order.size(); i-- > 0;) {
+      const std::uint32_t x = order[i];
+      Node& nd = nodes_[x];
+      for (std::uint32_t j = nd.n; j-- > 0;) {
+        on_free(page_ids(nd)[j]);
+        if (hashes_) removed.push_back(block_hashes(nd)[j]);
+      }
+      stats_.cached_pages -= nd.n;
+      evictable_pages_ -= nd.n;
+      if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      remove_leaf(x);
+    }
+    NsSlot& s = ns_slots_[slot];
+    free_node(s.root);
+    ns_index_.erase(s.id);
+    seed_owner_.erase(s.seed);
+    s = NsSlot{};
+  }
+
+  void publish(KvEventData data) {
+    if (!sink_) return;
+    const KvEvent ev{next_event_id_++, std::move(data)};
+    ++stats_.events;
+    sink_(ev);
+  }
+
+  // ---- heap of evictable leaves --------------------------------------------------------------
+
+  void heap_set(std::size_t i, const HeapEntry& e) noexcept {
+    heap_[i] = e;
+    nodes_[e.node].heap_pos = static_cast<std::uint32_t>(i);
+  }
+
+  void sift_up(std::size_t i) noexcept {
+    const HeapEntry e = heap_[i];
+    while (i > 0) {
+      const std::size_t p = (i - 1) / 2;
+      if (!(e.key < heap_[p].key)) break;
+      heap_set(i, heap_[p]);
+      i = p;
+    }
+    heap_set(i, e);
+  }
+
+  void sift_down(std::size_t i) noexcept {
+    const HeapEntry e = heap_[i];
+    const std::size_t n = heap_.size();
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && heap_[c + 1].key < heap_[c].key) ++c;
+      if (!(heap_[c].key < e.key)) break;
+      heap_set(i, heap_[c]);
+      i = c;
+    }
+    heap_set(i, e);
+  }
+
+  // Requires capacity (kept at least the number of live nodes). Never throws.
+  void heap_push(std::uint32_t x) noexcept {
+    heap_.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
+    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap_.size() - 1);
+    sift_up(heap_.size() - 1);
+  }
+
+  void heap_erase(std::size_t i) noexcept {
+    nodes_[heap_[i].node].heap_pos = npos;
+    const HeapEntry last = heap_.back();
+    heap_.pop_back();
+    if (i == heap_.size()) return;
+    heap_set(i, last);
+    sift_up(i);
+    sift_down(nodes_[last.node].heap_pos);
+  }
+
+  void heap_rekey(std::size_t i) noexcept {
+    heap_[i].key = policy_.key(nodes_[heap_[i].node].meta);
+    sift_up(i);
+    sift_down(nodes_[heap_[i].node].heap_pos);
+  }
+
+  // Lazy re-keying: a leaf whose key grew since it was pushed sinks when it
+  // reaches the top, so the top is then the true minimum.
+  void heap_fresh_top() noexcept {
+    if constexpr (Policy::monotone_keys) {
+      for (;;) {
+        const key_type now = policy_.key(nodes_[heap_[0].node].meta);
+        if (!(heap_[0].key < now)) return;
+        heap_[0].key = now;
+        sift_down(0);
+      }
+    }
+  }
+
+  std::size_t page_size_;
+  Policy policy_;
+  event_sink sink_;
+  bool hashes_;
+  std::vector<Node> nodes_;
+  std::uint32_t free_head_ = npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_nodes_ = 0;
+  std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
+  std::size_t evictable_pages_ = 0;
+  detail::PagedEdgeTable edges_;
+  std::vector<HeapEntry> heap_;
+  std::vector<NsSlot> ns_slots_;
+  std::unordered_map<namespace_id, std::uint32_t> ns_index_;
+  std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
+  std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
+  std::uint64_t tick_ = 0;
+  std::uint64_t next_event_id_ = 0;
+  PagedCacheStats stats_;
+};
+
+}  // namespace promptcache
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
+// ---- end promptcache/paged_prefix_cache.hpp ----
+// ---- begin promptcache/prompt_cache_pool.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_PROMPT_CACHE_POOL_HPP
+// promptcache: prompt_cache_pool.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A process-local pool of recently used prompt prefixes and the per-layer KV
+// state an engine computed for them. A stateless server sends the full token
+// list on every call; the pool answers "which stored prefix of this request can
+// I resume from" and keeps the state after each call.
+//
+// Layout: one compressed trie (radix tree) per namespace over token ids; an
+// entry lives on the node where its ids end. Edge labels are not copies: they
+// point into the ids of some entry stored below the edge, so the index costs a
+// few dozen bytes per node on top of the ids the entries own anyway. Unpinned
+// entries also sit on an intrusive recency list (one per distinct TTL), which
+// gives the LRU victim in O(1) and lets TTL expiry stop at the first live
+// entry. Lookup and insert cost O(query length), whatever the pool size.
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
 // ---- begin promptcache/detail/pool_child_map.hpp ----
 #ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP
 #define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_POOL_CHILD_MAP_HPP

@@ -1,0 +1,304 @@
+// PagedPrefixCache against a C++ port of SGLang's RadixCache design
+// (bench/sglang_radix_port.hpp) on the same workload, at 10k, 100k and 1M cached
+// pages and page sizes 1, 16 and 64.
+//
+// Workload: requests are one of 64 shared system prompts (16 pages) followed by
+// 8..56 pages of request-specific tokens; the caches are filled with requests
+// until they hold the target number of pages. Then, in 5 rounds that alternate
+// the two implementations:
+// - match: 512 cached requests (plus a page the cache does not hold), sampled at
+//   random; ns per matched page. The floor is a memcmp of the same query against
+//   a copy of itself over the matched tokens.
+// - insert: 64 new requests; ns per page of the request (walked + stored).
+// - evict: 64 calls, each freeing one request's worth of pages (what an engine
+//   asks for before admitting a request); ns per freed page. The caches are back
+//   at the target size after each round.
+// Memory: PagedPrefixCache::memory() (index bytes, token ids excluded), with and
+// without block hashes (a cache with an event sink keeps one per page), and the
+// heap growth measured with mallinfo2 around building each structure.
+//
+// Usage: paged_prefix_cache [--quick]   (--quick: 10k and 100k pages only)
+#include <promptcache/paged_prefix_cache.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "sglang_radix_port.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using PageId = std::uint32_t;
+using Cache = promptcache::PagedPrefixCache<PageId>;
+using Port = bench::SglangRadixPort<PageId>;
+
+constexpr std::size_t system_prompts = 64;
+constexpr std::size_t system_pages = 16;
+constexpr std::size_t rounds = 5;
+constexpr std::size_t match_batch = 512;
+constexpr std::size_t write_batch = 64;
+
+std::size_t heap_in_use() {
+#if defined(__GLIBC__)
+  return mallinfo2().uordblks;
+#else
+  return 0;
+#endif
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Request r's tokens, regenerated on demand from its number.
+struct Workload {
+  std::size_t ps;
+  std::vector<std::vector<std::uint32_t>> systems;
+
+  explicit Workload(std::size_t page_size) : ps(page_size) {
+    std::mt19937 rng(7);
+    for (std::size_t s = 0; s < system_prompts; ++s) {
+      std::vector<std::uint32_t> t(system_pages * ps);
+      for (auto& x : t)
+        x = static_cast<std::uint32_t>(rng() % 50000U);
+      systems.push_back(std::move(t));
+    }
+  }
+
+  void request(std::uint64_t r, std::vector<std::uint32_t>& out) const {
+    std::mt19937_64 rng(r * 0x9E3779B97F4A7C15ULL + 1);
+    const auto& sys = systems[rng() % system_prompts];
+    const std::size_t own = (8 + rng() % 49) * ps;
+    out.assign(sys.begin(), sys.end());
+    for (std::size_t i = 0; i < own; ++i)
+      out.push_back(static_cast<std::uint32_t>(rng() % 50000U));
+  }
+};
+
+struct Row {
+  std::size_t pages = 0, ps = 0;
+  double match_ours = 0, match_port = 0, match_memcmp = 0, match_store = 0;
+  double insert_ours = 0, insert_port = 0;
+  double evict_ours = 0, evict_port = 0;
+  double mem_index = 0, mem_index_hashes = 0, heap_ours = 0, heap_port = 0;
+};
+
+Row run(std::size_t target_pages, std::size_t ps) {
+  Row row;
+  row.pages = target_pages;
+  row.ps = ps;
+  Workload w(ps);
+  std::vector<std::uint32_t> tok;
+  std::vector<PageId> ids;
+  PageId next_page = 0;
+  const auto page_ids = [&](std::size_t n) {
+    ids.resize(n);
+    for (auto& p : ids)
+      p = next_page++;
+  };
+
+  // Build both caches with the same requests (the port first, so its heap
+  // growth is measured alone; then ours).
+  std::uint64_t requests = 0;
+  std::size_t token_total = 0;
+  std::vector<std::uint32_t> store;  // every request's tokens, for the memcmp floor
+  std::vector<std::size_t> store_off;
+  const std::size_t heap0 = heap_in_use();
+  auto port = std::make_unique<Port>(ps);
+  {
+    std::size_t cached = 0;
+    for (std::uint64_t r = 0; cached < target_pages; ++r) {
+      w.request(r, tok);
+      page_ids(tok.size() / ps);
+      const std::size_t hit = port->insert(tok, ids);
+      store_off.push_back(store.size());
+      store.insert(store.end(), tok.begin(), tok.end());
+      cached += (tok.size() - hit) / ps;
+      token_total += tok.size() - hit;
+      requests = r + 1;
+    }
+  }
+  const std::size_t heap1 = heap_in_use();
+  auto ours = std::make_unique<Cache>(ps);
+  for (std::uint64_t r = 0; r < requests; ++r) {
+    w.request(r, tok);
+    page_ids(tok.size() / ps);
+    ours->insert(tok, ids);
+  }
+  const std::size_t heap2 = heap_in_use();
+  const std::size_t cached = ours->cached_pages();
+  const double token_bytes = static_cast<double>(token_total * sizeof(std::uint32_t));
+  row.mem_index = static_cast<double>(ours->memory().index_bytes) / static_cast<double>(cached);
+  row.heap_port = (static_cast<double>(heap1 - heap0) - token_bytes) / static_cast<double>(cached);
+  row.heap_ours = (static_cast<double>(heap2 - heap1) - token_bytes) / static_cast<double>(cached);
+  {
+    // The same index with block hashes (an event sink), for its memory only.
+    Cache hashed(ps, {}, [](const promptcache::KvEvent&) {});
+    for (std::uint64_t r = 0; r < requests; ++r) {
+      w.request(r, tok);
+      page_ids(tok.size() / ps);
+      hashed.insert(tok, ids);
+    }
+    row.mem_index_hashes =
+        static_cast<double>(hashed.memory().index_bytes) / static_cast<double>(cached);
+  }
+
+  // Match queries: cached requests plus one uncached page.
+  std::mt19937_64 rng(11);
+  std::vector<std::uint32_t> qbuf, qcopy;
+  std::vector<std::size_t> qoff{0};
+  std::vector<const std::uint32_t*> qstored;  // the query's tokens where the store keeps them
+  for (std::size_t i = 0; i < match_batch; ++i) {
+    const std::uint64_t r = rng() % requests;
+    qstored.push_back(store.data() + store_off[r]);
+    w.request(r, tok);
+    for (std::size_t j = 0; j < ps; ++j)
+      tok.push_back(60000U + static_cast<std::uint32_t>(j));
+    qbuf.insert(qbuf.end(), tok.begin(), tok.end());
+    qoff.push_back(qbuf.size());
+  }
+  qcopy = qbuf;
+  std::vector<PageId> out;
+  out.reserve(1024);
+  std::size_t matched_pages = 0;
+  for (std::size_t i = 0; i < match_batch; ++i)
+    matched_pages += ours->peek(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i])) / ps;
+
+  std::vector<double> m_ours, m_port, m_memcmp, m_store, i_ours, i_port, e_ours, e_port;
+  const auto ns = [](Clock::time_point a, Clock::time_point b, std::size_t pages) {
+    return static_cast<double>(
+               std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count()) /
+           static_cast<double>(pages);
+  };
+  std::size_t sink = 0;
+  // Match rounds first: they leave the cached content as it is.
+  for (std::size_t round = 0; round < rounds; ++round) {
+    auto t0 = Clock::now();
+    std::size_t got = 0;
+    for (std::size_t i = 0; i < match_batch; ++i)
+      got += ours->match(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i]), 0, out).matched;
+    auto t1 = Clock::now();
+    std::size_t got_port = 0;
+    for (std::size_t i = 0; i < match_batch; ++i) {
+      port->match_prefix(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i]), out);
+      got_port += out.size();
+    }
+    auto t2 = Clock::now();
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < match_batch; ++i) {
+      const std::size_t n = qoff[i + 1] - qoff[i] - ps;  // the matched tokens
+      differ += std::memcmp(qbuf.data() + qoff[i], qcopy.data() + qoff[i], n * 4) == 0 ? 0U : 1U;
+    }
+    auto t3 = Clock::now();
+    for (std::size_t i = 0; i < match_batch; ++i) {
+      const std::size_t n = qoff[i + 1] - qoff[i] - ps;
+      differ += std::memcmp(qbuf.data() + qoff[i], qstored[i], n * 4) == 0 ? 0U : 1U;
+    }
+    auto t4 = Clock::now();
+    sink += differ;
+    if (got != matched_pages * ps || got_port != matched_pages) {
+      std::fprintf(stderr, "match results differ: %zu %zu %zu\n", got / ps, got_port,
+                   matched_pages);
+      std::exit(1);
+    }
+    m_ours.push_back(ns(t0, t1, matched_pages));
+    m_port.push_back(ns(t1, t2, matched_pages));
+    m_memcmp.push_back(ns(t2, t3, matched_pages));
+    m_store.push_back(ns(t3, t4, matched_pages));
+  }
+
+  // Insert rounds: a batch of new requests, then evict what they added (one
+  // request's worth per call), in the same order for both.
+  std::uint64_t next_request = requests;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    std::vector<std::vector<std::uint32_t>> batch(write_batch);
+    std::vector<std::vector<PageId>> batch_ids(write_batch);
+    std::size_t batch_pages = 0;
+    for (std::size_t i = 0; i < write_batch; ++i) {
+      w.request(next_request++, batch[i]);
+      page_ids(batch[i].size() / ps);
+      batch_ids[i] = ids;
+      batch_pages += ids.size();
+    }
+    const std::size_t before = ours->cached_pages();
+    auto t0 = Clock::now();
+    for (std::size_t i = 0; i < write_batch; ++i)
+      ours->insert(batch[i], batch_ids[i]);
+    auto t1 = Clock::now();
+    for (std::size_t i = 0; i < write_batch; ++i)
+      port->insert(batch[i], batch_ids[i]);
+    auto t2 = Clock::now();
+    i_ours.push_back(ns(t0, t1, batch_pages));
+    i_port.push_back(ns(t1, t2, batch_pages));
+
+    const std::size_t added = ours->cached_pages() - before;
+    const std::size_t per_call = std::max<std::size_t>(1, added / write_batch);
+    std::size_t freed_ours = 0, freed_port = 0;
+    t0 = Clock::now();
+    for (std::size_t i = 0; i < write_batch && freed_ours < added; ++i)
+      freed_ours += ours->evict(i + 1 < write_batch ? per_call : added - freed_ours,
+                                [&](PageId p) { sink += p; });
+    t1 = Clock::now();
+    for (std::size_t i = 0; i < write_batch && freed_port < added; ++i)
+      freed_port += port->evict((i + 1 < write_batch ? per_call : added - freed_port) * ps,
+                                [&](PageId p) { sink += p; }) /
+                    ps;
+    t2 = Clock::now();
+    e_ours.push_back(ns(t0, t1, freed_ours));
+    e_port.push_back(ns(t1, t2, freed_port));
+  }
+  if (sink == 42) std::puts("");
+  row.match_ours = median(m_ours);
+  row.match_port = median(m_port);
+  row.match_memcmp = median(m_memcmp);
+  row.match_store = median(m_store);
+  row.insert_ours = median(i_ours);
+  row.insert_port = median(i_port);
+  row.evict_ours = median(e_ours);
+  row.evict_port = median(e_port);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  std::vector<std::size_t> sizes{10000, 100000};
+  if (!quick) sizes.push_back(1000000);
+  std::printf(
+      "ns per page, median of %zu interleaved rounds; ratio = port / ours (match: ours / "
+      "memcmp)\n",
+      rounds);
+  std::printf(
+      "| pages | page | match ours | memcmp hot | memcmp store | ours/store | match port | "
+      "port/ours | insert ours "
+      "| insert port | port/ours | evict ours | evict port | port/ours | index B/page | +hashes | "
+      "heap B/page ours | heap B/page port |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::size_t n : sizes) {
+    for (const std::size_t ps : {std::size_t{1}, std::size_t{16}, std::size_t{64}}) {
+      const Row r = run(n, ps);
+      std::printf(
+          "| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+          "%.1f | "
+          "%.0f | %.1f | %.1f | %.1f | %.1f |\n",
+          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.match_ours / r.match_store,
+          r.match_port, r.match_port / r.match_ours, r.insert_ours, r.insert_port,
+          r.insert_port / r.insert_ours, r.evict_ours, r.evict_port, r.evict_port / r.evict_ours,
+          r.mem_index, r.mem_index_hashes, r.heap_ours, r.heap_port);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

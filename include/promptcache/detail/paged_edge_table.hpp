@@ -1,0 +1,155 @@
+// promptcache: detail/paged_edge_table.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The child edges of every node of a PagedPrefixCache in one hash table, keyed
+// by (parent node, first token of the child's first page). One shared table
+// instead of a table per node: a leaf (most nodes) then costs no table at all,
+// and a node with 50k children costs the same per lookup as one with two.
+// Open addressing with linear probing and backward-shift deletion; load kept
+// between 1/8 and 1/2. Growth is split into reserve() (may throw) and
+// insert_reserved() (never throws), so an insert can allocate before it changes
+// anything; erase() never throws (shrinking is best effort).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+namespace promptcache::detail {
+
+class PagedEdgeTable {
+ public:
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+
+  PagedEdgeTable() noexcept = default;
+  PagedEdgeTable(const PagedEdgeTable&) = delete;
+  PagedEdgeTable& operator=(const PagedEdgeTable&) = delete;
+  PagedEdgeTable(PagedEdgeTable&& o) noexcept { swap(o); }
+  PagedEdgeTable& operator=(PagedEdgeTable&& o) noexcept {
+    PagedEdgeTable tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  ~PagedEdgeTable() = default;
+
+  void swap(PagedEdgeTable& o) noexcept {
+    std::swap(slots_, o.slots_);
+    std::swap(mask_, o.mask_);
+    std::swap(shift_, o.shift_);
+    std::swap(size_, o.size_);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return capacity() * sizeof(Slot); }
+
+  /// The child under (parent, token), or npos.
+  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+    if (!slots_) return npos;
+    for (std::size_t i = home(parent, token);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.child == npos) return npos;
+      if (s.parent == parent && s.token == token) return s.child;
+    }
+  }
+
+  /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
+  void reserve(std::size_t extra) {
+    const std::size_t need = 2 * (size_ + extra);
+    if (need <= capacity()) return;
+    std::size_t cap = 16;
+    while (cap < need)
+      cap *= 2;
+    rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
+  }
+
+  /// Adds an edge whose key is absent; requires a preceding reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    place(Slot{parent, token, child});
+    ++size_;
+  }
+
+  /// Points an existing key at another child.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
+    slots_[existing(parent, token)].child = child;
+  }
+
+  /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
+  void erase(std::uint32_t parent, std::uint32_t token) noexcept {
+    std::size_t hole = existing(parent, token);
+    for (std::size_t j = (hole + 1) & mask_; slots_[j].child != npos; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].parent, slots_[j].token);
+      // j may fill the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+      if (!stays) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    if (capacity() > 16 && size_ * 8 <= capacity()) {
+      std::size_t cap = 16;
+      while (cap < 4 * size_)
+        cap *= 2;
+      std::unique_ptr<Slot[]> table(new (std::nothrow) Slot[cap]);
+      if (table) rehash(std::move(table), cap);
+    }
+  }
+
+  /// Drops every edge and the table. Never throws.
+  void clear() noexcept {
+    slots_.reset();
+    mask_ = 0;
+    shift_ = 63;
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t parent = 0;
+    std::uint32_t token = 0;
+    std::uint32_t child = npos;  // npos marks an empty slot
+  };
+
+  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
+    // Fibonacci hashing: the high bits of the product mix every bit of the key.
+    const std::uint64_t x = (std::uint64_t{parent} << 32 | token) * 0x9E3779B97F4A7C15ULL;
+    return static_cast<std::size_t>(x >> shift_);
+  }
+
+  [[nodiscard]] std::size_t existing(std::uint32_t parent, std::uint32_t token) const noexcept {
+    std::size_t i = home(parent, token);
+    while (!(slots_[i].child != npos && slots_[i].parent == parent && slots_[i].token == token))
+      i = (i + 1) & mask_;
+    return i;
+  }
+
+  void place(const Slot& s) noexcept {
+    std::size_t i = home(s.parent, s.token);
+    while (slots_[i].child != npos)
+      i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+
+  void rehash(std::unique_ptr<Slot[]> table, std::size_t cap) noexcept {
+    std::unique_ptr<Slot[]> old = std::exchange(slots_, std::move(table));
+    const std::size_t old_cap = old ? mask_ + 1 : 0;
+    mask_ = cap - 1;
+    unsigned bits = 0;
+    while ((std::size_t{1} << bits) < cap)
+      ++bits;
+    shift_ = 64U - bits;
+    for (std::size_t i = 0; i < old_cap; ++i)
+      if (old[i].child != npos) place(old[i]);
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 63;
+  std::size_t size_ = 0;
+};
+
+}  // namespace promptcache::detail

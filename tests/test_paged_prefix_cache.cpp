@@ -1,0 +1,467 @@
+// Unit tests of PagedPrefixCache: match, lock, insert, evict, events, stats and
+// every bad input of the documentation's table.
+#include <promptcache/paged_prefix_cache.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "catch.hpp"
+
+using promptcache::KvEvent;
+using promptcache::KvIndex;
+using promptcache::KvWorker;
+using promptcache::PagedPrefixCache;
+using promptcache::PagedPrefixHandle;
+namespace eviction = promptcache::eviction;
+namespace kv_event = promptcache::kv_event;
+
+namespace {
+
+using Tokens = std::vector<std::uint32_t>;
+using Pages = std::vector<std::uint32_t>;
+
+Tokens seq(std::uint32_t from, std::size_t n) {
+  Tokens t(n);
+  std::iota(t.begin(), t.end(), from);
+  return t;
+}
+
+Tokens cat(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+Pages ids(std::uint32_t from, std::size_t n) {
+  Pages p(n);
+  std::iota(p.begin(), p.end(), from);
+  return p;
+}
+
+struct Recorder {
+  std::vector<KvEvent> events;
+  auto sink() {
+    return [this](const KvEvent& e) { events.push_back(e); };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("paged cache: construction rejects a zero page size") {
+  CHECK_THROWS_AS(PagedPrefixCache<>(0), std::invalid_argument);
+  CHECK_THROWS_AS(PagedPrefixCache<>((std::size_t{1} << 20) + 1), std::invalid_argument);
+  PagedPrefixCache<> c(4);
+  CHECK(c.page_size() == 4);
+  CHECK(c.cached_pages() == 0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: match returns the longest cached page-aligned prefix") {
+  PagedPrefixCache<> c(4);
+  const Tokens t = seq(100, 10);  // two whole pages and a partial one
+  auto ins = c.insert(t, ids(1, 3));
+  CHECK(ins.cached_pages == 0);
+  CHECK(ins.inserted_pages == 2);
+  CHECK(ins.duplicates.empty());
+  CHECK(c.cached_pages() == 2);
+
+  auto m = c.match(t);
+  CHECK(m.matched == 8);
+  CHECK(m.pages == Pages{1, 2});
+  CHECK(m.handle == ins.handle);
+
+  // A query diverging inside the second page matches only the first.
+  Tokens q = t;
+  q[6] = 999;
+  m = c.match(q);
+  CHECK(m.matched == 4);
+  CHECK(m.pages == Pages{1});
+  CHECK(c.stats().splits == 1);
+  CHECK(c.check_invariants());
+
+  // Partial query pages never match.
+  CHECK(c.match(seq(100, 3)).matched == 0);
+  CHECK(c.match(Tokens{}).matched == 0);
+  CHECK(c.match(Tokens{}).handle.empty());
+  // Another namespace sees nothing.
+  CHECK(c.match(t, 7).matched == 0);
+  CHECK(c.peek(t) == 8);
+  CHECK(c.peek(q) == 4);
+}
+
+TEST_CASE("paged cache: insert keeps cached pages and reports the engine's duplicates") {
+  PagedPrefixCache<> c(2);
+  c.insert(seq(0, 6), ids(10, 3));
+  // Same first two pages (one passed back as the cached id, one as a fresh page),
+  // then a new one.
+  const Pages mine{10, 77, 78, 79};
+  auto r = c.insert(cat(seq(0, 4), Tokens{50, 51, 52, 53}), mine);
+  CHECK(r.cached_pages == 2);
+  CHECK(r.inserted_pages == 2);
+  CHECK(r.duplicates == Pages{77});
+  auto m = c.match(cat(seq(0, 4), Tokens{50, 51, 52, 53}));
+  CHECK(m.pages == Pages{10, 11, 78, 79});
+  CHECK(c.match(seq(0, 6)).pages == Pages{10, 11, 12});
+  CHECK(c.cached_pages() == 5);
+  CHECK(c.stats().duplicate_pages == 1);
+  CHECK(c.check_invariants());
+
+  // Fewer page ids than whole pages: invalid_argument, nothing changed.
+  CHECK_THROWS_AS(c.insert(seq(200, 6), ids(1, 2)), std::invalid_argument);
+  CHECK(c.cached_pages() == 5);
+  CHECK(c.peek(seq(200, 6)) == 0);
+  // Extra page ids (the partial page's) are ignored.
+  r = c.insert(seq(300, 5), ids(90, 3));
+  CHECK(r.inserted_pages == 2);
+  CHECK(c.match(seq(300, 5)).pages == Pages{90, 91});
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: locked pages are never evicted; unlock below zero is refused") {
+  PagedPrefixCache<> c(1);
+  auto a = c.insert(seq(0, 4), ids(0, 4));
+  auto b = c.insert(cat(seq(0, 2), seq(50, 2)), Pages{0, 1, 20, 21});
+  CHECK(c.cached_pages() == 6);
+  auto m = c.match(seq(0, 4));
+  REQUIRE(c.lock(m.handle));
+  CHECK(c.locked_pages() == 4);
+  CHECK(c.evictable_pages() == 2);
+  std::vector<std::uint32_t> freed;
+  CHECK(c.evict(100, [&](std::uint32_t p) { freed.push_back(p); }) == 2);
+  std::sort(freed.begin(), freed.end());
+  CHECK(freed == Pages{20, 21});
+  CHECK(c.cached_pages() == 4);
+  CHECK(c.evict(1) == 0);
+  CHECK(c.valid(m.handle));
+  CHECK_FALSE(c.valid(b.handle));
+  CHECK(c.unlock(m.handle));
+  CHECK_FALSE(c.unlock(m.handle));  // below zero: refused
+  CHECK(c.locked_pages() == 0);
+  CHECK(c.evictable_pages() == 4);
+  CHECK_FALSE(c.lock(b.handle));  // stale
+  CHECK(c.lock(PagedPrefixHandle{}));
+  CHECK(c.unlock(PagedPrefixHandle{}));
+  CHECK(c.check_invariants());
+  (void)a;
+}
+
+TEST_CASE("paged cache: evict frees exactly n pages, tail first, in LRU order") {
+  PagedPrefixCache<> c(1);
+  c.insert(seq(0, 5), ids(0, 5));      // older
+  c.insert(seq(100, 3), ids(100, 3));  // newer
+  std::vector<std::uint32_t> freed;
+  auto rec = [&](std::uint32_t p) { freed.push_back(p); };
+  CHECK(c.evict(2, rec) == 2);
+  CHECK(freed == Pages{4, 3});             // the older leaf's tail, deepest first
+  CHECK(c.match(seq(0, 5)).matched == 3);  // and now it is the most recent
+  freed.clear();
+  CHECK(c.evict(4, rec) == 4);
+  CHECK(freed == Pages{102, 101, 100, 2});
+  CHECK(c.cached_pages() == 2);
+  CHECK(c.evict(0) == 0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: events mirror the cache into a KvIndex") {
+  Recorder rec;
+  PagedPrefixCache<std::uint32_t> c(2, eviction::Lru{}, rec.sink());
+  KvIndex index;
+  const KvWorker w{1, 0};
+  const auto feed = [&] {
+    for (const auto& e : rec.events)
+      REQUIRE(index.apply(w, e).ok());
+    rec.events.clear();
+  };
+  const auto routed = [&](const Tokens& t, std::uint64_t ns) {
+    promptcache::BlockHashOptions o;
+    o.seed = c.namespace_seed(ns);
+    const auto hashes = promptcache::local_block_hashes(t, 2, o);
+    const auto m = index.find_matches(hashes);
+    return m.empty() ? std::size_t{0} : m[0].blocks;
+  };
+  c.configure_namespace(3, "lora-a", "salt");
+  c.insert(seq(0, 8), ids(0, 4));
+  c.insert(cat(seq(0, 4), seq(40, 4)), Pages{0, 1, 9, 8});
+  c.insert(seq(0, 8), ids(0, 4), 3);
+  feed();
+  CHECK(rec.events.empty());
+  CHECK(routed(seq(0, 8), 0) == 4);
+  CHECK(routed(cat(seq(0, 4), seq(40, 4)), 0) == 4);
+  CHECK(routed(seq(0, 8), 3) == 4);
+  // A split (match inside a node) publishes nothing.
+  const auto before = c.next_event_id();
+  CHECK(c.match(cat(seq(0, 2), Tokens{7, 7})).matched == 2);
+  CHECK(c.next_event_id() == before);
+  c.evict(3);
+  feed();
+  for (const Tokens& t : {seq(0, 8), cat(seq(0, 4), seq(40, 4))})
+    for (std::uint64_t ns : {0U, 3U})
+      CHECK(routed(t, ns) * 2 == c.peek(t, ns));
+  CHECK(c.erase_namespace(3));
+  feed();
+  CHECK(routed(seq(0, 8), 3) == 0);
+  CHECK(c.clear());
+  feed();
+  CHECK(index.block_count(w) == 0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: empty and partial inputs store nothing and publish nothing") {
+  Recorder rec;
+  PagedPrefixCache<> c(4, eviction::Lru{}, rec.sink());
+  auto r = c.insert(Tokens{}, Pages{});
+  CHECK(r.inserted_pages == 0);
+  CHECK(r.handle.empty());
+  r = c.insert(seq(0, 3), Pages{});  // a partial page only: no page id needed
+  CHECK(r.inserted_pages == 0);
+  CHECK(c.cached_pages() == 0);
+  CHECK(c.namespace_count() == 0);  // no namespace was created
+  CHECK(rec.events.empty());
+  CHECK(c.stats().inserts == 2);
+  CHECK(c.evict(10) == 0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: ids at their type's limits are stored as given") {
+  SECTION("u64 page ids and u32 token ids at the maximum") {
+    PagedPrefixCache<std::uint64_t> c(2);
+    const std::uint64_t top = std::numeric_limits<std::uint64_t>::max();
+    const std::uint32_t tmax = std::numeric_limits<std::uint32_t>::max();
+    const Tokens t{tmax, tmax, tmax, 0};
+    c.insert(t, std::vector<std::uint64_t>{top, top - 1});
+    CHECK(c.match(t).pages == std::vector<std::uint64_t>{top, top - 1});
+    std::vector<std::uint64_t> freed;
+    c.evict(2, [&](std::uint64_t p) { freed.push_back(p); });
+    CHECK(freed == std::vector<std::uint64_t>{top - 1, top});
+  }
+  SECTION("signed 8-bit page ids, negative ones included") {
+    PagedPrefixCache<std::int8_t> c(1);
+    c.insert(seq(0, 3), std::vector<std::int8_t>{-128, 127, -1});
+    CHECK(c.match(seq(0, 3)).pages == std::vector<std::int8_t>{-128, 127, -1});
+    CHECK(c.check_invariants());
+  }
+  SECTION("namespace ids at the maximum") {
+    PagedPrefixCache<> c(1);
+    const std::uint64_t ns = std::numeric_limits<std::uint64_t>::max();
+    c.insert(seq(0, 2), ids(0, 2), ns);
+    CHECK(c.match(seq(0, 2), ns).matched == 2);
+    CHECK(c.match(seq(0, 2), 0).matched == 0);
+    CHECK(c.namespace_seed(ns) == promptcache::block_hash_seed("", "18446744073709551615"));
+  }
+}
+
+TEST_CASE("paged cache: namespace seeds") {
+  PagedPrefixCache<> c(1);
+  CHECK(c.namespace_seed(0) == promptcache::block_hash_seed());
+  CHECK(c.namespace_seed(9) == promptcache::block_hash_seed("", "9"));
+  c.configure_namespace(5, "lora", "s");
+  CHECK(c.namespace_seed(5) == promptcache::block_hash_seed("lora", "s"));
+  c.configure_namespace(5, "lora", "s");  // same seed: no-op
+  // Another namespace may not take the seed.
+  CHECK_THROWS_AS(c.configure_namespace(6, "lora", "s"), std::invalid_argument);
+  CHECK(c.namespace_count() == 1);
+  // A namespace whose default seed is taken cannot be created by an insert.
+  c.configure_namespace(8, "", "7");
+  CHECK_THROWS_AS(c.insert(seq(0, 2), ids(0, 2), 7), std::invalid_argument);
+  CHECK(c.cached_pages() == 0);
+  CHECK(c.namespace_count() == 2);
+  // A namespace holding pages cannot change its seed; an empty one can.
+  c.insert(seq(0, 2), ids(0, 2), 5);
+  CHECK_THROWS_AS(c.configure_namespace(5, "other"), std::invalid_argument);
+  CHECK(c.namespace_seed(5) == promptcache::block_hash_seed("lora", "s"));
+  CHECK(c.erase_namespace(5));
+  CHECK(c.namespace_seed(5) == promptcache::block_hash_seed("", "5"));  // forgotten
+  c.configure_namespace(5, "other");
+  CHECK(c.namespace_seed(5) == promptcache::block_hash_seed("other"));
+  CHECK(c.erase_namespace(12345));  // unknown: nothing to do
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: clear and erase_namespace refuse while pages are locked") {
+  Recorder rec;
+  PagedPrefixCache<> c(1, eviction::Lru{}, rec.sink());
+  c.insert(seq(0, 3), ids(0, 3));
+  auto r = c.insert(seq(10, 2), ids(10, 2), 4);
+  REQUIRE(c.lock(r.handle));
+  rec.events.clear();
+  std::vector<std::uint32_t> freed;
+  CHECK_FALSE(c.erase_namespace(4, [&](std::uint32_t p) { freed.push_back(p); }));
+  CHECK_FALSE(c.clear([&](std::uint32_t p) { freed.push_back(p); }));
+  CHECK(freed.empty());
+  CHECK(rec.events.empty());
+  CHECK(c.cached_pages() == 5);
+  CHECK(c.erase_namespace(0, [&](std::uint32_t p) { freed.push_back(p); }));
+  CHECK(freed == Pages{2, 1, 0});
+  REQUIRE(rec.events.size() == 1);
+  CHECK(std::get<kv_event::Removed>(rec.events[0].data).block_hashes.size() == 3);
+  CHECK(c.unlock(r.handle));
+  freed.clear();
+  CHECK(c.clear([&](std::uint32_t p) { freed.push_back(p); }));
+  std::sort(freed.begin(), freed.end());
+  CHECK(freed == Pages{10, 11});
+  CHECK(std::holds_alternative<kv_event::Cleared>(rec.events.back().data));
+  CHECK(c.stats().erased_pages == 3);
+  CHECK(c.stats().cleared_pages == 2);
+  CHECK_FALSE(c.valid(r.handle));
+  CHECK(c.namespace_count() == 1);  // clear keeps namespaces
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: a handle survives splits of its node and nests locks") {
+  PagedPrefixCache<> c(1);
+  auto r = c.insert(seq(0, 6), ids(0, 6));
+  REQUIRE(c.lock(r.handle));
+  REQUIRE(c.lock(r.handle));
+  CHECK(c.lock_count(r.handle) == 2);
+  // Splits at 2 and 4 leave the handle naming the same end.
+  auto a = c.match(seq(0, 2));
+  auto b = c.insert(cat(seq(0, 4), Tokens{99}), Pages{0, 1, 2, 3, 50});
+  CHECK(c.stats().splits == 2);
+  CHECK(c.valid(r.handle));
+  CHECK(c.lock_count(a.handle) == 0);
+  CHECK_FALSE(c.unlock(a.handle));  // locks of a longer prefix do not count
+  CHECK(c.locked_pages() == 6);
+  CHECK(c.evictable_pages() == 1);
+  CHECK(c.unlock(r.handle));
+  CHECK(c.locked_pages() == 6);
+  CHECK(c.unlock(r.handle));
+  CHECK(c.locked_pages() == 0);
+  CHECK(c.evictable_pages() == 7);
+  CHECK(c.check_invariants());
+  (void)b;
+}
+
+TEST_CASE("paged cache: LFU, FIFO, priority and SLRU order") {
+  std::vector<std::uint32_t> freed;
+  auto rec = [&](std::uint32_t p) { freed.push_back(p); };
+  SECTION("LFU: fewer inserts first, then least recent") {
+    PagedPrefixCache<std::uint32_t, eviction::Lfu> c(1);
+    c.insert(Tokens{1}, Pages{1});
+    c.insert(Tokens{2}, Pages{2});
+    c.insert(Tokens{1}, Pages{1});  // a second hit on 1
+    (void)c.match(Tokens{2});       // a match is not a hit
+    c.insert(Tokens{3}, Pages{3});
+    c.evict(3, rec);
+    CHECK(freed == Pages{2, 3, 1});
+  }
+  SECTION("FIFO: creation order, accesses ignored") {
+    PagedPrefixCache<std::uint32_t, eviction::Fifo> c(1);
+    c.insert(Tokens{1}, Pages{1});
+    c.insert(Tokens{2}, Pages{2});
+    c.insert(Tokens{1}, Pages{1});
+    (void)c.match(Tokens{1});
+    c.evict(2, rec);
+    CHECK(freed == Pages{1, 2});
+  }
+  SECTION("priority: lower priority first, raised by later inserts through the node") {
+    PagedPrefixCache<std::uint32_t, eviction::Priority> c(1);
+    c.insert(Tokens{1}, Pages{1}, 0, 5);
+    c.insert(Tokens{2}, Pages{2}, 0, 1);
+    c.insert(Tokens{3}, Pages{3}, 0, 1);
+    c.insert(Tokens{2}, Pages{2}, 0, 9);  // raises 2
+    (void)c.match(Tokens{3});
+    c.evict(3, rec);
+    CHECK(freed == Pages{3, 1, 2});
+  }
+  SECTION("SLRU: probationary before protected") {
+    PagedPrefixCache<std::uint32_t, eviction::Slru> c(1, eviction::Slru{3});
+    c.insert(Tokens{1}, Pages{1});
+    c.insert(Tokens{1}, Pages{1});
+    c.insert(Tokens{1}, Pages{1});  // three hits: protected
+    c.insert(Tokens{2}, Pages{2});
+    c.insert(Tokens{2}, Pages{2});  // two hits: still probationary with threshold 3
+    c.evict(2, rec);
+    CHECK(freed == Pages{2, 1});
+  }
+}
+
+namespace {
+
+// A policy written outside the library against the documented interface: the
+// deepest pages go first, and it records what the cache tells it.
+struct DeepestFirst {
+  struct meta_type {
+    std::uint64_t depth_end = 0;
+  };
+  using key_type = std::uint64_t;
+  static constexpr bool monotone_keys = true;
+  std::vector<std::size_t>* evicted_tokens = nullptr;
+
+  meta_type on_create(const promptcache::PagedPolicyContext& c) noexcept {
+    return {c.depth_pages + c.tokens.size()};
+  }
+  void on_match(meta_type&, const promptcache::PagedPolicyContext&) noexcept {}
+  void on_insert_hit(meta_type&, const promptcache::PagedPolicyContext&) noexcept {}
+  void on_evict(const meta_type&, const promptcache::PagedPolicyContext& c) noexcept {
+    evicted_tokens->push_back(c.tokens.size());
+  }
+  key_type key(const meta_type& m) const noexcept { return ~m.depth_end; }
+};
+
+}  // namespace
+
+TEST_CASE("paged cache: a policy defined outside the library plugs in") {
+  std::vector<std::size_t> told;
+  PagedPrefixCache<std::uint32_t, DeepestFirst> c(1, DeepestFirst{&told});
+  c.insert(seq(0, 5), ids(0, 5));
+  c.insert(seq(100, 2), ids(100, 2));
+  std::vector<std::uint32_t> freed;
+  c.evict(4, [&](std::uint32_t p) { freed.push_back(p); });
+  // Metadata stays with a trimmed node: its key is unchanged, so it goes on.
+  CHECK(freed == Pages{4, 3, 2, 1});
+  CHECK(told == std::vector<std::size_t>{4});
+  c.evict(2, [&](std::uint32_t p) { freed.push_back(p); });
+  CHECK(freed == Pages{4, 3, 2, 1, 0, 101});
+  CHECK(told == std::vector<std::size_t>{4, 1, 1});
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: a throwing sink leaves the cache consistent and the id consumed") {
+  bool fail = true;
+  PagedPrefixCache<> c(1, eviction::Lru{}, [&](const KvEvent&) {
+    if (fail) throw std::runtime_error("sink down");
+  });
+  CHECK_THROWS_AS(c.insert(seq(0, 2), ids(0, 2)), std::runtime_error);
+  CHECK(c.cached_pages() == 2);
+  CHECK(c.next_event_id() == 1);
+  fail = false;
+  CHECK(c.evict(1) == 1);
+  CHECK(c.next_event_id() == 2);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: statistics and memory") {
+  PagedPrefixCache<> c(2);
+  c.insert(seq(0, 8), ids(0, 4));
+  c.insert(seq(0, 8), Pages{0, 9, 2, 3});
+  (void)c.match(seq(0, 5));
+  (void)c.match(seq(50, 4));
+  c.evict(1);
+  const auto& s = c.stats();
+  CHECK(s.lookups == 2);
+  CHECK(s.query_tokens == 9);
+  CHECK(s.hit_tokens == 4);
+  CHECK(s.inserts == 2);
+  CHECK(s.inserted_pages == 4);
+  CHECK(s.duplicate_pages == 1);
+  CHECK(s.evicted_pages == 1);
+  CHECK(s.cached_pages == 3);
+  CHECK(s.events == 0);  // no sink
+  CHECK_FALSE(c.publishes_events());
+  const auto m = c.memory();
+  CHECK(m.token_bytes >= 3 * 2 * sizeof(std::uint32_t));
+  CHECK(m.index_bytes >= 3 * sizeof(std::uint32_t));
+}
+
+TEST_CASE("paged cache: a moved-from cache's handles work in the new one") {
+  PagedPrefixCache<> a(1);
+  auto r = a.insert(seq(0, 3), ids(0, 3));
+  PagedPrefixCache<> b(std::move(a));
+  CHECK(b.lock(r.handle));
+  CHECK(b.locked_pages() == 3);
+  CHECK(b.unlock(r.handle));
+  CHECK(b.check_invariants());
+}

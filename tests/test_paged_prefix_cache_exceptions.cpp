@@ -1,0 +1,141 @@
+// Exception safety of PagedPrefixCache: every allocation an operation makes is
+// made to fail in turn; after each failure the cache must satisfy its
+// invariants and be exactly as before (the strong guarantee the header
+// promises), and the successful run must leave the state of a run without
+// failures.
+#include <promptcache/paged_prefix_cache.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <vector>
+
+#include "catch.hpp"
+#include "support/counting_new.hpp"
+
+namespace {
+
+using promptcache::KvEvent;
+using Cache = promptcache::PagedPrefixCache<std::uint32_t>;
+using Tokens = std::vector<std::uint32_t>;
+
+Tokens seq(std::uint32_t from, std::size_t n) {
+  Tokens t(n);
+  for (std::size_t i = 0; i < n; ++i)
+    t[i] = from + static_cast<std::uint32_t>(i);
+  return t;
+}
+
+Tokens cat(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<std::uint32_t> ids(std::uint32_t from, std::size_t n) {
+  return seq(from, n);
+}
+
+const std::vector<Tokens>& queries() {
+  static const std::vector<Tokens> q{seq(0, 12),  cat(seq(0, 4), seq(50, 8)), seq(100, 8),
+                                     seq(200, 8), cat(seq(0, 6), seq(70, 4)), seq(300, 4),
+                                     seq(0, 2)};
+  return q;
+}
+
+// Everything observable about a cache without changing it.
+struct Snapshot {
+  std::vector<std::size_t> peeks;  // per namespace 0, 1, 5, 7 and query
+  std::size_t cached = 0, locked = 0, evictable = 0, nodes = 0, namespaces = 0;
+  std::uint64_t next_event = 0;
+  std::uint64_t seed5 = 0;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot snapshot(const Cache& c) {
+  Snapshot s;
+  for (const std::uint64_t ns : {0U, 1U, 5U, 7U})
+    for (const Tokens& q : queries())
+      s.peeks.push_back(c.peek(q, ns));
+  s.cached = c.cached_pages();
+  s.locked = c.locked_pages();
+  s.evictable = c.evictable_pages();
+  s.nodes = c.node_count();
+  s.namespaces = c.namespace_count();
+  s.next_event = c.next_event_id();
+  s.seed5 = c.namespace_seed(5);
+  return s;
+}
+
+std::unique_ptr<Cache> base() {
+  auto c = std::make_unique<Cache>(2, promptcache::eviction::Lru{}, [](const KvEvent&) {});
+  c->insert(seq(0, 12), ids(0, 6));
+  c->insert(cat(seq(0, 4), seq(50, 8)), ids(10, 6));
+  c->insert(seq(100, 8), ids(20, 4), 0, 1);
+  c->insert(seq(300, 4), ids(30, 2), 1);
+  const auto m = c->match(seq(0, 12));
+  c->lock(m.handle);
+  return c;
+}
+
+// Runs `op` on a fresh base cache with allocation k failing, for k = 0, 1, ...
+// until it succeeds; returns how many runs failed.
+int fail_every_allocation(const std::function<void(Cache&)>& op, bool split_may_remain = false) {
+  auto clean = base();
+  op(*clean);
+  const Snapshot want = snapshot(*clean);
+  int failures = 0;
+  for (long k = 0; k < 1000; ++k) {
+    auto c = base();
+    const Snapshot before = snapshot(*c);
+    bool threw = false;
+    test_alloc::countdown = k;
+    try {
+      op(*c);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    test_alloc::countdown = -1;
+    INFO("allocation " << k << " failed");
+    REQUIRE(c->check_invariants());
+    if (!threw) {
+      CHECK(snapshot(*c) == want);
+      return failures;
+    }
+    ++failures;
+    Snapshot now = snapshot(*c);
+    if (split_may_remain && now.nodes == before.nodes + 1) now.nodes = before.nodes;
+    CHECK(now == before);
+  }
+  FAIL("operation never succeeded");
+  return failures;
+}
+
+}  // namespace
+
+TEST_CASE("paged cache exceptions: the replaced allocator is in use") {
+  REQUIRE(test_alloc::replacement_active());
+}
+
+TEST_CASE("paged cache exceptions: insert is all or nothing") {
+  // New pages below a split, with a Stored event.
+  CHECK(fail_every_allocation([](Cache& c) { c.insert(cat(seq(0, 6), seq(70, 4)), ids(40, 5)); }) >
+        0);
+  // New pages at the root.
+  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(200, 8), ids(50, 4)); }) > 0);
+  // A new namespace.
+  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(400, 4), ids(60, 2), 7); }) > 0);
+  // Duplicates reported for an already cached prefix.
+  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(0, 12), ids(80, 6)); }) > 0);
+}
+
+TEST_CASE("paged cache exceptions: evict, erase_namespace and configure_namespace") {
+  CHECK(fail_every_allocation([](Cache& c) { c.evict(5); }) > 0);
+  CHECK(fail_every_allocation([](Cache& c) { c.erase_namespace(1); }) > 0);
+  CHECK(fail_every_allocation([](Cache& c) { c.configure_namespace(5, "lora", "salt"); }) > 0);
+}
+
+TEST_CASE("paged cache exceptions: a match that splits leaves the tree as it was") {
+  // The walked pages' access times may have been refreshed, and a split made
+  // before the failure (growing the result) may remain: it changes no answer.
+  CHECK(fail_every_allocation([](Cache& c) { (void)c.match(seq(100, 4)); }, true) > 0);
+}
