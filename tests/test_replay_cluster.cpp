@@ -30,15 +30,13 @@ rp::Trace make(const std::vector<std::tuple<double, std::size_t, std::vector<int
 }
 
 rp::ClusterRun run(const rp::Trace& t, rp::RoutePolicy p, std::size_t workers,
-                   std::size_t blocks_per_worker) {
+                   std::size_t blocks_per_worker, const std::string& cache = "paged:lru") {
   const rp::TraceHashes h(t);
   rp::ClusterConfig cfg;
   cfg.workers = workers;
   cfg.prefill_tokens_per_s = 4.0;  // one block a second
   cfg.decode_s_per_token = 0.1;    // 10 output tokens: one second of decode
-  return rp::run_cluster<rp::BlockWorkerCache>(t, h, cfg, p, [&](std::size_t) {
-    return std::make_unique<rp::BlockWorkerCache>(t, blocks_per_worker);
-  });
+  return rp::run_named_cluster(t, h, cfg, p, blocks_per_worker * 4, cache);
 }
 
 }  // namespace
@@ -54,33 +52,52 @@ TEST_CASE("replay cluster: every prompt token is cached or computed on exactly o
                             {5000, 12, {1, 2, 3}},
                             {5000, 3, {12}},
                             {9000, 14, {1, 2, 3, 4}}});
-  for (rp::RoutePolicy p : {rp::RoutePolicy::random, rp::RoutePolicy::round_robin,
-                            rp::RoutePolicy::least_loaded, rp::RoutePolicy::cache_aware}) {
-    INFO(rp::route_policy_name(p));
-    const rp::ClusterRun r = run(t, p, 3, 4);
-    CHECK(r.requests == t.requests.size());
-    CHECK(r.prompt_tokens == t.prompt_tokens());
-    CHECK(r.cached_tokens + r.computed_tokens == r.prompt_tokens);
-    REQUIRE(r.assignment.size() == t.requests.size());
-    std::vector<std::size_t> per_worker(3, 0);
-    for (std::uint32_t w : r.assignment) {
-      REQUIRE(w < 3);
-      ++per_worker[w];
+  for (const std::string& cache : rp::worker_cache_names())
+    for (rp::RoutePolicy p : {rp::RoutePolicy::random, rp::RoutePolicy::round_robin,
+                              rp::RoutePolicy::least_loaded, rp::RoutePolicy::cache_aware}) {
+      INFO(cache << " " << rp::route_policy_name(p));
+      const rp::ClusterRun r = run(t, p, 3, 4, cache);
+      CHECK(r.requests == t.requests.size());
+      CHECK(r.prompt_tokens == t.prompt_tokens());
+      CHECK(r.cached_tokens + r.computed_tokens == r.prompt_tokens);
+      REQUIRE(r.assignment.size() == t.requests.size());
+      std::vector<std::size_t> per_worker(3, 0);
+      for (std::uint32_t w : r.assignment) {
+        REQUIRE(w < 3);
+        ++per_worker[w];
+      }
+      CHECK(per_worker == r.worker_requests);
+      for (std::size_t w = 0; w < 3; ++w) {
+        // A worker's busy time is exactly its computed tokens at 4 tokens/s.
+        CHECK(r.worker_busy_s[w] == Approx(static_cast<double>(r.worker_computed[w]) / 4.0));
+      }
+      CHECK(std::accumulate(r.worker_cached.begin(), r.worker_cached.end(), std::size_t{0}) ==
+            r.cached_tokens);
+      CHECK(std::accumulate(r.worker_computed.begin(), r.worker_computed.end(), std::size_t{0}) ==
+            r.computed_tokens);
+      CHECK(r.index_rejected == 0);
+      CHECK(r.ttft_s.size() == t.requests.size());
+      for (double x : r.ttft_s)
+        CHECK(x >= 0.0);
     }
-    CHECK(per_worker == r.worker_requests);
-    for (std::size_t w = 0; w < 3; ++w) {
-      // A worker's busy time is exactly its computed tokens at 4 tokens/s.
-      CHECK(r.worker_busy_s[w] == Approx(static_cast<double>(r.worker_computed[w]) / 4.0));
-    }
-    CHECK(std::accumulate(r.worker_cached.begin(), r.worker_cached.end(), std::size_t{0}) ==
-          r.cached_tokens);
-    CHECK(std::accumulate(r.worker_computed.begin(), r.worker_computed.end(), std::size_t{0}) ==
-          r.computed_tokens);
+}
+
+TEST_CASE("replay cluster: a full worker cache evicts unlocked blocks for new ones", "[replay]") {
+  // One worker of 2 blocks; each request has ended before the next arrives.
+  const rp::Trace t = make({{0, 8, {1, 2}}, {100000, 8, {3, 4}}, {200000, 8, {3, 4}}});
+  for (const std::string& cache : rp::worker_cache_names()) {
+    INFO(cache);
+    const rp::ClusterRun r = run(t, rp::RoutePolicy::round_robin, 1, 2, cache);
+    CHECK(r.cached_tokens == 8);  // the third request finds [3, 4]
     CHECK(r.index_rejected == 0);
-    CHECK(r.ttft_s.size() == t.requests.size());
-    for (double x : r.ttft_s)
-      CHECK(x >= 0.0);
   }
+  // While a request runs its blocks are locked: the second one cannot evict them.
+  const rp::Trace busy = make({{0, 8, {1, 2}}, {1, 8, {3, 4}}, {200000, 8, {3, 4}}});
+  for (const std::string& cache : rp::worker_cache_names()) {
+    INFO(cache);
+    CHECK(run(busy, rp::RoutePolicy::round_robin, 1, 2, cache).cached_tokens == 0);
+  }
+  CHECK_THROWS_AS(run(t, rp::RoutePolicy::random, 1, 2, "paged:nope"), std::invalid_argument);
 }
 
 TEST_CASE("replay cluster: cache-aware routing follows the prefix, round-robin does not",
@@ -130,6 +147,7 @@ TEST_CASE("replay cluster: bad configurations are rejected", "[replay]") {
   const rp::Trace t = make({{0, 8, {1, 2}}});
   const rp::TraceHashes h(t);
   auto make_cache = [&](std::size_t) { return std::make_unique<rp::BlockWorkerCache>(t, 4); };
+  CHECK(rp::worker_cache_names().front() == "paged:lru");
   rp::ClusterConfig cfg;
   cfg.workers = 0;
   CHECK_THROWS_AS(
@@ -153,7 +171,7 @@ TEST_CASE("replay report: CSV has a row per sweep row and cluster run; JSON name
   rep.cluster.push_back(run(t, rp::RoutePolicy::cache_aware, 2, 4));
   rep.workers = 2;
   rep.worker_capacity = 16;
-  rep.worker_cache = "block:lru";
+  rep.worker_cache = "paged:lru";
   std::ostringstream csv;
   rp::write_csv(csv, rep);
   std::size_t lines = 0;

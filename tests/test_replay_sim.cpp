@@ -112,6 +112,22 @@ TEST_CASE("replay sim: the prompt cache pool in exact and common-prefix mode", "
   CHECK(rp::run_pool(t, 8, promptcache::MatchMode::common_prefix).hit_tokens == 12);
 }
 
+TEST_CASE("replay sim: the paged prefix cache stores whole pages only", "[replay]") {
+  // A: [1,2]  B: [1,3]  C: [1,2], 8 tokens each, 2 pages: as the leaf-only LRU block cache.
+  const rp::Trace t = make({{8, {1, 2}}, {8, {1, 3}}, {8, {1, 2}}});
+  CHECK(rp::run_paged(t, 8, promptcache::eviction::Lru{}).hit_tokens == 8);
+  CHECK(rp::run_paged(t, 12, promptcache::eviction::Lru{}).hit_tokens == 12);
+  CHECK(rp::run_paged(t, 0, promptcache::eviction::Lru{}).hit_tokens == 0);
+  // FIFO: B's miss evicts 2 and C's evicts 3 (each the only unlocked leaf): 4 + 4.
+  CHECK(rp::run_paged(t, 8, promptcache::eviction::Fifo{}).hit_tokens == 8);
+  // The final partial page is never stored: [1,5] of 6 tokens hits 4 when resent.
+  const rp::Trace p = make({{6, {1, 5}}, {6, {1, 5}}});
+  CHECK(rp::run_paged(p, 100, promptcache::eviction::Lru{}).hit_tokens == 4);
+  // MRU: with room for 2 pages, A stores 1, 2; B hits 1 and evicts the most recent unlocked
+  // leaf (2) for 3; C hits 1 only.
+  CHECK(rp::run_paged(t, 8, promptcache::eviction::Mru{}).hit_tokens == 8);
+}
+
 TEST_CASE("replay sim: the sweep runs every structure and times it", "[replay]") {
   const rp::Trace t = make({{8, {1, 2}}, {8, {1, 3}}, {8, {1, 2}}});
   for (const rp::SweepStructure& s : rp::all_structures()) {

@@ -118,6 +118,7 @@ class BlockWorkerCache {
   /// events this causes to `events`; returns the prompt tokens served from cache.
   std::size_t admit(const WorkerRequest& q, const TraceHashes& h, std::vector<KvEvent>& events) {
     const Request& r = *q.request;
+    state_.begin_request();  // locks are counted here, not by LeafState's request stamp
     const std::size_t nfull = q.locals.size();
     std::size_t m = 0;
     while (m < nfull && state_.resident(r.nodes[m]))

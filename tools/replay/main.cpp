@@ -83,11 +83,12 @@ int run(const rp::Options& o) {
     const rp::TraceHashes hashes(trace);
     report.workers = o.cluster.workers;
     report.worker_capacity = o.worker_capacity;
+    report.worker_cache = o.worker_cache;
     std::size_t done = 0;
     for (rp::RoutePolicy p : o.routing) {
       progress.show(std::string("cluster: ") + rp::route_policy_name(p), done++, o.routing.size());
-      report.cluster.push_back(rp::run_default_cluster(trace, hashes, o.cluster, p,
-                                                       o.worker_capacity, report.worker_cache));
+      report.cluster.push_back(rp::run_named_cluster(trace, hashes, o.cluster, p, o.worker_capacity,
+                                                     report.worker_cache));
     }
   }
   progress.clear();

@@ -27,6 +27,7 @@ struct Options {
   std::vector<RoutePolicy> routing{RoutePolicy::random, RoutePolicy::round_robin,
                                    RoutePolicy::least_loaded, RoutePolicy::cache_aware};
   std::size_t worker_capacity = 2'000'000;  ///< Cluster: tokens per worker.
+  std::string worker_cache = "paged:lru";   ///< Cluster: the workers' cache.
   ClusterConfig cluster;                    ///< Cluster parameters.
   bool sweep = true;                        ///< Run the capacity sweep.
   bool run_cluster = true;                  ///< Run the cluster comparison.
@@ -115,10 +116,13 @@ prompt tokens served from cache / prompt tokens.
   --capacities LIST       sweep capacities in tokens, e.g. 0.25M,1M,16M
   --structures LIST       only these structures (belady, block, pool-exact,
                           pool-common, paged) or structure:policy pairs
+                          (e.g. paged:lru,block:adaptive)
   --no-sweep              skip the capacity sweep
   --no-cluster            skip the cluster comparison
   --workers N             cluster workers (default 8)
   --worker-capacity TOK   cache capacity of each worker in tokens (default 2M)
+  --worker-cache NAME     the workers' cache: paged:<policy> (lru, lfu, fifo,
+                          priority, slru, mru, filo) or block:lru (default paged:lru)
   --routing LIST          random,round-robin,least-loaded,cache-aware (default all)
   --time-scale X          arrival time = timestamp x X (default 1; < 1 is more load)
   --prefill-rate TOK/S    prefill throughput of a worker (default 10000)
@@ -176,6 +180,8 @@ prompt tokens served from cache / prompt tokens.
         throw std::invalid_argument("--workers: must be 1..4096");
     } else if (a == "--worker-capacity") {
       o.worker_capacity = parse_tokens(value());
+    } else if (a == "--worker-cache") {
+      o.worker_cache = value();
     } else if (a == "--routing") {
       o.routing.clear();
       for (const std::string& p : split_list(value()))
