@@ -2,7 +2,7 @@
 # installed (Debian packages), installing them when run as root.
 # shellcheck shell=bash
 
-PROMPTCACHE_PACKAGES=(cmake g++ catch2 libxxhash-dev python3 pkg-config)
+PROMPTCACHE_PACKAGES=(cmake g++ catch2 libxxhash-dev python3 pkg-config nlohmann-json3-dev)
 
 promptcache_missing_packages() {
   local missing=() pkg
