@@ -3115,7 +3115,8 @@ class PagedPrefixCache {
   /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
   /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
-  /// tree is unchanged; access metadata of the walked pages may have been refreshed.
+  /// cached pages and every answer are unchanged; the walked pages' access metadata may
+  /// have been refreshed and a split made before the failure may remain.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
@@ -3324,7 +3325,7 @@ class PagedPrefixCache {
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
     reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
     edges_.reserve(extra_nodes);
-    heap_.reserve(live_nodes_ + extra_nodes);
+    reserve_heap(live_nodes_ + extra_nodes);
     if (it == ns_index_.end()) {
       create_namespace(ns, seed);  // strong: nothing else changed yet
       cur = ns_slots_[ns_index_.find(ns)->second].root;
@@ -3678,7 +3679,14 @@ class PagedPrefixCache {
     if (free_count_ >= k) return;
     const std::size_t need = nodes_.size() + (k - free_count_);
     if (need > npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
-    if (need > nodes_.capacity()) nodes_.reserve(std::max(need, nodes_.capacity() * 2));
+    if (need > nodes_.capacity())
+      nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
+  }
+
+  // The heap holds at most one entry per node; keeping room for every node lets
+  // unlock() and evict() push without allocating. Grows geometrically.
+  void reserve_heap(std::size_t n) {
+    if (n > heap_.capacity()) heap_.reserve(std::max(n, heap_.capacity() + heap_.capacity() / 2));
   }
 
   // Requires reserve_nodes(): never throws.
@@ -3755,7 +3763,7 @@ class PagedPrefixCache {
   void prepare_split() {
     reserve_nodes(1);
     edges_.reserve(1);
-    heap_.reserve(live_nodes_ + 1);
+    reserve_heap(live_nodes_ + 1);
   }
 
   // Splits node c after its first k pages: a new node takes them (and c's place
