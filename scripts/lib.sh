@@ -3,8 +3,9 @@
 # shellcheck shell=bash
 
 # What scripts/demo needs: a compiler, CMake and xxHash (the examples hash
-# blocks; the replay tool reads JSON; the wire examples
-# decode msgpack and subscribe over ZeroMQ). scripts/test adds the test framework and the tools its tests use.
+# blocks), nlohmann-json (the replay tool reads JSON traces), msgpack-cxx and
+# ZeroMQ (the wire example). scripts/test adds the test framework and the tools
+# its tests use.
 PROMPTCACHE_PACKAGES=(cmake g++ libxxhash-dev nlohmann-json3-dev libmsgpack-cxx-dev cppzmq-dev libzmq3-dev)
 
 promptcache_missing_packages() {

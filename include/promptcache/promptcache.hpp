@@ -17,6 +17,7 @@
 #include "promptcache/coarse_steady_clock.hpp"
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_index.hpp"
+#include "promptcache/kv_router.hpp"
 #include "promptcache/manual_clock.hpp"
 #include "promptcache/paged_eviction_policy.hpp"
 #include "promptcache/paged_prefix_cache.hpp"

@@ -1,0 +1,243 @@
+#include <promptcache/kv_router.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace pc = promptcache;
+
+namespace {
+
+pc::KvWorker w(std::uint64_t id, std::uint32_t rank = 0) {
+  return pc::KvWorker{id, rank};
+}
+
+pc::KvRouter router(double weight, double temperature, std::size_t block_size) {
+  return pc::KvRouter(pc::KvRouterConfig{weight, temperature, block_size});
+}
+
+}  // namespace
+
+TEST_CASE("kv_router: cost is overlap_weight * prefill blocks + decode blocks", "[kv_router]") {
+  const pc::KvRouter r = router(2.0, 0.0, 16);
+  // 100 tokens, 3 blocks held: 48 cached, 52 to prefill = 3.25 blocks.
+  const pc::KvRouteCandidate c = r.candidate(w(7), 100, 3, 10);
+  CHECK(c.worker == w(7));
+  CHECK(c.matched_blocks == 3);
+  CHECK(c.cached_tokens == 48);
+  CHECK(c.prefill_blocks == 3.25);
+  CHECK(c.decode_blocks == 10.0);
+  CHECK(c.cost == 2.0 * 3.25 + 10.0);
+
+  // A match covering more than the request (its last block was partial) caches it all.
+  const pc::KvRouteCandidate full = r.candidate(w(1), 100, 7, 0);
+  CHECK(full.cached_tokens == 100);
+  CHECK(full.prefill_blocks == 0.0);
+  CHECK(full.cost == 0.0);
+
+  // Absurd block counts do not overflow.
+  const pc::KvRouteCandidate huge =
+      r.candidate(w(1), 100, std::numeric_limits<std::size_t>::max(), 0);
+  CHECK(huge.cached_tokens == 100);
+
+  // Weight 0 is pure load balancing.
+  CHECK(router(0.0, 0.0, 16).candidate(w(1), 1000, 0, 5).cost == 5.0);
+}
+
+TEST_CASE("kv_router: the cheapest worker wins, trading overlap against load", "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 0.0, 16);
+  // 160 tokens = 10 blocks. Worker 1 holds 8 but carries 5 decode blocks (cost 2 + 5 = 7);
+  // worker 2 holds nothing and is idle (cost 10).
+  const std::vector<pc::KvWorkerMatch> matches{{w(1), 8}};
+  std::vector<pc::KvWorkerLoad> loads{{w(1), 5, 0}, {w(2), 0, 0}};
+  auto d = r.select(160, matches, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(1));
+  CHECK(d->index == 0);
+  CHECK(d->chosen.cost == 7.0);
+
+  // Worker 1 busier: 2 + 9 = 11 > 10, worker 2 wins.
+  loads[0].decode_blocks = 9;
+  d = r.select(160, matches, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(2));
+  CHECK(d->index == 1);
+
+  // A heavier overlap weight chases the cache again: 3 * 2 + 9 = 15 < 3 * 10.
+  d = router(3.0, 0.0, 16).select(160, matches, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(1));
+}
+
+TEST_CASE("kv_router: ties go to fewer cached blocks, then the smallest worker id", "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 0.0, 16);
+  // Equal costs everywhere (no matches, no load).
+  std::vector<pc::KvWorkerLoad> loads{{w(5), 0, 0}, {w(3, 1), 0, 0}, {w(3, 0), 0, 0}, {w(9), 0, 0}};
+  auto d = r.select(64, {}, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(3, 0));
+  CHECK(d->index == 2);
+
+  // Fewer cached blocks beats a smaller id.
+  loads[2].cached_blocks = 10;
+  loads[1].cached_blocks = 10;
+  loads[0].cached_blocks = 4;
+  loads[3].cached_blocks = 4;
+  d = r.select(64, {}, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(5));
+
+  // Input order does not matter.
+  std::vector<pc::KvWorkerLoad> reversed(loads.rbegin(), loads.rend());
+  d = r.select(64, {}, reversed);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(5));
+  CHECK(d->index == 3);
+}
+
+TEST_CASE("kv_router: matches of unknown workers are ignored, duplicates use the first",
+          "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 0.0, 16);
+  const std::vector<pc::KvWorkerMatch> matches{{w(42), 4}, {w(2), 2}, {w(2), 4}};
+  const std::vector<pc::KvWorkerLoad> loads{{w(1), 0, 0}, {w(2), 0, 0}};
+  const auto cands = r.candidates(64, matches, loads);
+  REQUIRE(cands.size() == 2);
+  CHECK(cands[0].matched_blocks == 0);
+  CHECK(cands[1].matched_blocks == 2);
+  auto d = r.select(64, matches, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(2));
+
+  // The sorted lookup (many matches) agrees with the linear one.
+  std::vector<pc::KvWorkerMatch> many;
+  std::vector<pc::KvWorkerLoad> all;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    many.push_back({w(39 - i), static_cast<std::size_t>((39 - i) % 7 + 1)});
+    all.push_back({w(i), 0, 0});
+  }
+  many.push_back({w(3), 100});  // a later duplicate is ignored
+  const auto sorted = r.candidates(1000, many, all);
+  REQUIRE(sorted.size() == 40);
+  for (std::size_t i = 0; i < 40; ++i)
+    CHECK(sorted[i].matched_blocks == i % 7 + 1);
+}
+
+TEST_CASE("kv_router: empty worker lists and bad configurations", "[kv_router]") {
+  CHECK_FALSE(router(1.0, 0.0, 16).select(10, {}, {}).has_value());
+  CHECK_FALSE(router(1.0, 0.5, 16).select(10, {}, {}, 0.3).has_value());
+  std::mt19937_64 rng(1);
+  const std::vector<pc::KvWorkerLoad> none;
+  CHECK_FALSE(router(1.0, 0.5, 16).select(10, {}, none, rng).has_value());
+
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(router(-1.0, 0.0, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(inf, 0.0, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(nan, 0.0, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(1.0, -0.1, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(1.0, nan, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(1.0, inf, 16), std::invalid_argument);
+  CHECK_THROWS_AS(router(1.0, 0.0, 0), std::invalid_argument);
+  CHECK(pc::KvRouter().config().overlap_weight == 1.0);
+  CHECK(pc::KvRouter().config().temperature == 0.0);
+
+  // An empty request costs only its load.
+  const std::vector<pc::KvWorkerLoad> loads{{w(1), 3, 0}, {w(2), 1, 0}};
+  auto d = router(1.0, 0.0, 16).select(0, {}, loads);
+  REQUIRE(d);
+  CHECK(d->chosen.worker == w(2));
+}
+
+TEST_CASE("kv_router: softmax sampling over rescaled costs", "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 1.0, 16);
+  // Worker 1 costs 2 (cheapest), worker 2 costs 4 and worker 3 costs 6: rescaled to 0, 0.5, 1.
+  const std::vector<pc::KvWorkerLoad> loads{{w(3), 6, 0}, {w(1), 2, 0}, {w(2), 4, 0}};
+  const auto cands = r.candidates(0, {}, loads);
+  const auto p = r.probabilities(cands);
+  const double e0 = 1.0;
+  const double e1 = std::exp(-0.5);
+  const double e2 = std::exp(-1.0);
+  const double sum = e0 + e1 + e2;
+  CHECK(p[1] == Approx(e0 / sum));
+  CHECK(p[2] == Approx(e1 / sum));
+  CHECK(p[0] == Approx(e2 / sum));
+
+  // The draw walks workers 1, 2, 3 in id order whatever the input order.
+  const double p1 = e0 / sum;
+  const double p12 = (e0 + e1) / sum;
+  auto pick = [&](double u) { return r.select(0, {}, loads, u)->chosen.worker.worker_id; };
+  CHECK(pick(0.0) == 1);
+  CHECK(pick(p1 - 1e-9) == 1);
+  CHECK(pick(p1 + 1e-9) == 2);
+  CHECK(pick(p12 - 1e-9) == 2);
+  CHECK(pick(p12 + 1e-9) == 3);
+  CHECK(pick(0.999999) == 3);
+  // Out-of-range samples are clamped; NaN counts as 0.
+  CHECK(pick(1.0) == 3);
+  CHECK(pick(7.0) == 3);
+  CHECK(pick(-3.0) == 1);
+  CHECK(pick(std::numeric_limits<double>::quiet_NaN()) == 1);
+
+  // Scaling every cost does not change the distribution (costs are rescaled).
+  const pc::KvRouter heavy = router(1.0, 1.0, 16);
+  const std::vector<pc::KvWorkerLoad> scaled{{w(3), 60, 0}, {w(1), 20, 0}, {w(2), 40, 0}};
+  const auto q = heavy.probabilities(heavy.candidates(0, {}, scaled));
+  for (std::size_t i = 0; i < 3; ++i)
+    CHECK(q[i] == Approx(p[i]));
+
+  // A lower temperature sharpens it.
+  const pc::KvRouter cold = router(1.0, 0.1, 16);
+  const auto c = cold.probabilities(cold.candidates(0, {}, loads));
+  CHECK(c[1] > p[1]);
+  CHECK(c[1] == Approx(1.0 / (1.0 + std::exp(-5.0) + std::exp(-10.0))));
+
+  // Equal costs: uniform.
+  const std::vector<pc::KvWorkerLoad> equal{{w(1), 2, 0}, {w(2), 2, 0}, {w(3), 2, 0}, {w(4), 2, 0}};
+  const auto u = r.probabilities(r.candidates(0, {}, equal));
+  for (double x : u)
+    CHECK(x == 0.25);
+  CHECK(r.select(0, {}, equal, 0.26)->chosen.worker == w(2));
+
+  // Temperature 0: all mass on the cheapest set.
+  const pc::KvRouter greedy = router(1.0, 0.0, 16);
+  const auto g = greedy.probabilities(greedy.candidates(0, {}, loads));
+  CHECK(g[0] == 0.0);
+  CHECK(g[1] == 1.0);
+  CHECK(g[2] == 0.0);
+}
+
+TEST_CASE("kv_router: the generator overload draws one 53-bit uniform number", "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 0.7, 16);
+  const std::vector<pc::KvWorkerMatch> matches{{w(2), 3}, {w(4), 1}};
+  const std::vector<pc::KvWorkerLoad> loads{{w(1), 1, 0}, {w(2), 2, 0}, {w(3), 0, 0}, {w(4), 5, 0}};
+  std::mt19937_64 a(12345);
+  std::mt19937_64 b(12345);
+  std::size_t counts[5] = {0, 0, 0, 0, 0};
+  for (int i = 0; i < 2000; ++i) {
+    const auto d = r.select(64, matches, loads, a);
+    REQUIRE(d);
+    const double u = static_cast<double>(b() >> 11) * 0x1.0p-53;
+    CHECK(d->chosen.worker == r.select(64, matches, loads, u)->chosen.worker);
+    ++counts[d->chosen.worker.worker_id];
+  }
+  // Every worker gets some traffic; the cheapest (worker 2: 1 + 2 = 3) the most.
+  const auto p = r.probabilities(r.candidates(64, matches, loads));
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(counts[i + 1] > 0);
+    CHECK(static_cast<double>(counts[i + 1]) / 2000.0 == Approx(p[i]).margin(0.05));
+  }
+  CHECK(counts[2] > counts[1]);
+  CHECK(counts[2] > counts[3]);
+  CHECK(counts[2] > counts[4]);
+
+  // At temperature 0 the generator is not called.
+  std::mt19937_64 c(99);
+  std::mt19937_64 untouched(99);
+  (void)router(1.0, 0.0, 16).select(64, matches, loads, c);
+  CHECK(c() == untouched());
+}

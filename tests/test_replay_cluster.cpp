@@ -1,0 +1,190 @@
+// The replay tool's cluster simulation: every prompt token is served from cache
+// or computed on exactly one worker, the index follows the workers' events,
+// and cache-aware routing finds the worker holding a prefix.
+#include "replay.hpp"
+
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace rp = promptcache::replay;
+
+namespace {
+
+rp::Trace make(const std::vector<std::tuple<double, std::size_t, std::vector<int>>>& reqs) {
+  std::ostringstream s;
+  for (const auto& [ts, len, ids] : reqs) {
+    s << "{\"timestamp\": " << ts << ", \"input_length\": " << len
+      << ", \"output_length\": 10, \"hash_ids\": [";
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      s << (i ? ", " : "") << ids[i];
+    s << "]}\n";
+  }
+  std::istringstream in(s.str());
+  rp::Trace t = rp::parse_trace(in, 4);
+  REQUIRE(t.errors.empty());
+  return t;
+}
+
+rp::ClusterRun run(const rp::Trace& t, rp::RoutePolicy p, std::size_t workers,
+                   std::size_t blocks_per_worker, const std::string& cache = "paged:lru") {
+  const rp::TraceHashes h(t);
+  rp::ClusterConfig cfg;
+  cfg.workers = workers;
+  cfg.prefill_tokens_per_s = 4.0;  // one block a second
+  cfg.decode_s_per_token = 0.1;    // 10 output tokens: one second of decode
+  return rp::run_named_cluster(t, h, cfg, p, blocks_per_worker * 4, cache);
+}
+
+}  // namespace
+
+TEST_CASE("replay cluster: every prompt token is cached or computed on exactly one worker",
+          "[replay]") {
+  // Shared prefixes, partial blocks and a request longer than a worker's cache.
+  const rp::Trace t = make({{0, 12, {1, 2, 3}},
+                            {100, 14, {1, 2, 3, 4}},
+                            {200, 10, {1, 2, 5}},
+                            {300, 12, {1, 2, 3}},
+                            {300, 24, {6, 7, 8, 9, 10, 11}},
+                            {5000, 12, {1, 2, 3}},
+                            {5000, 3, {12}},
+                            {9000, 14, {1, 2, 3, 4}}});
+  for (const std::string& cache : rp::worker_cache_names())
+    for (rp::RoutePolicy p : {rp::RoutePolicy::random, rp::RoutePolicy::round_robin,
+                              rp::RoutePolicy::least_loaded, rp::RoutePolicy::cache_aware}) {
+      INFO(cache << " " << rp::route_policy_name(p));
+      const rp::ClusterRun r = run(t, p, 3, 4, cache);
+      CHECK(r.requests == t.requests.size());
+      CHECK(r.prompt_tokens == t.prompt_tokens());
+      CHECK(r.cached_tokens + r.computed_tokens == r.prompt_tokens);
+      REQUIRE(r.assignment.size() == t.requests.size());
+      std::vector<std::size_t> per_worker(3, 0);
+      for (std::uint32_t w : r.assignment) {
+        REQUIRE(w < 3);
+        ++per_worker[w];
+      }
+      CHECK(per_worker == r.worker_requests);
+      for (std::size_t w = 0; w < 3; ++w) {
+        // A worker's busy time is exactly its computed tokens at 4 tokens/s.
+        CHECK(r.worker_busy_s[w] == Approx(static_cast<double>(r.worker_computed[w]) / 4.0));
+      }
+      CHECK(std::accumulate(r.worker_cached.begin(), r.worker_cached.end(), std::size_t{0}) ==
+            r.cached_tokens);
+      CHECK(std::accumulate(r.worker_computed.begin(), r.worker_computed.end(), std::size_t{0}) ==
+            r.computed_tokens);
+      CHECK(r.index_rejected == 0);
+      CHECK(r.ttft_s.size() == t.requests.size());
+      for (double x : r.ttft_s)
+        CHECK(x >= 0.0);
+    }
+}
+
+TEST_CASE("replay cluster: a full worker cache evicts unlocked blocks for new ones", "[replay]") {
+  // One worker of 2 blocks; each request has ended before the next arrives.
+  const rp::Trace t = make({{0, 8, {1, 2}}, {100000, 8, {3, 4}}, {200000, 8, {3, 4}}});
+  for (const std::string& cache : rp::worker_cache_names()) {
+    INFO(cache);
+    const rp::ClusterRun r = run(t, rp::RoutePolicy::round_robin, 1, 2, cache);
+    CHECK(r.cached_tokens == 8);  // the third request finds [3, 4]
+    CHECK(r.index_rejected == 0);
+  }
+  // While a request runs its blocks are locked: the second one cannot evict them.
+  const rp::Trace busy = make({{0, 8, {1, 2}}, {1, 8, {3, 4}}, {200000, 8, {3, 4}}});
+  for (const std::string& cache : rp::worker_cache_names()) {
+    INFO(cache);
+    CHECK(run(busy, rp::RoutePolicy::round_robin, 1, 2, cache).cached_tokens == 0);
+  }
+  CHECK_THROWS_AS(run(t, rp::RoutePolicy::random, 1, 2, "paged:nope"), std::invalid_argument);
+}
+
+TEST_CASE("replay cluster: cache-aware routing follows the prefix, round-robin does not",
+          "[replay]") {
+  // Three conversations, each resent three times, far apart in time.
+  const rp::Trace t = make({{0, 12, {1, 2, 3}},
+                            {10000, 12, {4, 5, 6}},
+                            {20000, 12, {7, 8, 9}},
+                            {30000, 12, {1, 2, 3}},
+                            {40000, 12, {4, 5, 6}},
+                            {50000, 12, {7, 8, 9}},
+                            {60000, 12, {1, 2, 3}},
+                            {70000, 12, {4, 5, 6}},
+                            {80000, 12, {7, 8, 9}}});
+  const rp::ClusterRun aware = run(t, rp::RoutePolicy::cache_aware, 2, 100);
+  // Every resend hits its whole prompt: 6 resends x 12 tokens.
+  CHECK(aware.cached_tokens == 72);
+  CHECK(aware.assignment[3] == aware.assignment[0]);
+  CHECK(aware.assignment[4] == aware.assignment[1]);
+  CHECK(aware.assignment[8] == aware.assignment[2]);
+  // Round-robin over 2 workers: a conversation alternates workers, so its
+  // second send misses and only its third hits (the first worker kept it).
+  const rp::ClusterRun rr = run(t, rp::RoutePolicy::round_robin, 2, 100);
+  CHECK(rr.assignment == std::vector<std::uint32_t>{0, 1, 0, 1, 0, 1, 0, 1, 0});
+  CHECK(rr.cached_tokens == 36);
+  // Idle workers: no queueing, TTFT is the prefill alone (3 blocks = 3 s on a miss).
+  CHECK(aware.ttft_quantile(0.0) == 0.0);
+  CHECK(aware.ttft_quantile(1.0) == Approx(3.0));
+}
+
+TEST_CASE("replay cluster: the time model queues prefills and balances by load", "[replay]") {
+  // Four 2-block misses at once on one worker: prefills end at 2, 4, 6, 8 s.
+  const rp::Trace t = make({{0, 8, {1, 2}}, {0, 8, {3, 4}}, {0, 8, {5, 6}}, {0, 8, {7, 8}}});
+  const rp::ClusterRun one = run(t, rp::RoutePolicy::least_loaded, 1, 100);
+  CHECK(one.ttft_s == std::vector<double>{2.0, 4.0, 6.0, 8.0});
+  CHECK(one.imbalance() == 1.0);
+  // Least-loaded spreads them over 4 workers: no queueing.
+  const rp::ClusterRun four = run(t, rp::RoutePolicy::least_loaded, 4, 100);
+  CHECK(four.assignment == std::vector<std::uint32_t>{0, 1, 2, 3});
+  CHECK(four.ttft_quantile(0.99) == 2.0);
+  // All on worker 0 of 2: max/mean busy = 2.
+  const rp::Trace solo = make({{0, 8, {1, 2}}});
+  CHECK(run(solo, rp::RoutePolicy::round_robin, 2, 100).imbalance() == 2.0);
+}
+
+TEST_CASE("replay cluster: bad configurations are rejected", "[replay]") {
+  const rp::Trace t = make({{0, 8, {1, 2}}});
+  const rp::TraceHashes h(t);
+  auto make_cache = [&](std::size_t) { return std::make_unique<rp::BlockWorkerCache>(t, 4); };
+  CHECK(rp::worker_cache_names().front() == "paged:lru");
+  rp::ClusterConfig cfg;
+  cfg.workers = 0;
+  CHECK_THROWS_AS(
+      rp::run_cluster<rp::BlockWorkerCache>(t, h, cfg, rp::RoutePolicy::random, make_cache),
+      std::invalid_argument);
+  cfg.workers = 2;
+  cfg.time_scale = 0.0;
+  CHECK_THROWS_AS(
+      rp::run_cluster<rp::BlockWorkerCache>(t, h, cfg, rp::RoutePolicy::random, make_cache),
+      std::invalid_argument);
+}
+
+TEST_CASE("replay report: CSV has a row per sweep row and cluster run; JSON names them",
+          "[replay]") {
+  const rp::Trace t = make({{0, 8, {1, 2}}, {10000, 8, {1, 2}}});
+  rp::Report rep;
+  rep.trace_name = "hand";
+  rep.trace = &t;
+  for (const rp::SweepStructure& s : rp::all_structures())
+    rep.sweep.push_back(rp::run_structure(s, t, 8));
+  rep.cluster.push_back(run(t, rp::RoutePolicy::cache_aware, 2, 4));
+  rep.workers = 2;
+  rep.worker_capacity = 16;
+  rep.worker_cache = "paged:lru";
+  std::ostringstream csv;
+  rp::write_csv(csv, rep);
+  std::size_t lines = 0;
+  for (char c : csv.str())
+    lines += c == '\n' ? 1U : 0U;
+  CHECK(lines == 1 + rep.sweep.size() + 1);
+  const nlohmann::json j = rp::to_json(rep);
+  CHECK(j["trace"]["requests"] == 2);
+  CHECK(j["sweep"].size() == rep.sweep.size());
+  CHECK(j["cluster"]["runs"][0]["policy"] == "cache-aware");
+  CHECK(j["cluster"]["runs"][0]["cached_tokens"] == 8);
+  std::ostringstream table;
+  rp::write_tables(table, rep);
+  CHECK(table.str().find("cache-aware") != std::string::npos);
+  CHECK(table.str().find("belady:optimal") != std::string::npos);
+}
