@@ -790,3 +790,31 @@ TEST_CASE("pools refuse to grow past 32-bit indices before allocating", "[kv_ind
   CHECK(table.size() == 1);
   CHECK(table.find(5, 0) == 1);
 }
+
+TEST_CASE("bad input: unknown workers, parents and names in every entry point", "[kv_index]") {
+  KvIndex index;
+  // A first event of any kind creates the worker; Removed names it never held are no-ops.
+  const auto r = index.remove(A, 7, std::vector<std::uint64_t>{1, 2, u64max});
+  CHECK(r.ok());
+  CHECK(r.blocks_not_held == 3);
+  CHECK(index.contains(A));
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(7));
+  // Stored under a parent this worker never held (another worker's block does not count).
+  CHECK(index.store(B, 0, std::nullopt, std::vector<KvBlock>{{10, 100}}).ok());
+  const auto orphan = index.store(A, 8, std::uint64_t{10}, std::vector<KvBlock>{{11, 101}});
+  CHECK(orphan.status == KvEventStatus::parent_not_found);
+  CHECK(index.cursor(A) == promptcache::CursorState<>::live(8));  // the id is consumed
+  CHECK(index.block_count(A) == 0);
+  // Queries and dumps about workers that never sent anything.
+  const KvWorker nobody{u64max, 3};
+  CHECK_FALSE(index.contains(nobody));
+  CHECK(index.block_count(nobody) == 0);
+  CHECK_FALSE(index.cursor(nobody).has_value());
+  CHECK(index.dump(nobody).empty());
+  CHECK_FALSE(index.remove_worker(nobody));
+  CHECK(index.remove_worker(u64max) == 0);
+  CHECK(index.find_matches(Hashes{}).empty());
+  CHECK(index.worker_count() == 2);
+  CHECK(index.total_blocks() == 1);
+  CHECK(index.check_invariants());
+}

@@ -609,3 +609,57 @@ TEST_CASE("memory_usage reports the index separately from the ids") {
   CHECK(m.index_bytes > 0);
   CHECK(m.index_bytes < m.id_bytes);  // labels point into the entries' ids: no copies
 }
+
+TEST_CASE("bad input: absent ids, empty ids and unknown namespaces change nothing") {
+  ManualClock clock;
+  Pool pool(16, 300s, 0, clock);
+  REQUIRE(pool.insert({1, 2, 3}, caches(1)) == R::inserted);
+  const auto before = pool.stats();
+  for (const Ids& ids : {Ids{}, Ids{1, 2}, Ids{1, 2, 3, 4}, Ids{9}}) {
+    CHECK_FALSE(pool.pin(ids));
+    CHECK_FALSE(pool.unpin(ids));
+    CHECK_FALSE(pool.is_pinned(ids));
+    CHECK_FALSE(pool.find_exact(ids));
+    CHECK_FALSE(pool.erase(ids));
+  }
+  constexpr auto unknown_ns = std::numeric_limits<std::uint64_t>::max();
+  CHECK_FALSE(pool.find_exact(Ids{1, 2, 3}, unknown_ns));
+  CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2, 3}, unknown_ns));
+  CHECK_FALSE(pool.erase(Ids{1, 2, 3}, unknown_ns));
+  CHECK_FALSE(pool.pin(Ids{1, 2, 3}, unknown_ns));
+  CHECK(pool.erase_namespace(unknown_ns) == 0);
+  CHECK(pool.size() == 1);
+  CHECK_FALSE(pool.is_pinned(Ids{1, 2, 3}));
+  CHECK(pool.find_exact(Ids{1, 2, 3})->caches[0].tag == 1);
+  CHECK(pool.stats().evicted_explicit == before.evicted_explicit);
+  pool.check_invariants();
+}
+
+TEST_CASE("bad input: an entry without layers is stored and weighs nothing") {
+  ManualClock clock;
+  Pool pool(16, 300s, 0, clock);
+  CHECK(pool.insert({4, 5}, {}) == R::inserted);
+  CHECK(pool.bytes() == 0);
+  CHECK(pool.find_longest_prefix(Ids{4, 5, 6})->entry->caches.empty());
+  pool.check_invariants();
+}
+
+TEST_CASE("bad input: negative TTLs expire at the next check; a clock going back expires nothing") {
+  ManualClock clock;
+  Pool pool(16, -1s, 0, clock);  // a negative default TTL behaves as 0
+  pool.insert({1}, caches(1));
+  Pool::InsertOptions keep;
+  keep.ttl = std::chrono::hours(1);
+  pool.insert({2}, caches(2), keep);
+  CHECK(pool.evict_expired() == 1);
+  CHECK_FALSE(pool.find_exact(Ids{1}));
+  REQUIRE(pool.find_exact(Ids{2}));
+  // The clock must not go back; if it does, entries only look younger than they are.
+  clock.advance(-10s);
+  CHECK(pool.evict_expired() == 0);
+  CHECK(pool.find_longest_prefix(Ids{2, 3})->matched == 1);
+  clock.advance(std::chrono::hours(2));
+  CHECK(pool.evict_expired() == 1);
+  CHECK(pool.empty());
+  pool.check_invariants();
+}

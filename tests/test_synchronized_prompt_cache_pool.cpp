@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -313,4 +314,31 @@ TEST_CASE("synchronized pool: 8-thread random-operation stress, exact-prefix mod
 
 TEST_CASE("synchronized pool: 8-thread random-operation stress, common-prefix + byte budget") {
   stress({MatchMode::common_prefix, 150}, 30000);
+}
+
+TEST_CASE("synchronized pool: bad input gets the plain pool's results and changes nothing") {
+  ManualClock clock;
+  Pool::Options o;
+  o.max_entries = 4;
+  o.min_cacheable_tokens = 2;
+  o.max_bytes = 100;
+  Pool pool(o, clock);
+  REQUIRE(pool.insert({1, 2}, payload({1, 2}, 10)) == R::inserted);
+  CHECK(pool.insert({}, payload({}, 1)) == R::rejected_empty);
+  CHECK(pool.insert({7}, payload({7}, 1)) == R::rejected_too_short);
+  CHECK(pool.insert({3, 4}, payload({3, 4}, 101)) == R::rejected_too_large);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{}));
+  CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2}, 99));
+  CHECK_FALSE(pool.erase(Ids{}));
+  CHECK_FALSE(pool.pin(Ids{9, 9}));
+  CHECK_FALSE(pool.unpin(Ids{9, 9}));
+  CHECK(pool.erase_namespace(99) == 0);
+  CHECK(pool.size() == 1);
+  CHECK(pool.bytes() == 10);
+  pool.check_invariants();
+  // A byte budget needs a size functor: without one every entry would weigh 0.
+  using Unsized = promptcache::SynchronizedPromptCachePool<Layer, std::uint32_t, ManualClock>;
+  Unsized::Options u;
+  u.max_bytes = 1;
+  CHECK_THROWS_AS(Unsized(u, clock), std::invalid_argument);
 }

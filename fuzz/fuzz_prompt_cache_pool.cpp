@@ -1,0 +1,310 @@
+// Fuzz harness for PromptCachePool (and SynchronizedPromptCachePool, which must
+// behave identically on one thread). The input chooses the options (match mode,
+// entry and byte budgets, default TTL, minimum lengths, keep-one-token), the
+// token type (16-bit, or signed 8-bit so ids meet at both extremes) and then a
+// sequence of inserts (fresh ids, extensions, truncations and divergences of
+// earlier ids, in several namespaces, pinned or not, with per-entry TTLs and
+// sizes), lookups, clock advances, erases, pins, unpins, expiry, namespace drops
+// and clears. After every operation each observable result, every counter and
+// every stored entry is compared with the linear-scan model of
+// tests/support/pool_model.hpp, and check_invariants() runs (after every operation
+// while the pool is small).
+#include <fuzzer/FuzzedDataProvider.h>
+#include <promptcache/manual_clock.hpp>
+#include <promptcache/prompt_cache_pool.hpp>
+#include <promptcache/synchronized_prompt_cache_pool.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "fuzz_support.hpp"
+#include "support/pool_model.hpp"
+
+namespace {
+
+using pool_model::Layer;
+using pool_model::LayerBytes;
+using pool_model::Model;
+using pool_model::ns_t;
+using promptcache::ManualClock;
+using promptcache::MatchMode;
+using ModelOptions = pool_model::Pool::Options;
+
+fuzz::OperationReport report{"fuzz_prompt_cache_pool"};
+
+template <class Tok>
+Tok palette(std::uint32_t i) {
+  using L = std::numeric_limits<Tok>;
+  if constexpr (std::is_signed_v<Tok>) {
+    switch (i) {
+      case 0:
+        return Tok{0};
+      case 1:
+        return L::min();
+      case 2:
+        return Tok{-1};
+      case 3:
+        return L::max();
+      default:
+        return static_cast<Tok>(i);
+    }
+  } else {
+    return i == 3 ? L::max() : static_cast<Tok>(i);
+  }
+}
+
+template <class P, class Tok>
+void check_same(const P& pool, const Model<Tok>& model) {
+  FUZZ_CHECK(pool.size() == model.entries().size());
+  FUZZ_CHECK(pool.empty() == model.entries().empty());
+  FUZZ_CHECK(pool.bytes() == model.total_bytes());
+  const auto ps = pool.stats();
+  const auto& ms = model.stats;
+  FUZZ_CHECK(ps.lookups == ms.lookups);
+  FUZZ_CHECK(ps.hits == ms.hits);
+  FUZZ_CHECK(ps.query_tokens == ms.query_tokens);
+  FUZZ_CHECK(ps.matched_tokens == ms.matched_tokens);
+  FUZZ_CHECK(ps.inserted == ms.inserted);
+  FUZZ_CHECK(ps.extended == ms.extended);
+  FUZZ_CHECK(ps.updated == ms.updated);
+  FUZZ_CHECK(ps.rejected_empty == ms.rejected_empty);
+  FUZZ_CHECK(ps.rejected_too_short == ms.rejected_too_short);
+  FUZZ_CHECK(ps.rejected_too_large == ms.rejected_too_large);
+  FUZZ_CHECK(ps.evicted_lru == ms.evicted_lru);
+  FUZZ_CHECK(ps.evicted_ttl == ms.evicted_ttl);
+  FUZZ_CHECK(ps.evicted_bytes == ms.evicted_bytes);
+  FUZZ_CHECK(ps.evicted_explicit == ms.evicted_explicit);
+  FUZZ_CHECK(ps.superseded == ms.superseded);
+  FUZZ_CHECK(ps.entries == model.entries().size());
+  FUZZ_CHECK(ps.pinned_entries == model.pinned_count());
+  FUZZ_CHECK(ps.bytes == model.total_bytes());
+  for (const auto& e : model.entries()) {
+    const auto got = pool.find_exact(e.ids, e.ns);
+    FUZZ_CHECK(got != nullptr);
+    FUZZ_CHECK(got->ids == e.ids);
+    FUZZ_CHECK(got->caches.size() == 1);
+    FUZZ_CHECK(got->caches[0].tag == e.tag);
+    FUZZ_CHECK(pool.is_pinned(e.ids, e.ns) == e.pinned);
+  }
+}
+
+template <class Tok, class P>
+void run(FuzzedDataProvider& in, const ModelOptions& mo) {
+  using Ids = std::vector<Tok>;
+  typename P::Options po;
+  po.max_entries = mo.max_entries;
+  po.ttl = mo.ttl;
+  po.min_cacheable_tokens = mo.min_cacheable_tokens;
+  po.match = mo.match;
+  po.keep_one_token = mo.keep_one_token;
+  po.min_match_tokens = mo.min_match_tokens;
+  po.max_bytes = mo.max_bytes;
+  ManualClock clock;
+  P pool(po, clock);
+  Model<Tok> model(mo);
+  const int namespaces = in.ConsumeIntegralInRange<int>(1, 3);
+  const std::uint32_t alphabet = in.ConsumeIntegralInRange<std::uint32_t>(2, 6);
+
+  auto token = [&]() {
+    return palette<Tok>(in.ConsumeIntegralInRange<std::uint32_t>(0, alphabet));
+  };
+  auto fresh_ids = [&]() {
+    Ids v(in.ConsumeIntegralInRange<std::size_t>(0, 12));
+    for (auto& t : v)
+      t = token();
+    return v;
+  };
+  std::vector<Ids> seen{fresh_ids()};
+  auto derived = [&]() {
+    Ids v = seen[in.ConsumeIntegralInRange<std::size_t>(0, seen.size() - 1)];
+    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+      case 0:
+      case 1:  // extend
+        for (std::size_t k = in.ConsumeIntegralInRange<std::size_t>(1, 4); k > 0; --k)
+          v.push_back(token());
+        break;
+      case 2:  // a long extension: edges compared in long blocks
+        v.insert(v.end(), in.ConsumeIntegralInRange<std::size_t>(1, 1100), token());
+        break;
+      case 3:  // truncate
+        v.resize(in.ConsumeIntegralInRange<std::size_t>(0, v.size()));
+        break;
+      case 4:  // diverge at one point
+        if (!v.empty()) {
+          Tok& t = v[in.ConsumeIntegralInRange<std::size_t>(0, v.size() - 1)];
+          t = static_cast<Tok>(t ^ Tok{1});
+        }
+        break;
+      default:
+        break;
+    }
+    if (v.size() > 2400) v.resize(2400);
+    return v;
+  };
+  auto pick_ids = [&]() {
+    return in.ConsumeIntegralInRange<int>(0, 4) == 0 ? fresh_ids() : derived();
+  };
+  auto pick_ns = [&]() {
+    return static_cast<ns_t>(in.ConsumeIntegralInRange<int>(0, namespaces - 1)) * ns_t{0x9E37};
+  };
+  auto pick_ttl = [&]() -> std::int64_t {
+    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+      case 0:
+        return 0;
+      case 1:
+        return -5;
+      case 2:
+        return std::numeric_limits<std::int64_t>::max();
+      default:
+        return in.ConsumeIntegralInRange<std::int64_t>(1, 120);
+    }
+  };
+
+  int tag = 0;
+  std::uint64_t steps = 0;
+  while (in.remaining_bytes() > 0) {
+    ++fuzz::operations();
+    const int op = in.ConsumeIntegralInRange<int>(0, 19);
+    if (op < 8) {  // insert
+      const Ids ids = pick_ids();
+      typename P::InsertOptions o;
+      o.pinned = in.ConsumeIntegralInRange<int>(0, 7) == 0;
+      std::optional<std::int64_t> ttl;
+      if (in.ConsumeBool()) ttl = pick_ttl();
+      if (ttl) o.ttl = ManualClock::duration(*ttl);
+      o.ns = pick_ns();
+      std::size_t bytes = 0;
+      std::vector<Layer> caches{Layer{++tag, 0}};
+      if (mo.max_bytes != 0) {
+        bytes = in.ConsumeIntegralInRange<std::size_t>(0, mo.max_bytes + 2);
+        if (in.ConsumeIntegralInRange<int>(0, 31) == 0) {
+          // Two layers whose sizes sum past SIZE_MAX: saturates, so too large.
+          bytes = std::numeric_limits<std::size_t>::max();
+          caches = {Layer{tag, bytes - 1}, Layer{tag, 2}};
+        } else {
+          caches[0].bytes = bytes;
+        }
+      }
+      const auto got = pool.insert(ids, caches, o);
+      const auto want = model.insert(ids, tag, o.pinned, ttl, o.ns, bytes);
+      FUZZ_CHECK(static_cast<int>(got) == static_cast<int>(want));
+      seen.push_back(ids);
+      if (seen.size() > 48) seen.erase(seen.begin());
+    } else if (op < 13) {  // lookup
+      const Ids q = pick_ids();
+      const ns_t ns = pick_ns();
+      const auto got = pool.find_longest_prefix(q, ns);
+      const auto want = model.lookup(q, ns);
+      FUZZ_CHECK(got.has_value() == want.has_value());
+      if (got) {
+        FUZZ_CHECK(got->entry->caches[0].tag == want->tag);
+        FUZZ_CHECK(got->matched == want->matched);
+        FUZZ_CHECK(got->entry->ids == want->ids);
+        FUZZ_CHECK(got->trim() == want->ids.size() - want->matched);
+        FUZZ_CHECK(got->matched <= q.size());
+        FUZZ_CHECK(std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(got->matched),
+                              got->entry->ids.begin()));
+      }
+    } else if (op < 15) {  // time passes
+      const std::int64_t dt = in.ConsumeIntegralInRange<std::int64_t>(0, 60);
+      clock.advance(ManualClock::duration(dt));
+      model.now += dt;
+    } else if (op == 15) {
+      const Ids ids = derived();
+      const ns_t ns = pick_ns();
+      FUZZ_CHECK(pool.erase(ids, ns) == model.erase(ids, ns));
+    } else if (op == 16) {
+      FUZZ_CHECK(pool.evict_expired() == model.expire());
+    } else if (op == 17) {
+      const Ids ids = derived();
+      const ns_t ns = pick_ns();
+      const bool on = in.ConsumeBool();
+      const bool got = on ? pool.pin(ids, ns) : pool.unpin(ids, ns);
+      FUZZ_CHECK(got == model.pin(ids, ns, on));
+    } else if (op == 18) {
+      const ns_t ns = pick_ns();
+      FUZZ_CHECK(pool.erase_namespace(ns) == model.erase_namespace(ns));
+    } else {
+      switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+        case 0: {
+          pool.clear();
+          for (int i = 0; i < namespaces; ++i)
+            model.erase_namespace(static_cast<ns_t>(i) * ns_t{0x9E37});
+          break;
+        }
+        case 1:
+          pool.reset_stats();
+          model.stats = promptcache::PoolStats{};
+          break;
+        case 2: {  // memory accounting sees at least the stored ids
+          const auto m = pool.memory_usage();
+          std::size_t ids = 0;
+          for (const auto& e : model.entries())
+            ids = std::max(ids, e.ids.size());
+          FUZZ_CHECK(m.id_bytes >= ids * sizeof(Tok));
+          FUZZ_CHECK(m.index_bytes > 0);
+          break;
+        }
+        default:  // the byte size of an entry, saturating
+        {
+          const std::size_t a = in.ConsumeIntegral<std::size_t>();
+          const std::size_t b = in.ConsumeIntegral<std::size_t>();
+          const std::size_t want = a > std::numeric_limits<std::size_t>::max() - b
+                                       ? std::numeric_limits<std::size_t>::max()
+                                       : a + b;
+          FUZZ_CHECK(pool.entry_bytes({Layer{0, a}, Layer{0, b}}) == want);
+          break;
+        }
+      }
+    }
+    check_same(pool, model);
+    // check_invariants() (throws std::logic_error) walks every node and entry: after every
+    // operation while the pool is small, every 8th beyond, and at the end of the input.
+    if (pool.size() <= 8 || ++steps % 8 == 0) pool.check_invariants();
+  }
+  pool.check_invariants();
+}
+
+template <class Tok>
+void run_token(FuzzedDataProvider& in, const ModelOptions& mo, bool synchronized_pool) {
+  if (synchronized_pool) {
+    run<Tok, promptcache::SynchronizedPromptCachePool<Layer, Tok, ManualClock, LayerBytes>>(in, mo);
+  } else {
+    run<Tok, pool_model::PoolT<Tok>>(in, mo);
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  ModelOptions mo;
+  mo.match = in.ConsumeBool() ? MatchMode::common_prefix : MatchMode::exact_prefix;
+  mo.max_entries = in.ConsumeIntegralInRange<std::size_t>(0, 24);
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0:
+      mo.ttl = ManualClock::duration(0);
+      break;
+    case 1:
+      mo.ttl = ManualClock::duration(std::numeric_limits<std::int64_t>::max());
+      break;
+    default:
+      mo.ttl = ManualClock::duration(in.ConsumeIntegralInRange<std::int64_t>(1, 200));
+      break;
+  }
+  mo.min_cacheable_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 5);
+  mo.keep_one_token = in.ConsumeBool();
+  mo.min_match_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 3);
+  mo.max_bytes = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::size_t>(1, 200);
+  const bool synchronized_pool = in.ConsumeIntegralInRange<int>(0, 7) == 0;
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    run_token<std::int8_t>(in, mo, synchronized_pool);
+  else
+    run_token<std::uint16_t>(in, mo, synchronized_pool);
+  return 0;
+}

@@ -1,0 +1,274 @@
+// A linear-scan reference model of PromptCachePool, written from the documented rules
+// (obviously correct, O(entries x length)). The randomized differential test and the
+// fuzz harness drive the pool and this model with the same operations and compare
+// every observable result.
+#pragma once
+
+#include <promptcache/manual_clock.hpp>
+#include <promptcache/prompt_cache_pool.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace pool_model {
+
+using promptcache::ManualClock;
+using promptcache::MatchMode;
+
+struct Layer {
+  int tag = 0;
+  std::size_t bytes = 0;
+};
+
+struct LayerBytes {
+  std::size_t operator()(const Layer& l) const noexcept { return l.bytes; }
+};
+
+template <class Tok>
+using PoolT = promptcache::PromptCachePool<Layer, Tok, ManualClock, LayerBytes>;
+using Pool = PoolT<std::uint16_t>;  // Options and InsertResult do not depend on the token type
+using R = Pool::InsertResult;
+using ns_t = std::uint64_t;
+
+template <class Tok>
+struct ModelHit {
+  using Ids = std::vector<Tok>;
+  int tag;
+  std::size_t matched;
+  Ids ids;
+};
+
+// The reference: a vector scanned linearly, following the documented rules literally.
+template <class Tok>
+class Model {
+ public:
+  using Ids = std::vector<Tok>;
+  struct E {
+    Ids ids;
+    ns_t ns;
+    bool pinned;
+    std::int64_t last_used;
+    std::uint64_t seq;
+    std::int64_t ttl;
+    std::size_t bytes;
+    int tag;
+  };
+
+  explicit Model(const Pool::Options& o) : opt_(o) {}
+
+  std::int64_t now = 0;
+  promptcache::PoolStats stats;
+
+  static bool is_prefix(const Ids& a, const Ids& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+  static std::size_t lcp(const Ids& a, const Ids& b) {
+    std::size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i])
+      ++i;
+    return i;
+  }
+
+  std::size_t expire() {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < es_.size();) {
+      if (!es_[i].pinned && now - es_[i].last_used >= es_[i].ttl) {
+        remove(i);
+        ++stats.evicted_ttl;
+        ++n;
+      } else {
+        ++i;
+      }
+    }
+    return n;
+  }
+
+  std::optional<ModelHit<Tok>> lookup(const Ids& q, ns_t ns) {
+    expire();
+    ++stats.lookups;
+    stats.query_tokens += q.size();
+    if (q.empty()) return std::nullopt;
+    const std::size_t limit = opt_.keep_one_token ? q.size() - 1 : q.size();
+    E* best = nullptr;
+    std::size_t best_m = 0;
+    for (E& e : es_) {
+      if (e.ns != ns) continue;
+      if (opt_.match == MatchMode::exact_prefix) {
+        if (e.ids.size() <= limit && is_prefix(e.ids, q) && (!best || e.ids.size() > best_m)) {
+          best = &e;
+          best_m = e.ids.size();
+        }
+      } else {
+        const std::size_t m = std::min(lcp(e.ids, q), limit);
+        if (m == 0) continue;
+        auto key_better = [&](const E& a, std::size_t ma, const E& b, std::size_t mb) {
+          if (ma != mb) return ma > mb;
+          const bool a0 = a.ids.size() == ma, b0 = b.ids.size() == mb;
+          if (a0 != b0) return a0;
+          if (a.ids.size() != b.ids.size()) return a.ids.size() < b.ids.size();
+          return a.seq > b.seq;
+        };
+        if (!best || key_better(e, m, *best, best_m)) {
+          best = &e;
+          best_m = m;
+        }
+      }
+    }
+    if (!best || best_m < opt_.min_match_tokens) return std::nullopt;
+    best->seq = ++seq_;
+    best->last_used = now;
+    ++stats.hits;
+    stats.matched_tokens += best_m;
+    return ModelHit<Tok>{best->tag, best_m, best->ids};
+  }
+
+  R insert(const Ids& ids, int tag, bool pinned, std::optional<std::int64_t> ttl, ns_t ns,
+           std::size_t bytes) {
+    if (ids.empty()) {
+      ++stats.rejected_empty;
+      return R::rejected_empty;
+    }
+    bool any_prefix = false;
+    for (const E& e : es_)
+      any_prefix = any_prefix || (e.ns == ns && is_prefix(e.ids, ids));
+    if (ids.size() < opt_.min_cacheable_tokens && !any_prefix) {
+      ++stats.rejected_too_short;
+      return R::rejected_too_short;
+    }
+    if (opt_.max_bytes != 0 && bytes > opt_.max_bytes) {
+      ++stats.rejected_too_large;
+      return R::rejected_too_large;
+    }
+    // An explicit TTL wins; without one, the replaced entry's TTL carries over.
+    R result = R::inserted;
+    auto exact = std::find_if(es_.begin(), es_.end(),
+                              [&](const E& e) { return e.ns == ns && e.ids == ids; });
+    if (exact != es_.end()) {
+      exact->pinned = exact->pinned || pinned;
+      exact->seq = ++seq_;
+      exact->last_used = now;
+      if (ttl) exact->ttl = *ttl;
+      exact->bytes = bytes;
+      exact->tag = tag;
+      result = R::updated;
+      ++stats.updated;
+    } else {
+      std::optional<std::size_t> lineage;
+      for (std::size_t i = 0; i < es_.size(); ++i) {
+        const E& e = es_[i];
+        if (e.ns == ns && !e.pinned && e.ids.size() < ids.size() && is_prefix(e.ids, ids) &&
+            (!lineage || e.ids.size() > es_[*lineage].ids.size())) {
+          lineage = i;
+        }
+      }
+      const std::int64_t t = ttl ? *ttl : lineage ? es_[*lineage].ttl : opt_.ttl.count();
+      es_.push_back(E{ids, ns, pinned, now, ++seq_, t, bytes, tag});
+      if (lineage) {
+        const Ids lineage_ids = es_[*lineage].ids;
+        result = R::extended;
+        ++stats.extended;
+        for (std::size_t i = 0; i < es_.size();) {
+          const E& e = es_[i];
+          const bool is_lineage = e.ns == ns && e.ids == lineage_ids;
+          const bool superseded = opt_.match == MatchMode::common_prefix && e.ns == ns &&
+                                  !e.pinned && e.ids.size() < ids.size() && is_prefix(e.ids, ids);
+          if (is_lineage) {
+            remove(i);
+          } else if (superseded) {
+            remove(i);
+            ++stats.superseded;
+          } else {
+            ++i;
+          }
+        }
+      } else {
+        ++stats.inserted;
+      }
+    }
+    enforce();
+    return result;
+  }
+
+  void enforce() {
+    while (es_.size() > opt_.max_entries && evict_lru())
+      ++stats.evicted_lru;
+    while (opt_.max_bytes != 0 && total_bytes() > opt_.max_bytes && evict_lru()) {
+      ++stats.evicted_bytes;
+    }
+  }
+
+  bool erase(const Ids& ids, ns_t ns) {
+    for (std::size_t i = 0; i < es_.size(); ++i) {
+      if (es_[i].ns == ns && es_[i].ids == ids) {
+        remove(i);
+        ++stats.evicted_explicit;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::size_t erase_namespace(ns_t ns) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < es_.size();) {
+      if (es_[i].ns == ns) {
+        remove(i);
+        ++n;
+      } else {
+        ++i;
+      }
+    }
+    stats.evicted_explicit += n;
+    return n;
+  }
+
+  bool pin(const Ids& ids, ns_t ns, bool on) {
+    for (E& e : es_) {
+      if (e.ns == ns && e.ids == ids) {
+        if (on) {
+          e.pinned = true;
+        } else if (e.pinned) {
+          e.pinned = false;
+          e.seq = ++seq_;
+          e.last_used = now;
+          enforce();
+        }
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const std::vector<E>& entries() const { return es_; }
+  std::size_t total_bytes() const {
+    std::size_t b = 0;
+    for (const E& e : es_)
+      b += e.bytes;
+    return b;
+  }
+  std::size_t pinned_count() const {
+    return static_cast<std::size_t>(
+        std::count_if(es_.begin(), es_.end(), [](const E& e) { return e.pinned; }));
+  }
+
+ private:
+  bool evict_lru() {
+    std::optional<std::size_t> v;
+    for (std::size_t i = 0; i < es_.size(); ++i) {
+      if (!es_[i].pinned && (!v || es_[i].seq < es_[*v].seq)) v = i;
+    }
+    if (!v) return false;
+    remove(*v);
+    return true;
+  }
+  void remove(std::size_t i) { es_.erase(es_.begin() + static_cast<std::ptrdiff_t>(i)); }
+
+  Pool::Options opt_;
+  std::vector<E> es_;
+  std::uint64_t seq_ = 0;
+};
+
+}  // namespace pool_model
