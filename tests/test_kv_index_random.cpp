@@ -237,3 +237,12 @@ TEST_CASE("random streams with more than 64 worker ranks", "[kv_index][random]")
     d.step(i);
   d.finish(true);
 }
+
+TEST_CASE("random streams with hundreds of worker ranks", "[kv_index][random]") {
+  // 400 ranks: holder sets in all three forms (word, sorted array, bitset),
+  // and bitsets wider than 128 slots.
+  Driver d(11, 300, KvGapPolicy::report);
+  for (std::size_t i = 0; i < 12000; ++i)
+    d.step(i);
+  d.finish(true);
+}
