@@ -6,8 +6,9 @@
 # looked for here without being required (a project that never links the target
 # does not need it installed) and again, in the installed package, only when
 # find_package(promptcache COMPONENTS <name>) asks for the component. Adding a
-# component is one call of this function; the install rules, the package config
-# and the pkg-config files follow from it.
+# component is one call of this function (plus cmake/Find<Package>.cmake when the
+# dependency has no CMake package of its own: it is installed with the package
+# config); the install rules, the package config and the pkg-config files follow.
 function(promptcache_add_component name)
   cmake_parse_arguments(PARSE_ARGV 1 _pc "" "DESCRIPTION" "FIND;LINK;PKG_CONFIG")
   if(NOT _pc_FIND OR NOT _pc_LINK)

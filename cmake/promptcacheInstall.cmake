@@ -1,6 +1,6 @@
 # Install rules: the headers, one export set per target (so a component's
 # dependency is looked for only when the component is asked for), the package
-# config files, the xxHash Find module, and one pkg-config file per target.
+# config files, the dependencies' Find modules, and one pkg-config file per target.
 include(CMakePackageConfigHelpers)
 
 set(PROMPTCACHE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/promptcache"
@@ -81,7 +81,9 @@ write_basic_package_version_file(
   "${PROJECT_BINARY_DIR}/promptcacheConfigVersion.cmake"
   VERSION ${PROJECT_VERSION}
   COMPATIBILITY ${_pc_compatibility} ARCH_INDEPENDENT)
+# The Find modules of the components' dependencies (cmake/Find*.cmake), which
+# the package config puts on the module path while it looks for them.
+file(GLOB _pc_find_modules "${PROJECT_SOURCE_DIR}/cmake/Find*.cmake")
 install(FILES "${PROJECT_BINARY_DIR}/promptcacheConfig.cmake"
-              "${PROJECT_BINARY_DIR}/promptcacheConfigVersion.cmake"
-              "${PROJECT_SOURCE_DIR}/cmake/FindxxHash.cmake"
+              "${PROJECT_BINARY_DIR}/promptcacheConfigVersion.cmake" ${_pc_find_modules}
         DESTINATION "${PROMPTCACHE_INSTALL_CMAKEDIR}")
