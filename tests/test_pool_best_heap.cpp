@@ -105,6 +105,9 @@ TEST_CASE("pool best heap: random changes below one node against a scan of its c
             break;
           }
         }
+        // The removed entry stays allocated until the aggregates are repaired, as the pool's
+        // retired records do: bests above it may still name it until propagate() runs.
+        std::unique_ptr<FakeNode> removed = std::move(leaves[i]);
         leaves[i] = std::move(leaves.back());
         leaves.pop_back();
         Best::propagate(&p);
