@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     const double ns = median(c.ns);
     const double ratio = ns / baseline(c.n);
     worst = std::max(worst, ratio);
-    const auto classes = c.pool->stats().entries;
+    const std::size_t stored = c.pool->stats().entries;
     ok = ok && c.wrong == 0;
     if (json) {
       std::printf(
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
           c.t, c.n, ns, ratio, i + 1 < cases.size() ? "," : "");
     } else {
       std::printf("T=%-6zu N=%-6zu %7.1f ns per lookup  %.2fx of T=1 at N=%zu  (entries %zu)\n",
-                  c.t, c.n, ns, ratio, c.n, classes);
+                  c.t, c.n, ns, ratio, c.n, stored);
     }
   }
   if (json) {

@@ -5600,20 +5600,18 @@ class PoolRecency {
     bool listed_vacant = false;    // in vacant_ (checked for members when taken)
   };
 
-  using Position = std::uint32_t Class::*;
-
   // Heap items carry their key, so that the check on every lookup reads one cache line.
   struct Due {
     time_point due;  // no later than the head's expiry time
     std::uint32_t cls;
     bool before(const Due& o) const noexcept { return due < o.due; }
-    static Position pos() noexcept { return &Class::due_pos; }
+    static std::uint32_t& pos(Class& k) noexcept { return k.due_pos; }
   };
   struct Oldest {
     std::uint64_t seq;  // no larger than the head's seq
     std::uint32_t cls;
     bool before(const Oldest& o) const noexcept { return seq < o.seq; }
-    static Position pos() noexcept { return &Class::oldest_pos; }
+    static std::uint32_t& pos(Class& k) noexcept { return k.oldest_pos; }
   };
 
   static void append(Class& k, Slot* s) noexcept {
@@ -5640,7 +5638,7 @@ class PoolRecency {
   template <class Item>
   void place(std::vector<Item>& h, std::size_t i, const Item& it) noexcept {
     h[i] = it;
-    classes_[it.cls].*Item::pos() = static_cast<std::uint32_t>(i);
+    Item::pos(classes_[it.cls]) = static_cast<std::uint32_t>(i);
   }
 
   template <class Item>
@@ -5684,7 +5682,7 @@ class PoolRecency {
     if (i == h.size()) return;
     place(h, i, last);
     sift_up(h, i);
-    sift_down(h, classes_[last.cls].*Item::pos());
+    sift_down(h, Item::pos(classes_[last.cls]));
   }
 
   std::vector<Class> classes_;
