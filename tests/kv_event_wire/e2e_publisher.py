@@ -11,11 +11,13 @@ arrived (no sleeping for the slow-joiner problem); to a SUB it is the same.
 Two publishers run a generated engine workload (a prefix cache storing
 chains of blocks, evicting leaves, sometimes clearing):
 
-  A  SGLang-style (array batch, array events, signed int hashes, dp rank 0):
+  A  SGLang-style (array batch, array events, signed int hashes, dp rank 0;
+     its engine clears its cache now and then):
      drops seq 10 and seqs 40-42 (replayed), repeats an old batch, then
      restarts at seq 0 with its first two batches lost (replayed from the new
      buffer).
-  B  vLLM-style (map batch, map events, 32-byte hashes, dp rank 1): drops
+  B  vLLM-style (map batch, map events, 32-byte hashes, dp rank 1; never
+     clears, so only the subscriber's reset can drop what it held): drops
      seq 5 (replayed), repeats an old batch, then loses a run longer than its
      replay buffer (unrecoverable: the subscriber resets B and continues from
      the oldest buffered batch).
@@ -47,8 +49,8 @@ def pack(obj):
 class Engine:
     """A prefix cache: blocks form chains; events describe its changes."""
 
-    def __init__(self, rng, hash_kind):
-        self.rng, self.hash_kind = rng, hash_kind
+    def __init__(self, rng, hash_kind, clear_prob):
+        self.rng, self.hash_kind, self.clear_prob = rng, hash_kind, clear_prob
         self.blocks = {}     # name -> (parent name | None, full token prefix)
         self.children = {}   # name -> set of child names
         self.prefixes = []   # every stored prefix, for the final queries
@@ -67,7 +69,7 @@ class Engine:
         events = []
         for _ in range(self.rng.randrange(1, 4)):
             r = self.rng.random()
-            if r < 0.02 and self.blocks:
+            if r < self.clear_prob and self.blocks:
                 self.blocks.clear()
                 self.children.clear()
                 events.append(("cleared", None))
@@ -140,7 +142,10 @@ class Publisher:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind("tcp://127.0.0.1:*")
         self.worker_id, self.dp_rank, self.style = worker_id, dp_rank, style
-        self.engine = Engine(rng, "signed" if style == "sglang" else "bytes")
+        # B never clears its cache: what the subscriber held before B's lost
+        # run must be gone only because of the reset.
+        self.engine = Engine(rng, "signed" if style == "sglang" else "bytes",
+                             0.02 if style == "sglang" else 0.0)
         self.old_prefixes = []  # prefixes stored before a restart
         self.seq = 0
         self.buffer = []      # (seq, payload), at most BUFFER_STEPS
@@ -186,7 +191,7 @@ class Publisher:
     def restart(self):
         """A new engine process: empty cache, seq from 0, empty buffer."""
         self.old_prefixes += self.engine.prefixes
-        self.engine = Engine(self.engine.rng, self.engine.hash_kind)
+        self.engine = Engine(self.engine.rng, self.engine.hash_kind, self.engine.clear_prob)
         self.seq = 0
         self.buffer = []
         self.kept = []
