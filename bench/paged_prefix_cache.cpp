@@ -13,11 +13,14 @@
 // - evict: 64 calls, each freeing one request's worth of pages (what an engine
 //   asks for before admitting a request); ns per freed page. The caches are back
 //   at the target size after each round.
-// Memory: PagedPrefixCache::memory() (index bytes, token ids excluded), with and
-// without block hashes (a cache with an event sink keeps one per page), and the
-// heap growth measured with mallinfo2 around building each structure.
+// A third cache publishes KV events (it hashes every page) and runs the same
+// insert and evict rounds ("+events").
+// Memory: PagedPrefixCache::memory() (index bytes, token ids excluded) without
+// and with events, and the heap growth measured with mallinfo2 around building
+// each structure (token ids subtracted).
 //
-// Usage: paged_prefix_cache [--quick]   (--quick: 10k and 100k pages only)
+// Usage: paged_prefix_cache [--quick | --only <pages> <page size>]
+//   --quick: 10k and 100k pages only; --only: one cell
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -44,7 +47,7 @@ using Port = bench::SglangRadixPort<PageId>;
 
 constexpr std::size_t system_prompts = 64;
 constexpr std::size_t system_pages = 16;
-constexpr std::size_t rounds = 5;
+constexpr std::size_t rounds = 7;
 constexpr std::size_t match_batch = 512;
 constexpr std::size_t write_batch = 64;
 
@@ -89,8 +92,9 @@ struct Workload {
 struct Row {
   std::size_t pages = 0, ps = 0;
   double match_ours = 0, match_port = 0, match_memcmp = 0, match_store = 0;
+  double r_match_store = 0, r_match_port = 0, r_insert = 0, r_evict = 0;
   double insert_ours = 0, insert_port = 0;
-  double evict_ours = 0, evict_port = 0;
+  double evict_ours = 0, evict_port = 0, insert_events = 0, evict_events = 0;
   double mem_index = 0, mem_index_hashes = 0, heap_ours = 0, heap_port = 0;
 };
 
@@ -142,17 +146,17 @@ Row run(std::size_t target_pages, std::size_t ps) {
   row.mem_index = static_cast<double>(ours->memory().index_bytes) / static_cast<double>(cached);
   row.heap_port = (static_cast<double>(heap1 - heap0) - token_bytes) / static_cast<double>(cached);
   row.heap_ours = (static_cast<double>(heap2 - heap1) - token_bytes) / static_cast<double>(cached);
-  {
-    // The same index with block hashes (an event sink), for its memory only.
-    Cache hashed(ps, {}, [](const promptcache::KvEvent&) {});
-    for (std::uint64_t r = 0; r < requests; ++r) {
-      w.request(r, tok);
-      page_ids(tok.size() / ps);
-      hashed.insert(tok, ids);
-    }
-    row.mem_index_hashes =
-        static_cast<double>(hashed.memory().index_bytes) / static_cast<double>(cached);
+  // The same index publishing KV events (hashing every page) to a sink.
+  std::size_t events = 0;
+  auto hashed = std::make_unique<Cache>(ps, promptcache::eviction::Lru{},
+                                        [&](const promptcache::KvEvent&) { ++events; });
+  for (std::uint64_t r = 0; r < requests; ++r) {
+    w.request(r, tok);
+    page_ids(tok.size() / ps);
+    hashed->insert(tok, ids);
   }
+  row.mem_index_hashes =
+      static_cast<double>(hashed->memory().index_bytes) / static_cast<double>(cached);
 
   // Match queries: cached requests plus one uncached page.
   std::mt19937_64 rng(11);
@@ -175,7 +179,7 @@ Row run(std::size_t target_pages, std::size_t ps) {
   for (std::size_t i = 0; i < match_batch; ++i)
     matched_pages += ours->peek(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i])) / ps;
 
-  std::vector<double> m_ours, m_port, m_memcmp, m_store, i_ours, i_port, e_ours, e_port;
+  std::vector<double> m_ours, m_port, m_memcmp, m_store, i_ours, i_port, e_ours, e_port, i_ev, e_ev;
   const auto ns = [](Clock::time_point a, Clock::time_point b, std::size_t pages) {
     return static_cast<double>(
                std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count()) /
@@ -239,8 +243,12 @@ Row run(std::size_t target_pages, std::size_t ps) {
     for (std::size_t i = 0; i < write_batch; ++i)
       port->insert(batch[i], batch_ids[i]);
     auto t2 = Clock::now();
+    for (std::size_t i = 0; i < write_batch; ++i)
+      hashed->insert(batch[i], batch_ids[i]);
+    auto t3 = Clock::now();
     i_ours.push_back(ns(t0, t1, batch_pages));
     i_port.push_back(ns(t1, t2, batch_pages));
+    i_ev.push_back(ns(t2, t3, batch_pages));
 
     const std::size_t added = ours->cached_pages() - before;
     const std::size_t per_call = std::max<std::size_t>(1, added / write_batch);
@@ -255,10 +263,28 @@ Row run(std::size_t target_pages, std::size_t ps) {
                                 [&](PageId p) { sink += p; }) /
                     ps;
     t2 = Clock::now();
+    std::size_t freed_ev = 0;
+    for (std::size_t i = 0; i < write_batch && freed_ev < added; ++i)
+      freed_ev += hashed->evict(i + 1 < write_batch ? per_call : added - freed_ev,
+                                [&](PageId p) { sink += p; });
+    t3 = Clock::now();
     e_ours.push_back(ns(t0, t1, freed_ours));
     e_port.push_back(ns(t1, t2, freed_port));
+    e_ev.push_back(ns(t2, t3, freed_ev));
   }
   if (sink == 42) std::puts("");
+  // Ratios are taken within each round (the two runs sit next to each other in
+  // time, so a load spike on the machine hits both) and then the median.
+  const auto ratio = [](const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      r.push_back(a[i] / b[i]);
+    return median(r);
+  };
+  row.r_match_store = ratio(m_ours, m_store);
+  row.r_match_port = ratio(m_port, m_ours);
+  row.r_insert = ratio(i_port, i_ours);
+  row.r_evict = ratio(e_port, e_ours);
   row.match_ours = median(m_ours);
   row.match_port = median(m_port);
   row.match_memcmp = median(m_memcmp);
@@ -267,6 +293,9 @@ Row run(std::size_t target_pages, std::size_t ps) {
   row.insert_port = median(i_port);
   row.evict_ours = median(e_ours);
   row.evict_port = median(e_port);
+  row.insert_events = median(i_ev);
+  row.evict_events = median(e_ev);
+  if (events == 0) std::puts("");
   return row;
 }
 
@@ -275,28 +304,33 @@ Row run(std::size_t target_pages, std::size_t ps) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   std::vector<std::size_t> sizes{10000, 100000};
+  std::vector<std::size_t> page_sizes{1, 16, 64};
   if (!quick) sizes.push_back(1000000);
+  if (argc > 3 && std::string(argv[1]) == "--only") {  // --only <pages> <page size>
+    sizes = {std::stoul(argv[2])};
+    page_sizes = {std::stoul(argv[3])};
+  }
   std::printf(
-      "ns per page, median of %zu interleaved rounds; ratio = port / ours (match: ours / "
-      "memcmp)\n",
+      "ns per page, median of %zu interleaved rounds; ratios are per-round medians: port / "
+      "ours, and ours / memcmp store for match\n",
       rounds);
   std::printf(
       "| pages | page | match ours | memcmp hot | memcmp store | ours/store | match port | "
-      "port/ours | insert ours "
-      "| insert port | port/ours | evict ours | evict port | port/ours | index B/page | +hashes | "
-      "heap B/page ours | heap B/page port |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "port/ours | insert ours | insert port | port/ours | insert +events | evict ours | evict "
+      "port | port/ours | evict +events | index B/page | +events | heap B/page ours | heap "
+      "B/page port |\n");
+  std::printf(
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::size_t n : sizes) {
-    for (const std::size_t ps : {std::size_t{1}, std::size_t{16}, std::size_t{64}}) {
+    for (const std::size_t ps : page_sizes) {
       const Row r = run(n, ps);
       std::printf(
           "| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | "
-          "%.1f | "
-          "%.0f | %.1f | %.1f | %.1f | %.1f |\n",
-          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.match_ours / r.match_store,
-          r.match_port, r.match_port / r.match_ours, r.insert_ours, r.insert_port,
-          r.insert_port / r.insert_ours, r.evict_ours, r.evict_port, r.evict_port / r.evict_ours,
-          r.mem_index, r.mem_index_hashes, r.heap_ours, r.heap_port);
+          "%.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.r_match_store, r.match_port,
+          r.r_match_port, r.insert_ours, r.insert_port, r.r_insert, r.insert_events, r.evict_ours,
+          r.evict_port, r.r_evict, r.evict_events, r.mem_index, r.mem_index_hashes, r.heap_ours,
+          r.heap_port);
       std::fflush(stdout);
     }
   }

@@ -3006,8 +3006,11 @@ static_assert(PagedEvictionPolicy<Filo>);
 // a KvEvent (kv_index.hpp) carrying Dynamo block hashes (block_hash.hpp), so a
 // KvIndex fed by the events answers exactly what this cache would match.
 //
-// Layout: nodes live in one index-addressed vector; a node's token ids, page
-// ids and block hashes share one allocation. Child edges of all nodes sit in
+// Layout: nodes live in one index-addressed vector; a node's token ids and page
+// ids share one allocation. With an event sink a node keeps only the sequence
+// hash of its last page (what a child's Stored event names as its parent); the
+// hashes of its other pages are recomputed from its tokens when they are
+// evicted, which keeps the index at a few bytes per page. Child edges of all nodes sit in
 // one hash table keyed by (parent, first token), and the evictable leaves in
 // one binary heap ordered by the policy key, so match and insert cost
 // O(tokens) and evict O(log leaves) per node it touches, whatever the size.
@@ -3464,7 +3467,7 @@ class PagedPrefixCache {
   };
 
   /// A cache of pages of `page_size` tokens, evicting with `policy`, publishing KV
-  /// events to `sink` when given (block hashes are then computed and kept per page).
+  /// events to `sink` when given (pages are then hashed on insert and on eviction).
   /// Throws std::invalid_argument if page_size is 0 or above 2^20. O(1).
   explicit PagedPrefixCache(std::size_t page_size, Policy policy = Policy{}, event_sink sink = {})
       : page_size_(check_page_size(page_size)),
@@ -3718,11 +3721,12 @@ class PagedPrefixCache {
       local_block_hashes(tokens.subspan(pos * page_size_, new_pages * page_size_), page_size_,
                          locals, opts);
       std::optional<std::uint64_t> parent;
-      if (pos > 0) {
-        if (split_node != npos)
-          parent = block_hashes(nodes_[split_node])[split_pages - 1];
-        else
-          parent = block_hashes(nodes_[cur])[nodes_[cur].n - 1];
+      if (split_node != npos) {
+        const Node& c = nodes_[split_node];
+        parent = chain(parent_hash(c), tokens_of(c), split_pages, seed,
+                       [](std::uint32_t, std::uint64_t) {});
+      } else if (pos > 0) {
+        parent = nodes_[cur].last_hash;
       }
       st.parent_hash = parent;
       for (std::size_t i = 0; i < new_pages; ++i) {
@@ -3769,7 +3773,9 @@ class PagedPrefixCache {
   /// (so a long leaf can give up only what is needed); a leaf emptied this way is
   /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
   /// page (deepest first) and publishes one Removed event with their block hashes.
-  /// O(pages freed + log L per node touched). on_evict must not throw (a throwing
+  /// O(pages freed + log L per node touched); with a sink, plus hashing every page of
+  /// each node it touches (a node keeps only its last page's hash, so trimming k pages
+  /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
   /// callback terminates: the cache cannot hand back half a node). Strong guarantee
   /// for std::bad_alloc (before anything changes).
   template <class OnEvict>
@@ -3863,9 +3869,9 @@ class PagedPrefixCache {
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
     m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
-    m.index_bytes = block_pages_ * (sizeof(PageId) + (hashes_ ? sizeof(std::uint64_t) : 0U)) +
-                    nodes_.capacity() * sizeof(Node) + edges_.memory_bytes() +
-                    heap_.capacity() * sizeof(HeapEntry) + ns_slots_.capacity() * sizeof(NsSlot) +
+    m.index_bytes = block_pages_ * sizeof(PageId) + nodes_.capacity() * sizeof(Node) +
+                    edges_.memory_bytes() + heap_.capacity() * sizeof(HeapEntry) +
+                    ns_slots_.capacity() * sizeof(NsSlot) +
                     (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
                     path_.capacity() * sizeof(std::uint32_t);
     return m;
@@ -3928,25 +3934,9 @@ class PagedPrefixCache {
           if (now < stored) return false;
           if (!Policy::monotone_keys && stored < now) return false;
         }
-        if (hashes_) {
-          const std::uint64_t seed = s.seed;
-          std::optional<std::uint64_t> parent;
-          if (nd.parent != s.root) {
-            const Node& p = nodes_[nd.parent];
-            parent = block_hashes(p)[p.n - 1];
-          }
-          for (std::uint32_t i = 0; i < nd.n; ++i) {
-            std::uint64_t local = 0;
-            BlockHashOptions opts;
-            opts.seed = seed;
-            local_block_hashes(std::span<const token_type>(
-                                   tokens_of(nd) + std::size_t{i} * page_size_, page_size_),
-                               page_size_, std::span<std::uint64_t>(&local, 1), opts);
-            const std::uint64_t h = parent ? sequence_hash(*parent, local) : local;
-            if (block_hashes(nd)[i] != h) return false;
-            parent = h;
-          }
-        }
+        if (hashes_ && chain(parent_hash(nd), tokens_of(nd), nd.n, s.seed,
+                             [](std::uint32_t, std::uint64_t) {}) != nd.last_hash)
+          return false;
       }
     }
     if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
@@ -3986,6 +3976,7 @@ class PagedPrefixCache {
     std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
     std::uint32_t ns = 0;            // namespace slot
     Kind kind = Kind::free;
+    std::uint64_t last_hash = 0;  // with a sink: sequence hash of the last page
     meta_type meta{};
   };
 
@@ -4019,27 +4010,23 @@ class PagedPrefixCache {
 
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
 
-  // Block layout for `cap` pages: [hashes][page ids][tokens], each aligned.
+  // Block layout for `cap` pages: [tokens][page ids], the ids aligned. Ids follow
+  // the tokens so that a match streams through both in one direction.
   [[nodiscard]] std::size_t ids_offset(std::size_t cap) const noexcept {
-    return hashes_ ? cap * sizeof(std::uint64_t) : 0U;
+    const std::size_t end = cap * page_bytes();
+    return (end + alignof(PageId) - 1) / alignof(PageId) * alignof(PageId);
   }
-  [[nodiscard]] std::size_t tokens_offset(std::size_t cap) const noexcept {
-    const std::size_t end = ids_offset(cap) + cap * sizeof(PageId);
-    return (end + alignof(token_type) - 1) / alignof(token_type) * alignof(token_type);
+  [[nodiscard]] std::size_t block_bytes(std::size_t cap) const noexcept {
+    return ids_offset(cap) + cap * sizeof(PageId);
   }
   [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
-    return std::unique_ptr<unsigned char[]>(
-        new unsigned char[tokens_offset(cap) + std::size_t{cap} * page_bytes()]);
-  }
-  [[nodiscard]] std::uint64_t* block_hashes(const Node& x) const noexcept {
-    return reinterpret_cast<std::uint64_t*>(x.block.get()) + x.off;
+    return std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes(cap)]);
   }
   [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
     return reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)) + x.off;
   }
   [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
-    return reinterpret_cast<token_type*>(x.block.get() + tokens_offset(x.cap)) +
-           std::size_t{x.off} * page_size_;
+    return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
   }
 
   // The child of `parent` sharing the most leading pages with q (at least one), or npos.
@@ -4052,6 +4039,36 @@ class PagedPrefixCache {
       if (k > 0) return {c, k};
     }
     return {};
+  }
+
+  // The sequence hash before node x's first page (none at the root).
+  [[nodiscard]] std::optional<std::uint64_t> parent_hash(const Node& x) const noexcept {
+    const Node& p = nodes_[x.parent];
+    if (p.kind != Kind::node) return std::nullopt;
+    return p.last_hash;
+  }
+
+  // Walks the sequence hashes of `n` pages at `tokens` following `parent`, calling
+  // f(page index, hash) for each; returns the last one. Allocates nothing.
+  template <class F>
+  std::uint64_t chain(std::optional<std::uint64_t> parent, const token_type* tokens, std::size_t n,
+                      std::uint64_t seed, F&& f) const noexcept {
+    constexpr std::size_t batch = 32;
+    std::uint64_t locals[batch];
+    BlockHashOptions opts;
+    opts.seed = seed;
+    std::uint64_t h = 0;
+    for (std::size_t base = 0; base < n; base += batch) {
+      const std::size_t m = std::min(batch, n - base);
+      local_block_hashes(std::span<const token_type>(tokens + base * page_size_, m * page_size_),
+                         page_size_, std::span<std::uint64_t>(locals, m), opts);
+      for (std::size_t i = 0; i < m; ++i) {
+        h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+        parent = h;
+        f(static_cast<std::uint32_t>(base + i), h);
+      }
+    }
+    return h;
   }
 
   [[nodiscard]] PagedPrefixHandle handle_of(std::uint32_t x) const noexcept {
@@ -4190,7 +4207,9 @@ class PagedPrefixCache {
     H.off = 0;
     H.n = k;
     block_pages_ += k;
-    if (hashes_) std::memcpy(block_hashes(H), block_hashes(C), k * sizeof(std::uint64_t));
+    if (hashes_)
+      H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
+                          [](std::uint32_t, std::uint64_t) {});
     std::memcpy(page_ids(H), page_ids(C), k * sizeof(PageId));
     std::memcpy(tokens_of(H), tokens_of(C), std::size_t{k} * page_bytes());
     H.depth = C.depth;
@@ -4244,9 +4263,7 @@ class PagedPrefixCache {
     L.off = 0;
     L.n = n;
     block_pages_ += n;
-    if (st != nullptr)
-      for (std::uint32_t i = 0; i < n; ++i)
-        block_hashes(L)[i] = st->blocks[i].block_hash;
+    if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
     std::memcpy(page_ids(L), ids, n * sizeof(PageId));
     std::memcpy(tokens_of(L), tokens, std::size_t{n} * page_bytes());
     L.depth = P.kind == Kind::root ? 0U : P.depth + P.n;
@@ -4301,14 +4318,12 @@ class PagedPrefixCache {
   // Keeps a trimmed node's block at most twice its live pages (best effort).
   void compact(Node& x) noexcept {
     if (std::size_t{x.n} * 2 > x.cap) return;
-    std::unique_ptr<unsigned char[]> nb(
-        new (std::nothrow) unsigned char[tokens_offset(x.n) + std::size_t{x.n} * page_bytes()]);
+    std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
     if (!nb) return;
     Node y;
     y.block = std::move(nb);
     y.cap = x.n;
     y.off = 0;
-    if (hashes_) std::memcpy(block_hashes(y), block_hashes(x), x.n * sizeof(std::uint64_t));
     std::memcpy(page_ids(y), page_ids(x), x.n * sizeof(PageId));
     std::memcpy(tokens_of(y), tokens_of(x), std::size_t{x.n} * page_bytes());
     block_pages_ -= x.cap - x.n;
@@ -4328,9 +4343,20 @@ class PagedPrefixCache {
       const std::uint32_t take =
           static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
       const std::uint32_t keep = nd.n - take;
-      for (std::uint32_t i = nd.n; i-- > keep;) {
+      for (std::uint32_t i = nd.n; i-- > keep;)
         on_evict(page_ids(nd)[i]);
-        if (hashes_) removed.push_back(block_hashes(nd)[i]);
+      if (hashes_) {
+        // Only the last page's hash is kept: walk the node's chain once for the
+        // hashes of the freed pages (deepest first) and the new last page's.
+        const std::size_t first = removed.size();
+        std::uint64_t new_last = 0;
+        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
+              [&](std::uint32_t i, std::uint64_t h) {
+                if (i + 1 == keep) new_last = h;
+                if (i >= keep) removed.push_back(h);
+              });
+        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
+        nd.last_hash = new_last;
       }
       PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
       ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
@@ -4382,9 +4408,13 @@ class PagedPrefixCache {
     for (std::size_t i = order.size(); i-- > 0;) {
       const std::uint32_t x = order[i];
       Node& nd = nodes_[x];
-      for (std::uint32_t j = nd.n; j-- > 0;) {
+      for (std::uint32_t j = nd.n; j-- > 0;)
         on_free(page_ids(nd)[j]);
-        if (hashes_) removed.push_back(block_hashes(nd)[j]);
+      if (hashes_) {  // the parent is still there: children go first
+        const std::size_t first = removed.size();
+        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
+              [&](std::uint32_t, std::uint64_t h) { removed.push_back(h); });
+        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
       }
       stats_.cached_pages -= nd.n;
       evictable_pages_ -= nd.n;
