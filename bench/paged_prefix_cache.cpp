@@ -19,7 +19,8 @@
 // and with events, and the heap growth measured with mallinfo2 around building
 // each structure (token ids subtracted).
 //
-// Usage: paged_prefix_cache [--quick]   (--quick: 10k and 100k pages only)
+// Usage: paged_prefix_cache [--quick | --only <pages> <page size>]
+//   --quick: 10k and 100k pages only; --only: one cell
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -46,7 +47,7 @@ using Port = bench::SglangRadixPort<PageId>;
 
 constexpr std::size_t system_prompts = 64;
 constexpr std::size_t system_pages = 16;
-constexpr std::size_t rounds = 5;
+constexpr std::size_t rounds = 7;
 constexpr std::size_t match_batch = 512;
 constexpr std::size_t write_batch = 64;
 
@@ -91,6 +92,7 @@ struct Workload {
 struct Row {
   std::size_t pages = 0, ps = 0;
   double match_ours = 0, match_port = 0, match_memcmp = 0, match_store = 0;
+  double r_match_store = 0, r_match_port = 0, r_insert = 0, r_evict = 0;
   double insert_ours = 0, insert_port = 0;
   double evict_ours = 0, evict_port = 0, insert_events = 0, evict_events = 0;
   double mem_index = 0, mem_index_hashes = 0, heap_ours = 0, heap_port = 0;
@@ -271,6 +273,18 @@ Row run(std::size_t target_pages, std::size_t ps) {
     e_ev.push_back(ns(t2, t3, freed_ev));
   }
   if (sink == 42) std::puts("");
+  // Ratios are taken within each round (the two runs sit next to each other in
+  // time, so a load spike on the machine hits both) and then the median.
+  const auto ratio = [](const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      r.push_back(a[i] / b[i]);
+    return median(r);
+  };
+  row.r_match_store = ratio(m_ours, m_store);
+  row.r_match_port = ratio(m_port, m_ours);
+  row.r_insert = ratio(i_port, i_ours);
+  row.r_evict = ratio(e_port, e_ours);
   row.match_ours = median(m_ours);
   row.match_port = median(m_port);
   row.match_memcmp = median(m_memcmp);
@@ -290,10 +304,15 @@ Row run(std::size_t target_pages, std::size_t ps) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   std::vector<std::size_t> sizes{10000, 100000};
+  std::vector<std::size_t> page_sizes{1, 16, 64};
   if (!quick) sizes.push_back(1000000);
+  if (argc > 3 && std::string(argv[1]) == "--only") {  // --only <pages> <page size>
+    sizes = {std::stoul(argv[2])};
+    page_sizes = {std::stoul(argv[3])};
+  }
   std::printf(
-      "ns per page, median of %zu interleaved rounds; ratio = port / ours (match: ours / "
-      "memcmp)\n",
+      "ns per page, median of %zu interleaved rounds; ratios are per-round medians: port / "
+      "ours, and ours / memcmp store for match\n",
       rounds);
   std::printf(
       "| pages | page | match ours | memcmp hot | memcmp store | ours/store | match port | "
@@ -303,15 +322,14 @@ int main(int argc, char** argv) {
   std::printf(
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::size_t n : sizes) {
-    for (const std::size_t ps : {std::size_t{1}, std::size_t{16}, std::size_t{64}}) {
+    for (const std::size_t ps : page_sizes) {
       const Row r = run(n, ps);
       std::printf(
           "| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | "
           "%.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.match_ours / r.match_store,
-          r.match_port, r.match_port / r.match_ours, r.insert_ours, r.insert_port,
-          r.insert_port / r.insert_ours, r.insert_events, r.evict_ours, r.evict_port,
-          r.evict_port / r.evict_ours, r.evict_events, r.mem_index, r.mem_index_hashes, r.heap_ours,
+          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.r_match_store, r.match_port,
+          r.r_match_port, r.insert_ours, r.insert_port, r.r_insert, r.insert_events, r.evict_ours,
+          r.evict_port, r.r_evict, r.evict_events, r.mem_index, r.mem_index_hashes, r.heap_ours,
           r.heap_port);
       std::fflush(stdout);
     }

@@ -4328,21 +4328,23 @@ class PagedPrefixCache {
 
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
 
-  // Block layout for `cap` pages: [page ids][tokens], the tokens aligned.
-  [[nodiscard]] static std::size_t tokens_offset(std::size_t cap) noexcept {
-    const std::size_t end = cap * sizeof(PageId);
-    return (end + alignof(token_type) - 1) / alignof(token_type) * alignof(token_type);
+  // Block layout for `cap` pages: [tokens][page ids], the ids aligned. Ids follow
+  // the tokens so that a match streams through both in one direction.
+  [[nodiscard]] std::size_t ids_offset(std::size_t cap) const noexcept {
+    const std::size_t end = cap * page_bytes();
+    return (end + alignof(PageId) - 1) / alignof(PageId) * alignof(PageId);
+  }
+  [[nodiscard]] std::size_t block_bytes(std::size_t cap) const noexcept {
+    return ids_offset(cap) + cap * sizeof(PageId);
   }
   [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
-    return std::unique_ptr<unsigned char[]>(
-        new unsigned char[tokens_offset(cap) + std::size_t{cap} * page_bytes()]);
+    return std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes(cap)]);
   }
   [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
-    return reinterpret_cast<PageId*>(x.block.get()) + x.off;
+    return reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)) + x.off;
   }
   [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
-    return reinterpret_cast<token_type*>(x.block.get() + tokens_offset(x.cap)) +
-           std::size_t{x.off} * page_size_;
+    return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
   }
 
   // The child of `parent` sharing the most leading pages with q (at least one), or npos.
@@ -4634,8 +4636,7 @@ class PagedPrefixCache {
   // Keeps a trimmed node's block at most twice its live pages (best effort).
   void compact(Node& x) noexcept {
     if (std::size_t{x.n} * 2 > x.cap) return;
-    std::unique_ptr<unsigned char[]> nb(
-        new (std::nothrow) unsigned char[tokens_offset(x.n) + std::size_t{x.n} * page_bytes()]);
+    std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
     if (!nb) return;
     Node y;
     y.block = std::move(nb);

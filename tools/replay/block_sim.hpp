@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <queue>
 #include <string>
 #include <vector>
@@ -26,7 +27,7 @@ struct CacheRun {
   std::size_t requests = 0;       ///< Requests replayed.
   std::size_t prompt_tokens = 0;  ///< Sum of input lengths.
   std::size_t hit_tokens = 0;     ///< Prompt tokens served from cache.
-  double seconds = 0.0;           ///< Wall time of the replay (filled by the caller).
+  double seconds = 0.0;           ///< CPU time of the replay (filled by the caller).
   /// hit_tokens / prompt_tokens (0 for an empty trace).
   [[nodiscard]] double hit_rate() const {
     return prompt_tokens == 0
@@ -34,6 +35,13 @@ struct CacheRun {
                : static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens);
   }
 };
+
+/// Processor time used by this process, in seconds: the replay is
+/// single-threaded, so this times a run without counting the time other
+/// processes of a loaded machine take from it.
+[[nodiscard]] inline double cpu_seconds() {
+  return static_cast<double>(std::clock()) / static_cast<double>(CLOCKS_PER_SEC);
+}
 
 namespace detail {
 

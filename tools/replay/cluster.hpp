@@ -205,8 +205,7 @@ struct ClusterRun {
   std::vector<double> worker_busy_s;         ///< Prefill seconds per worker.
   std::vector<std::uint32_t> assignment;     ///< Worker of each request.
   std::vector<double> ttft_s;                ///< Queueing proxy for TTFT, per request.
-  double seconds = 0.0;                      ///< Wall time of the run.
-  double route_seconds = 0.0;                ///< Wall time spent in routing decisions.
+  double seconds = 0.0;                      ///< CPU time of the run.
   std::size_t index_events = 0;              ///< KV events applied to the index.
   std::size_t index_rejected = 0;            ///< KV events the index did not apply.
 
@@ -247,7 +246,7 @@ template <class Cache, class MakeCache>
   if (!(cfg.time_scale > 0.0)) throw std::invalid_argument("time scale must be > 0");
   if (!(cfg.prefill_tokens_per_s > 0.0)) throw std::invalid_argument("prefill rate must be > 0");
   if (!(cfg.decode_s_per_token >= 0.0)) throw std::invalid_argument("decode time must be >= 0");
-  const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = cpu_seconds();
   const KvRouter router(KvRouterConfig{cfg.overlap_weight, cfg.temperature, t.block_size});
   std::mt19937_64 rng(cfg.seed);
   const std::size_t w = cfg.workers;
@@ -305,7 +304,6 @@ template <class Cache, class MakeCache>
     }
     const std::size_t blocks = (r.input_length + t.block_size - 1) / t.block_size;
 
-    const auto route0 = std::chrono::steady_clock::now();
     std::size_t target = 0;
     switch (policy) {
       case RoutePolicy::random:
@@ -329,8 +327,6 @@ template <class Cache, class MakeCache>
         break;
       }
     }
-    run.route_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - route0).count();
 
     events.clear();
     const std::size_t cached =
@@ -360,7 +356,7 @@ template <class Cache, class MakeCache>
     run.worker_computed[target] += computed;
     run.assignment.push_back(static_cast<std::uint32_t>(target));
   }
-  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  run.seconds = cpu_seconds() - cpu0;
   return run;
 }
 

@@ -183,7 +183,7 @@ inline void write_tables(std::ostream& out, const Report& r) {
       std::snprintf(buf, sizeof buf, " %15.0f", n == 0 ? 0.0 : sum / static_cast<double>(n));
       out << buf;
     }
-    out << "   (mean over capacities)\n";
+    out << "   (CPU ns per request, mean over capacities)\n";
   }
   if (!r.cluster.empty()) {
     std::snprintf(buf, sizeof buf,
@@ -201,7 +201,7 @@ inline void write_tables(std::ostream& out, const Report& r) {
       out << buf;
     }
   }
-  std::snprintf(buf, sizeof buf, "\ntotal %.2f s\n", r.total_seconds);
+  std::snprintf(buf, sizeof buf, "\ntotal %.2f s wall\n", r.total_seconds);
   out << buf;
 }
 
