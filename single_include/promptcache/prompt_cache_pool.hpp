@@ -1579,7 +1579,7 @@ namespace promptcache {
 
 /// How find_longest_prefix matches stored entries against a query.
 enum class MatchMode {
-  /// An entry must be a prefix of the query (an append-only KV cache). The seed behaviour.
+  /// An entry must be a prefix of the query (an append-only KV cache). The default.
   exact_prefix,
   /// The entry sharing the longest common prefix wins; the caller trims the
   /// entry's state to Hit::matched tokens (truncatable attention caches only).
@@ -1665,7 +1665,8 @@ class PromptCachePool {
     /// Idle TTL of unpinned entries (<= 0: they expire at the next check).
     duration ttl = std::chrono::minutes(5);
     std::size_t min_cacheable_tokens = 8;  ///< Shorter ids are stored only to extend a lineage.
-    MatchMode match = MatchMode::exact_prefix;  ///< Exact-prefix (seed) or common-prefix lookups.
+    MatchMode match =
+        MatchMode::exact_prefix;       ///< Exact-prefix (default) or common-prefix lookups.
     bool keep_one_token = false;       ///< Cap a hit at query length - 1 (engine needs one token).
     std::size_t min_match_tokens = 0;  ///< A hit matching fewer tokens is reported as a miss.
     std::size_t max_bytes = 0;         ///< Byte budget over CacheBytes sizes; 0 = unlimited.
@@ -1710,7 +1711,7 @@ class PromptCachePool {
     std::size_t fed_audios = 0;  ///< Stored as Entry::fed_audios.
   };
 
-  /// Seed-style constructor (exact-prefix mode, no byte budget).
+  /// Pool with an entry budget, idle TTL and minimum length (exact-prefix mode, no byte budget).
   PromptCachePool(std::size_t max_entries, duration ttl, std::size_t min_cacheable_tokens,
                   Clock clock = Clock{})
       : PromptCachePool(Options{max_entries, ttl, min_cacheable_tokens}, std::move(clock)) {}
@@ -1727,7 +1728,7 @@ class PromptCachePool {
     }
   }
 
-  /// 16 entries, 5 minute idle TTL, 8-token minimum (the seed defaults).
+  /// 16 entries, 5 minute idle TTL, 8-token minimum: the Options{} defaults.
   static PromptCachePool with_defaults() { return PromptCachePool(Options{}); }
 
   /// Not copyable (entries are shared through hits; nothing is deep-copied).
@@ -1778,7 +1779,7 @@ class PromptCachePool {
     return result;
   }
 
-  /// Seed-style insert: insert(ids, caches, {pinned, default ttl, namespace 0, media counts}).
+  /// Positional shorthand: insert(ids, caches, {pinned, default ttl, namespace 0, media counts}).
   InsertResult insert_or_update(std::vector<Token> ids, std::vector<LayerCache> caches,
                                 std::size_t fed_images, std::size_t fed_audios, bool pinned) {
     InsertOptions o;
@@ -1795,7 +1796,7 @@ class PromptCachePool {
   /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
   /// without one, an update or extension keeps the TTL of the entry it replaces (a
   /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
-  /// entries are not collected here (lookups and evict_expired do that), as in the seed. In
+  /// entries are not collected here (lookups and evict_expired do that). In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
