@@ -3,8 +3,10 @@
 //
 // Umbrella header: every public promptcache header that needs nothing but the
 // standard library (the promptcache::promptcache target). Headers with a
-// third-party dependency are included on their own, with the target of the same
-// name: block_hash.hpp (xxHash, promptcache::block_hash).
+// third-party dependency are included on their own, with their target:
+// block_hash.hpp and paged_prefix_cache.hpp (xxHash, promptcache::block_hash),
+// kv_event_wire.hpp (msgpack-cxx, promptcache::kv_event_wire) and
+// zmq_kv_subscriber.hpp (ZeroMQ, promptcache::zmq_kv_subscriber).
 #pragma once
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
@@ -20,7 +22,6 @@
 #include "promptcache/kv_router.hpp"
 #include "promptcache/manual_clock.hpp"
 #include "promptcache/paged_eviction_policy.hpp"
-#include "promptcache/paged_prefix_cache.hpp"
 #include "promptcache/prompt_cache_pool.hpp"
 #include "promptcache/synchronized_prompt_cache_pool.hpp"
 #include "promptcache/version.hpp"
