@@ -786,18 +786,22 @@ class CursorState {
 #include <variant>
 #include <vector>
 
-// ---- begin promptcache/detail/kv_index_store.hpp ----
-#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
-#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
-// promptcache: detail/kv_index_store.hpp
+// ---- begin promptcache/detail/kv_index_holders.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+// promptcache: detail/kv_index_holders.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// Node and hold pools of kv_index.hpp. Both hand out 32-bit indices from a
-// vector with a free list instead of pointers: freed slots are reused without
-// calling the allocator, the structures are half the size of pointer-based
-// ones, and nothing dangles when a vector grows.
+// The holder sets of kv_index.hpp: which worker slots hold a tree node. With
+// many worker ranks most blocks are held by one or two of them, so a set costs
+// what it holds, not one bit per rank: up to two holders live in the node's
+// own 64-bit holder word; larger sets move to an arena, as a sorted array of
+// slot indices while that is smaller than a bitset over every slot, else as
+// that bitset (the sets of widely shared prefixes, such as system prompts).
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -1079,215 +1083,467 @@ class KvPackedTable {
 
 namespace promptcache::detail {
 
-/// Tree nodes, stored as fixed-stride rows of 64-bit words so that one node's
-/// hashes, count and holder bitset share a cache line (4 words = 32 bytes with
-/// up to 64 worker slots):
-///   [0] path hash (identifies the root-to-node path, keys the edge table)
-///   [1] tokens hash of the node's block
-///   [2] parent index (low 32 bits) | holder count (high 32 bits)
-///   [3..] bitset over worker slots: which slots hold this node
-/// Node 0 is the root; it is never freed and its holder fields are unused.
-/// While no other node exists there are no rows at all (the root's only field
-/// in use, its path hash, is a constant), so an empty store owns no memory and
-/// constructing or emptying one cannot throw.
-/// A freed node has count 0 and keeps the next free index in its parent field.
-class KvNodeStore {
+/// Arena of spilled holder sets, and the operations on a node's holder word.
+/// The caller keeps each set's size (the node's holder count): it selects the
+/// encoding of the word.
+///   count <= 2: the word holds the slots, smaller one in the low 32 bits
+///               (kv_npos for an absent one);
+///   count >= 3: the word is bits 0..39 offset of a block in the arena (in
+///               32-bit units), bits 40..47 its size class k (4 << k units),
+///               bit 48 set for a bitset (else a sorted array of `count` slots).
+/// Every bitset has the same width, a multiple of 128 slots covering every slot
+/// in use (set_width), so any slot can join a bitset without reallocating it.
+/// Freed blocks go to one free list per size class; the arena is released when
+/// no set is spilled (unless a caller asks to keep capacity).
+class KvHolderSets {
  public:
-  /// Path hash of the root (any constant; the paths below it derive from it).
-  static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
+  /// The holder word of a set with no holder.
+  static constexpr std::uint64_t empty_word = ~std::uint64_t{0};
+  /// Largest set kept in the holder word itself.
+  static constexpr std::uint32_t inline_max = 2;
 
-  /// Just the root, with bitsets for 64 slots. O(1), no allocation.
-  KvNodeStore() noexcept = default;
-
-  /// Path hash of `child_tokens` below a node with path hash `parent_path`.
-  /// For a fixed parent this is a bijection of the tokens hash, so two children
-  /// of one node never share a path hash.
-  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
-                                                          std::uint64_t child_tokens) noexcept {
-    return kv_mix64(parent_path ^ child_tokens);
-  }
-
-  /// Path hash of node `n` (its key in the edge table). O(1).
-  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
-    return n == 0U ? root_path_hash : row(n)[0];
-  }
-  /// Tokens hash of node `n`'s block. O(1).
-  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
-  /// Parent of node `n` (next free node for a freed one). O(1).
-  [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
-  }
-  /// Number of slots holding node `n`; 0 for a free node. O(1).
-  [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
-  }
-  /// Holder bitset of node `n`: mask_words() words. Invalidated by fit_slots. O(1).
-  [[nodiscard]] const std::uint64_t* mask(std::uint32_t n) const noexcept { return row(n) + 3; }
-  /// Words per holder bitset. O(1).
-  [[nodiscard]] std::size_t mask_words() const noexcept { return mask_words_; }
-
-  /// True when `slot` holds node `n`. O(1).
-  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
-    return ((row(n)[3U + slot / 64U] >> (slot % 64U)) & 1U) != 0U;
-  }
-  /// Marks `slot` as a holder of `n`; the bit must be clear.
-  void set(std::uint32_t n, std::uint32_t slot) noexcept {
-    std::uint64_t* r = row(n);
-    r[3U + slot / 64U] |= std::uint64_t{1} << (slot % 64U);
-    r[2] += std::uint64_t{1} << 32U;
-  }
-  /// Clears holder `slot` of `n` (the bit must be set); returns the new count.
-  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot) noexcept {
-    std::uint64_t* r = row(n);
-    r[3U + slot / 64U] &= ~(std::uint64_t{1} << (slot % 64U));
-    r[2] -= std::uint64_t{1} << 32U;
-    return static_cast<std::uint32_t>(r[2] >> 32U);
-  }
-
-  /// Hints the CPU to load node `n`'s row. O(1).
-  void prefetch(std::uint32_t n) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(row(n));
-#else
-    (void)n;
-#endif
-  }
-
-  /// Makes room for `extra` more nodes without reallocating during the next
-  /// `extra` allocate() calls, which then cannot throw. Strong guarantee;
-  /// std::length_error when the indices would not fit in 32 bits.
-  void reserve_extra(std::size_t extra) {
-    if (extra <= free_count_) return;
-    // The first node also brings the root's row.
-    const std::size_t have = std::max<std::size_t>(rows(), 1U);
-    if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
-    const std::size_t need = (have + extra - free_count_) * stride_;
-    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
-  }
-
-  /// A new node (holder count 0, no holders). Call reserve_extra first to make
-  /// it noexcept.
-  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
-    std::uint32_t n;
-    if (free_head_ != kv_npos) {
-      n = free_head_;
-      free_head_ = parent(n);
-      --free_count_;
-      // The next allocation reads that row (free rows are usually cold).
-      if (free_head_ != kv_npos) prefetch(free_head_);
-    } else {
-      n = append_row();
+  /// A read-only view of one set, for iteration in ascending slot order.
+  /// Points into the arena: invalidated by any change to the sets.
+  class View {
+   public:
+    /// Calls f(slot) for every holder, ascending. O(size + bitset words).
+    template <class F>
+    void for_each(F&& f) const {
+      if (bits_ == nullptr) {
+        for (std::uint32_t i = 0; i < n_; ++i)
+          f(list_[i]);
+        return;
+      }
+      for (std::uint32_t w = 0; w < n_; ++w)
+        for (std::uint32_t b = bits_[w]; b != 0U; b &= b - 1U)
+          f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
     }
-    std::uint64_t* r = row(n);
-    r[0] = path;
-    r[1] = tokens;
-    r[2] = parent_node;
-    for (std::size_t w = 3; w < stride_; ++w)
-      r[w] = 0U;
-    ++live_;
-    return n;
+
+    /// True when `slot` is in the set. O(log size) or O(1) for a bitset.
+    [[nodiscard]] bool contains(std::uint32_t slot) const noexcept {
+      if (bits_ != nullptr)
+        return slot / 32U < n_ && ((bits_[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
+      return std::binary_search(list_, list_ + n_, slot);
+    }
+
+    /// Calls f(slot) for every holder of this set that `sub` lacks, ascending.
+    /// O(size of both + bitset words).
+    template <class F>
+    void for_each_missing(const View& sub, F&& f) const {
+      if (bits_ != nullptr && sub.bits_ != nullptr) {
+        for (std::uint32_t w = 0; w < n_; ++w) {
+          const std::uint32_t other = w < sub.n_ ? sub.bits_[w] : 0U;
+          for (std::uint32_t b = bits_[w] & ~other; b != 0U; b &= b - 1U)
+            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+        }
+        return;
+      }
+      if (sub.bits_ != nullptr) {
+        for_each([&](std::uint32_t s) {
+          if (!sub.contains(s)) f(s);
+        });
+        return;
+      }
+      if (bits_ != nullptr) {  // a bitset less a sorted list: mask word by word
+        std::uint32_t j = 0;
+        for (std::uint32_t w = 0; w < n_; ++w) {
+          std::uint32_t b = bits_[w];
+          for (; j < sub.n_ && sub.list_[j] / 32U == w; ++j)
+            b &= ~(std::uint32_t{1} << (sub.list_[j] % 32U));
+          for (; b != 0U; b &= b - 1U)
+            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+        }
+        return;
+      }
+      // `sub` is a sorted list: merge against it.
+      std::uint32_t j = 0;
+      for_each([&](std::uint32_t s) {
+        while (j < sub.n_ && sub.list_[j] < s)
+          ++j;
+        if (j == sub.n_ || sub.list_[j] != s) f(s);
+      });
+    }
+
+   private:
+    friend class KvHolderSets;
+    const std::uint32_t* list_ = nullptr;  // sorted slots (inline_ or an arena array)
+    const std::uint32_t* bits_ = nullptr;  // or the bitset words
+    std::uint32_t n_ = 0;                  // slots in list_, or words in bits_
+    std::uint32_t inline_[inline_max] = {};
+  };
+
+  /// Fills `v` with a view of the set (word, count). `v` must not be copied
+  /// while in use (it may point into itself). O(1).
+  void view(std::uint64_t word, std::uint32_t count, View& v) const noexcept {
+    if (count <= inline_max) {
+      v.inline_[0] = lo(word);
+      v.inline_[1] = hi(word);
+      v.list_ = v.inline_;
+      v.bits_ = nullptr;
+      v.n_ = count;
+      return;
+    }
+    const std::uint32_t* p = block(word);
+    if (is_bitset(word)) {
+      v.list_ = nullptr;
+      v.bits_ = p;
+      v.n_ = bitset_units_;
+    } else {
+      v.list_ = p;
+      v.bits_ = nullptr;
+      v.n_ = count;
+    }
   }
 
-  /// Returns node `n` (holder count 0) to the free list. When no node is left
-  /// the storage itself is released, so an emptied index gives memory back,
-  /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
-  void release(std::uint32_t n, bool shrink = true) noexcept {
-    row(n)[2] = free_head_;
-    free_head_ = n;
-    ++free_count_;
-    --live_;
-    if (shrink) shrink_if_empty();
+  /// True when `slot` is in the set (word, count). O(log count).
+  [[nodiscard]] bool contains(std::uint64_t word, std::uint32_t count,
+                              std::uint32_t slot) const noexcept {
+    if (count <= inline_max)
+      return (count > 0U && lo(word) == slot) || (count > 1U && hi(word) == slot);
+    const std::uint32_t* p = block(word);
+    if (is_bitset(word))
+      return slot / 32U < bitset_units_ && ((p[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
+    return std::binary_search(p, p + count, slot);
   }
 
-  /// Releases the storage when no node but the root is live. O(1).
-  void shrink_if_empty() noexcept {
-    if (live_ != 0U) return;
-    std::vector<std::uint64_t>().swap(words_);
-    free_head_ = kv_npos;
-    free_count_ = 0;
-  }
-
-  /// Widens the holder bitsets so that slot indices below `slots` fit.
-  /// O(nodes) when it grows (every 64 slots); strong guarantee.
-  void ensure_slots(std::size_t slots) {
-    if (words_for(slots) > mask_words_) fit_slots(slots);
-  }
-
-  /// Sets the bitset width to exactly what slot indices below `slots` need,
-  /// growing or shrinking; no node may hold a bit beyond the new width.
-  /// O(nodes) when the width changes; strong guarantee.
-  void fit_slots(std::size_t slots) {
-    const std::size_t want = words_for(slots);
-    if (want == mask_words_) return;
-    const std::size_t new_stride = 3U + want;
-    const std::size_t keep = std::min(stride_, new_stride);
-    std::vector<std::uint64_t> next(rows() * new_stride, 0U);
-    for (std::size_t n = 0; n < rows(); ++n)
-      std::copy_n(words_.data() + n * stride_, keep, next.data() + n * new_stride);
-    words_.swap(next);
-    mask_words_ = want;
-    stride_ = new_stride;
-  }
-
-  /// Moves holder bit `from` of `n` to `to` (which must be clear); the count
-  /// is unchanged.
-  void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
-    std::uint64_t* r = row(n);
-    r[3U + from / 64U] &= ~(std::uint64_t{1} << (from % 64U));
-    r[3U + to / 64U] |= std::uint64_t{1} << (to % 64U);
-  }
-
-  /// Live nodes, the root excluded. O(1).
-  [[nodiscard]] std::size_t live() const noexcept {
-    return live_;
-  }
-  /// Rows allocated (live + free + root). O(1).
-  [[nodiscard]] std::size_t rows() const noexcept {
-    return words_.size() / stride_;
-  }
-  /// Bytes held. O(1).
-  [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return words_.capacity() * 8U;
-  }
-  /// True when `n` is a live non-root node (for invariant checks). O(1).
-  [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
-    return n != 0U && n < rows() && count(n) != 0U;
+  /// Adds `slot` (absent, below the width) to the set (word, count). Cannot
+  /// throw after reserve(n) for n such calls. O(count) for an array, else O(1).
+  void insert(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (count < inline_max) {
+      if (count == 0U)
+        word = pack(slot, kv_npos);
+      else
+        word = lo(word) < slot ? pack(lo(word), slot) : pack(slot, lo(word));
+      return;
+    }
+    if (count > inline_max && is_bitset(word)) {
+      block(word)[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
+      return;
+    }
+    insert_spilled(word, count, slot);
   }
 
  private:
-  static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
-
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
-  std::uint32_t append_row() {
-    if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
-    if (words_.empty()) {  // the root's row first; its parent is "none"
-      words_.assign(stride_, 0U);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
+  // insert() into a sorted array, or the spill of a full holder word.
+  void insert_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (count == inline_max) {
+      std::uint32_t three[3] = {lo(word), hi(word), slot};
+      std::sort(three, three + 3);
+      word = make_block(three, 3);
+      return;
     }
-    const auto n = static_cast<std::uint32_t>(rows());
-    words_.resize(words_.size() + stride_, 0U);
-    return n;
+    std::uint32_t* p = block(word);
+    const std::uint32_t cap = units_of(word);
+    if (count < cap && !prefer_bitset(count + 1U)) {
+      std::uint32_t* at = std::upper_bound(p, p + count, slot);
+      std::copy_backward(at, p + count, p + count + 1);
+      *at = slot;
+      return;
+    }
+    // Full (or now denser than a bitset): move to the right block for count + 1.
+    const std::uint64_t old = word;
+    word = alloc_for(count + 1U);
+    std::uint32_t* q = block(word);
+    const std::uint32_t* src = block(old);  // the arena did not move (reserved)
+    if (is_bitset(word)) {
+      std::fill_n(q, bitset_units_, 0U);
+      for (std::uint32_t i = 0; i < count; ++i)
+        q[src[i] / 32U] |= std::uint32_t{1} << (src[i] % 32U);
+      q[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
+    } else {
+      const std::uint32_t* at = std::upper_bound(src, src + count, slot);
+      const auto before = static_cast<std::size_t>(at - src);
+      std::copy_n(src, before, q);
+      q[before] = slot;
+      std::copy(at, src + count, q + before + 1);
+    }
+    free_block(old);
   }
 
-  [[nodiscard]] static std::size_t words_for(std::size_t slots) noexcept {
-    return std::max<std::size_t>(1U, (slots + 63U) / 64U);
+ public:
+  /// Removes `slot` (present) from the set (word, count). Never allocates;
+  /// with `shrink` a set much smaller than its block moves to a smaller free
+  /// block when one is at hand, and an arena left without sets is released.
+  /// O(count + bitset words).
+  void erase(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
+             bool shrink = true) noexcept {
+    if (count <= inline_max) {
+      word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
+      return;
+    }
+    // A bitset of the smallest class stays one whatever its size.
+    if (count > inline_max + 1U && is_bitset(word) && class_of(word) == 0U) {
+      block(word)[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
+      return;
+    }
+    erase_spilled(word, count, slot, shrink);
   }
 
-  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride_;
-  }
-  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride_;
+ private:
+  // erase() from a sorted array or a wide bitset, or back into the word.
+  void erase_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
+                     bool shrink) noexcept {
+    std::uint32_t* p = block(word);
+    if (count == inline_max + 1U) {  // back into the word
+      std::uint32_t keep[inline_max];
+      std::uint32_t k = 0;
+      View v;
+      view(word, count, v);
+      v.for_each([&](std::uint32_t s) {
+        if (s != slot && k < inline_max) keep[k++] = s;
+      });
+      free_block(word);
+      word = pack(keep[0], keep[1]);
+      if (shrink) release_if_empty();
+      return;
+    }
+    if (is_bitset(word)) {
+      p[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
+      // A bitset kept for a set that became sparse would cost per rank again.
+      if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
+      return;
+    }
+    std::uint32_t* at = std::lower_bound(p, p + count, slot);
+    std::copy(at + 1, p + count, at);
+    if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
   }
 
-  std::vector<std::uint64_t> words_;
-  std::size_t mask_words_ = 1;
-  std::size_t stride_ = 4;
-  std::uint32_t free_head_ = kv_npos;
-  std::size_t free_count_ = 0;
-  std::size_t live_ = 0;
+ public:
+  /// Replaces holder `from` (present) with `to` (absent, below the width);
+  /// the size is unchanged. Never allocates. O(count + bitset words).
+  void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,
+               std::uint32_t to) noexcept {
+    if (count <= inline_max) {
+      const std::uint32_t other = lo(word) == from ? hi(word) : lo(word);
+      word = count == 1U ? pack(to, kv_npos) : (other < to ? pack(other, to) : pack(to, other));
+      return;
+    }
+    std::uint32_t* p = block(word);
+    if (is_bitset(word)) {
+      p[from / 32U] &= ~(std::uint32_t{1} << (from % 32U));
+      p[to / 32U] |= std::uint32_t{1} << (to % 32U);
+      return;
+    }
+    std::uint32_t* at = std::lower_bound(p, p + count, from);
+    *at = to;
+    std::sort(p, p + count);
+  }
+
+  /// Makes the next `inserts` insert() calls allocation-free (so they cannot
+  /// throw). Strong guarantee; std::length_error past 2^40 arena units.
+  void reserve(std::size_t inserts) {
+    // No block is larger than a bitset: an array is used only when smaller.
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    if (inserts > (max_units - units_.size()) / most)
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + inserts * most;
+    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+
+  /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
+  [[nodiscard]] static std::size_t bitset_class_for(std::size_t slots) noexcept {
+    std::size_t k = 0;
+    while ((std::size_t{128} << k) < slots)
+      ++k;
+    return k;
+  }
+  /// Size class of every bitset. O(1).
+  [[nodiscard]] std::size_t bitset_class() const noexcept { return bitset_class_; }
+
+  /// Changing the bitset width to class `k` takes reserve_rewidth(number of
+  /// bitsets, k), then rewidth() on every holder word, then end_rewidth(k).
+  /// This is the first step. Strong guarantee.
+  void reserve_rewidth(std::size_t bitsets, std::size_t k) {
+    const std::size_t each = std::size_t{4} << k;
+    if (bitsets > (max_units - units_.size()) / each)
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + bitsets * each;
+    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+  /// Moves one bitset (word, count) to a block of class `k`, keeping its bits
+  /// below the new width (the caller guarantees none is set above). Never
+  /// allocates after reserve_rewidth.
+  void rewidth(std::uint64_t& word, std::uint32_t count, std::size_t k) noexcept {
+    if (count <= inline_max || !is_bitset(word)) return;
+    const std::uint64_t old = word;
+    word = alloc_class(static_cast<std::uint32_t>(k), true);
+    const std::uint32_t units = std::uint32_t{4} << k;
+    std::uint32_t* q = block(word);
+    const std::uint32_t keep = std::min(units, units_of(old));
+    std::copy_n(block(old), keep, q);
+    std::fill(q + keep, q + units, 0U);
+    free_block(old);
+  }
+  /// Ends a width change: bitsets made from now on have class `k`.
+  void end_rewidth(std::size_t k) noexcept {
+    bitset_class_ = static_cast<std::uint32_t>(k);
+    bitset_units_ = std::uint32_t{4} << k;
+  }
+
+  /// True for a spilled bitset set. O(1).
+  [[nodiscard]] static bool is_bitset_set(std::uint64_t word, std::uint32_t count) noexcept {
+    return count > inline_max && is_bitset(word);
+  }
+
+  /// Releases the arena when no set is spilled. O(1).
+  void release_if_empty() noexcept {
+    if (blocks_ != 0U) return;
+    std::vector<std::uint32_t>().swap(units_);
+    free_ = no_free_blocks();
+  }
+
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return units_.capacity() * 4U; }
+  /// Spilled sets. O(1).
+  [[nodiscard]] std::size_t blocks() const noexcept { return blocks_; }
+
+ private:
+  static constexpr std::uint64_t none = ~std::uint64_t{0};
+  static constexpr std::size_t max_units = std::size_t{1} << 40U;
+  static constexpr std::uint64_t bitset_flag = std::uint64_t{1} << 48U;
+
+  [[nodiscard]] static constexpr std::array<std::uint64_t, 48> no_free_blocks() noexcept {
+    std::array<std::uint64_t, 48> a{};
+    for (auto& x : a)
+      x = none;
+    return a;
+  }
+
+  [[nodiscard]] static constexpr std::uint32_t lo(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>(w & 0xffffffffULL);
+  }
+  [[nodiscard]] static constexpr std::uint32_t hi(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>(w >> 32U);
+  }
+  [[nodiscard]] static constexpr std::uint64_t pack(std::uint32_t a, std::uint32_t b) noexcept {
+    return std::uint64_t{a} | (std::uint64_t{b} << 32U);
+  }
+  [[nodiscard]] static constexpr std::uint64_t offset_of(std::uint64_t w) noexcept {
+    return w & ((std::uint64_t{1} << 40U) - 1U);
+  }
+  [[nodiscard]] static constexpr std::uint32_t class_of(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>((w >> 40U) & 0xffU);
+  }
+  [[nodiscard]] static constexpr std::uint32_t units_of(std::uint64_t w) noexcept {
+    return std::uint32_t{4} << class_of(w);
+  }
+  [[nodiscard]] static constexpr bool is_bitset(std::uint64_t w) noexcept {
+    return (w & bitset_flag) != 0U;
+  }
+
+  // Smallest class whose array holds n slots.
+  [[nodiscard]] static std::uint32_t array_class(std::uint32_t n) noexcept {
+    std::uint32_t k = 0;
+    while ((std::uint32_t{4} << k) < n)
+      ++k;
+    return k;
+  }
+  // A bitset when it is no larger than the array n slots need.
+  [[nodiscard]] bool prefer_bitset(std::uint32_t n) const noexcept {
+    return bitset_class_ <= array_class(n);
+  }
+
+  [[nodiscard]] const std::uint32_t* block(std::uint64_t w) const noexcept {
+    return units_.data() + offset_of(w);
+  }
+  [[nodiscard]] std::uint32_t* block(std::uint64_t w) noexcept {
+    return units_.data() + offset_of(w);
+  }
+
+  // A block (uninitialised) of the kind and class a set of n slots gets.
+  std::uint64_t alloc_for(std::uint32_t n) {
+    return prefer_bitset(n) ? alloc_class(bitset_class_, true) : alloc_class(array_class(n), false);
+  }
+
+  // A block from the free list of class k, else from the arena's tail (within
+  // the reserved capacity, so it does not throw after reserve()).
+  std::uint64_t alloc_class(std::uint32_t k, bool bitset) {
+    std::uint64_t off = free_[k];
+    if (off != none) {
+      free_[k] = load_link(off);
+    } else {
+      off = units_.size();
+      units_.resize(units_.size() + (std::size_t{4} << k));
+    }
+    ++blocks_;
+    return off | (std::uint64_t{k} << 40U) | (bitset ? bitset_flag : 0U);
+  }
+
+  // As alloc_class, but only without allocating; `none` when that is impossible.
+  std::uint64_t try_alloc_class(std::uint32_t k, bool bitset) noexcept {
+    if (free_[k] == none && units_.size() + (std::size_t{4} << k) > units_.capacity()) return none;
+    return alloc_class(k, bitset);  // cannot throw: free block or room in capacity
+  }
+
+  // Moves a set of n slots to an array block of its own class (smaller), if
+  // that needs no allocation.
+  void to_array(std::uint64_t& word, std::uint32_t n) noexcept {
+    const std::uint64_t fresh = try_alloc_class(array_class(n), false);
+    if (fresh == none) return;
+    std::uint32_t* q = block(fresh);
+    std::uint32_t i = 0;
+    View v;
+    view(word, n, v);
+    v.for_each([&](std::uint32_t s) { q[i++] = s; });
+    free_block(word);
+    word = fresh;
+  }
+
+  std::uint64_t make_block(const std::uint32_t* sorted, std::uint32_t n) {
+    const std::uint64_t w = alloc_for(n);
+    std::uint32_t* q = block(w);
+    if (is_bitset(w)) {
+      std::fill_n(q, bitset_units_, 0U);
+      for (std::uint32_t i = 0; i < n; ++i)
+        q[sorted[i] / 32U] |= std::uint32_t{1} << (sorted[i] % 32U);
+    } else {
+      std::copy_n(sorted, n, q);
+    }
+    return w;
+  }
+
+  [[nodiscard]] std::uint64_t load_link(std::uint64_t off) const noexcept {
+    return std::uint64_t{units_[off]} | (std::uint64_t{units_[off + 1U]} << 32U);
+  }
+
+  void free_block(std::uint64_t w) noexcept {
+    const std::uint64_t off = offset_of(w);
+    const std::uint32_t k = class_of(w);
+    units_[off] = lo(free_[k]);
+    units_[off + 1U] = hi(free_[k]);
+    free_[k] = off;
+    --blocks_;
+  }
+
+  std::vector<std::uint32_t> units_;
+  std::array<std::uint64_t, 48> free_ = no_free_blocks();  // head of each class's free list
+  std::size_t blocks_ = 0;
+  std::uint32_t bitset_class_ = 0;  // 128 slots
+  std::uint32_t bitset_units_ = 4;
 };
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+// ---- end promptcache/detail/kv_index_holders.hpp ----
+// ---- begin promptcache/detail/kv_index_holds.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
+// promptcache: detail/kv_index_holds.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The holds of kv_index.hpp: one per (worker slot, node) pair, named by the
+// worker's block hash. A slot's holds form a tree of their own that mirrors
+// the part of the node tree the slot holds, so the work of a removal or a
+// clear is proportional to that worker's blocks, not to every block below a
+// shared node. Held in an index-addressed pool with a free list.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace promptcache::detail {
 
 /// One worker slot's hold on one node, named by the worker's block hash. The
 /// holds of a slot form a tree mirroring the part of the node tree it holds
@@ -1413,9 +1669,555 @@ class KvHoldStore {
   std::size_t live_ = 0;
 };
 
+/// Releases hold `top` and all its descendants, leaves first, without
+/// recursion (chains can be thousands of blocks long): release(h) is called on
+/// each hold once it is childless and must free it (KvHoldStore::release).
+/// Returns how many holds were released. O(descendants).
+template <class Release>
+std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Release&& release) {
+  std::size_t n = 0;
+  std::uint32_t h = top;
+  for (;;) {
+    while (holds[h].first_child != kv_npos)
+      h = holds[h].first_child;
+    const std::uint32_t up = holds[h].parent;
+    const bool last = h == top;
+    release(h, last);
+    ++n;
+    if (last) return n;
+    h = up;
+  }
+}
+
+/// Calls f(h) for every hold below `root` (not `root` itself), parents before
+/// children, without a stack (parent links). O(descendants).
+template <class F>
+void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f) {
+  std::uint32_t h = holds[root].first_child;
+  while (h != kv_npos) {
+    f(h);
+    if (holds[h].first_child != kv_npos) {
+      h = holds[h].first_child;
+      continue;
+    }
+    while (h != root && holds[h].next == kv_npos)
+      h = holds[h].parent;
+    h = h == root ? kv_npos : holds[h].next;
+  }
+}
+
+/// Splits the holds below `root` into chains that follow first children:
+/// calls start(h) at the first hold of each chain (its parent is the chain's
+/// parent), then step(h) for each hold of the chain, the first included.
+/// Siblings start later chains. O(descendants), O(width) extra memory.
+template <class Start, class Step>
+void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&& start,
+                            Step&& step) {
+  std::vector<std::uint32_t> starts;
+  for (std::uint32_t c = holds[root].first_child; c != kv_npos; c = holds[c].next)
+    starts.push_back(c);
+  while (!starts.empty()) {
+    std::uint32_t h = starts.back();
+    starts.pop_back();
+    start(h);
+    while (h != kv_npos) {
+      step(h);
+      const std::uint32_t first = holds[h].first_child;
+      if (first != kv_npos)
+        for (std::uint32_t c = holds[first].next; c != kv_npos; c = holds[c].next)
+          starts.push_back(c);
+      h = first;
+    }
+  }
+}
+
 }  // namespace promptcache::detail
-#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
-// ---- end promptcache/detail/kv_index_store.hpp ----
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
+// ---- end promptcache/detail/kv_index_holds.hpp ----
+// ---- begin promptcache/detail/kv_index_tree.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TREE_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TREE_HPP
+// promptcache: detail/kv_index_tree.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The radix tree of kv_index.hpp: nodes (one per distinct block position,
+// shared by every worker holding it) and the edge table that finds a node's
+// child by the child's path hash. Nodes live in a pool that hands out 32-bit
+// indices from a vector with a free list instead of pointers: freed slots are
+// reused without calling the allocator, rows are half the size of pointers
+// plus headers, and nothing dangles when the vector grows.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// Tree nodes, stored as rows of four 64-bit words so that one node's hashes,
+/// count and holder set share half a cache line (32 bytes, whatever the number
+/// of worker slots):
+///   [0] path hash (identifies the root-to-node path, keys the edge table)
+///   [1] tokens hash of the node's block
+///   [2] parent index (low 32 bits) | holder count (high 32 bits)
+///   [3] holder word: the holder slots themselves, or where they are in the
+///       holder-set arena (see KvHolderSets)
+/// Node 0 is the root; it is never freed and its holder fields are unused.
+/// While no other node exists there are no rows at all (the root's only field
+/// in use, its path hash, is a constant), so an empty store owns no memory and
+/// constructing or emptying one cannot throw.
+/// A freed node has count 0 and keeps the next free index in its parent field.
+class KvNodeStore {
+ public:
+  /// Path hash of the root (any constant; the paths below it derive from it).
+  static constexpr std::uint64_t root_path_hash = 0x6a09e667f3bcc908ULL;
+
+  /// Just the root. O(1), no allocation.
+  KvNodeStore() noexcept = default;
+
+  /// Path hash of `child_tokens` below a node with path hash `parent_path`.
+  /// For a fixed parent this is a bijection of the tokens hash, so two children
+  /// of one node never share a path hash.
+  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
+                                                          std::uint64_t child_tokens) noexcept {
+    return kv_mix64(parent_path ^ child_tokens);
+  }
+
+  /// Path hash of node `n` (its key in the edge table). O(1).
+  [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
+    return n == 0U ? root_path_hash : row(n)[0];
+  }
+  /// Tokens hash of node `n`'s block. O(1).
+  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Parent of node `n` (next free node for a freed one). O(1).
+  [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
+  }
+  /// Number of slots holding node `n`; 0 for a free node. O(1).
+  [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
+    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
+  }
+  /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
+  /// any change to a holder set. O(1).
+  void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
+    holders_.view(row(n)[3], count(n), v);
+  }
+
+  /// True when `slot` holds node `n`. O(log holders).
+  [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
+    return holders_.contains(row(n)[3], count(n), slot);
+  }
+  /// Marks `slot` (below the width set by ensure_slots) as a holder of `n`; it
+  /// must not be one. Cannot throw after reserve_holders. O(holders).
+  void set(std::uint32_t n, std::uint32_t slot) {
+    std::uint64_t* r = row(n);
+    holders_.insert(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot);
+    r[2] += std::uint64_t{1} << 32U;
+  }
+  /// Removes holder `slot` of `n` (it must be one); returns the new count.
+  /// Never allocates. O(holders).
+  std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
+    std::uint64_t* r = row(n);
+    holders_.erase(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot, shrink);
+    r[2] -= std::uint64_t{1} << 32U;
+    return static_cast<std::uint32_t>(r[2] >> 32U);
+  }
+
+  /// Hints the CPU to load node `n`'s row. O(1).
+  void prefetch(std::uint32_t n) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(row(n));
+#else
+    (void)n;
+#endif
+  }
+
+  /// Makes room for `extra` more nodes without reallocating during the next
+  /// `extra` allocate() calls, which then cannot throw. Strong guarantee;
+  /// std::length_error when the indices would not fit in 32 bits.
+  void reserve_extra(std::size_t extra) {
+    if (extra <= free_count_) return;
+    // The first node also brings the root's row.
+    const std::size_t have = std::max<std::size_t>(rows(), 1U);
+    if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
+    const std::size_t need = (have + extra - free_count_) * stride;
+    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+  }
+
+  /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
+  void reserve_holders(std::size_t extra) {
+    holders_.reserve(extra);
+  }
+
+  /// A new node (holder count 0, no holders). Call reserve_extra first to make
+  /// it noexcept.
+  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
+    std::uint32_t n;
+    if (free_head_ != kv_npos) {
+      n = free_head_;
+      free_head_ = parent(n);
+      --free_count_;
+      // The next allocation reads that row (free rows are usually cold).
+      if (free_head_ != kv_npos) prefetch(free_head_);
+    } else {
+      n = append_row();
+    }
+    std::uint64_t* r = row(n);
+    r[0] = path;
+    r[1] = tokens;
+    r[2] = parent_node;
+    r[3] = KvHolderSets::empty_word;
+    ++live_;
+    return n;
+  }
+
+  /// Returns node `n` (holder count 0) to the free list. When no node is left
+  /// the storage itself is released, so an emptied index gives memory back,
+  /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
+  void release(std::uint32_t n, bool shrink = true) noexcept {
+    row(n)[2] = free_head_;
+    free_head_ = n;
+    ++free_count_;
+    --live_;
+    if (shrink) shrink_if_empty();
+  }
+
+  /// Releases the storage when no node but the root is live. O(1).
+  void shrink_if_empty() noexcept {
+    holders_.release_if_empty();
+    if (live_ != 0U) return;
+    std::vector<std::uint64_t>().swap(words_);
+    free_head_ = kv_npos;
+    free_count_ = 0;
+  }
+
+  /// Widens the holder bitsets so that slot indices below `slots` fit.
+  /// O(nodes) when it grows (at 128, 256, 512, ... slots); strong guarantee.
+  void ensure_slots(std::size_t slots) {
+    if (KvHolderSets::bitset_class_for(slots) > holders_.bitset_class()) fit_slots(slots);
+  }
+
+  /// Sets the bitset width to what slot indices below `slots` need, growing
+  /// or shrinking; no node may hold a slot beyond the new width. O(nodes)
+  /// when the width changes; strong guarantee.
+  void fit_slots(std::size_t slots) {
+    const std::size_t k = KvHolderSets::bitset_class_for(slots);
+    if (k == holders_.bitset_class()) return;
+    std::size_t bitsets = 0;
+    for (std::size_t n = 1; n < rows(); ++n)
+      if (KvHolderSets::is_bitset_set(words_[n * stride + 3U],
+                                      count(static_cast<std::uint32_t>(n))))
+        ++bitsets;
+    holders_.reserve_rewidth(bitsets, k);
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.rewidth(words_[n * stride + 3U], count(static_cast<std::uint32_t>(n)), k);
+    holders_.end_rewidth(k);
+  }
+
+  /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
+  /// the count is unchanged. Never allocates.
+  void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
+    holders_.replace(row(n)[3], count(n), from, to);
+  }
+
+  /// Live nodes, the root excluded. O(1).
+  [[nodiscard]] std::size_t live() const noexcept {
+    return live_;
+  }
+  /// Rows allocated (live + free + root). O(1).
+  [[nodiscard]] std::size_t rows() const noexcept {
+    return words_.size() / stride;
+  }
+  /// Bytes held, holder sets included. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return words_.capacity() * 8U + holders_.memory_bytes();
+  }
+  /// Bytes held by spilled holder sets. O(1).
+  [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
+    return holders_.memory_bytes();
+  }
+  /// True when `n` is a live non-root node (for invariant checks). O(1).
+  [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
+    return n != 0U && n < rows() && count(n) != 0U;
+  }
+
+ private:
+  static constexpr std::size_t stride = 4;
+  static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  std::uint32_t append_row() {
+    if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
+    if (words_.empty()) {  // the root's row first; its parent is "none"
+      words_.assign(stride, 0U);
+      words_[0] = root_path_hash;
+      words_[2] = kv_npos;
+      words_[3] = KvHolderSets::empty_word;
+    }
+    const auto n = static_cast<std::uint32_t>(rows());
+    // allocate() writes the row; push_back is cheaper than resize's fill.
+    for (std::size_t w = 0; w < stride; ++w)
+      words_.push_back(0U);
+    return n;
+  }
+
+  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride;
+  }
+  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
+    return words_.data() + static_cast<std::size_t>(n) * stride;
+  }
+
+  std::vector<std::uint64_t> words_;
+  KvHolderSets holders_;
+  std::uint32_t free_head_ = kv_npos;
+  std::size_t free_count_ = 0;
+  std::size_t live_ = 0;
+};
+
+/// The tree: the node pool and the edge table (path hash, parent) -> child.
+/// A child's key is its path hash, a hash of the tokens hashes on the path
+/// from the root, so a walk computes every key of a query up front and
+/// prefetches the edge slots before it needs them.
+class KvTree {
+ public:
+  /// Path hash of the root.
+  static constexpr std::uint64_t root_path_hash = KvNodeStore::root_path_hash;
+
+  /// Path hash of `child_tokens` below a node with path hash `parent_path`. O(1).
+  [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
+                                                          std::uint64_t child_tokens) noexcept {
+    return KvNodeStore::child_path(parent_path, child_tokens);
+  }
+
+  /// The nodes (rows, holder sets). O(1).
+  [[nodiscard]] const KvNodeStore& nodes() const noexcept { return nodes_; }
+  /// The nodes, for changing holder sets. O(1).
+  [[nodiscard]] KvNodeStore& nodes() noexcept { return nodes_; }
+
+  /// The child of `parent` with path hash `path`, or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find_child(std::uint64_t path, std::uint32_t parent) const noexcept {
+    return edges_.find(path, parent);
+  }
+  /// Hints the CPU to load the edge slot of `path`. O(1).
+  void prefetch_edge(std::uint64_t path) const noexcept { edges_.prefetch(path, 0); }
+
+  /// Makes the next `blocks` add_child() and holder additions allocation-free
+  /// (so they cannot throw). Strong guarantee.
+  void reserve(std::size_t blocks) {
+    nodes_.reserve_extra(blocks);
+    nodes_.reserve_holders(blocks);
+    edges_.reserve_extra(blocks);
+  }
+
+  /// A new child of `parent` (no holders) with path hash `path` (absent) and
+  /// tokens hash `tokens`. Cannot throw after reserve().
+  std::uint32_t add_child(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent) {
+    const std::uint32_t child = nodes_.allocate(path, tokens, parent);
+    edges_.insert(path, parent, child);
+    return child;
+  }
+
+  /// Frees node `n` (no holders). With `shrink` false the pools and the edge
+  /// table keep their capacity (earlier reservations hold).
+  void remove_node(std::uint32_t n, bool shrink = true) noexcept {
+    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    nodes_.release(n, shrink);
+  }
+
+  /// Gives back what removals with `shrink` false kept. O(edge capacity).
+  void shrink_to_fit_live() noexcept {
+    nodes_.shrink_if_empty();
+    edges_.shrink_to_load();
+  }
+
+  /// Checks the tree's own invariants: every live node is found by its edge,
+  /// its path hash follows from its parent's and its tokens hash, and the edge
+  /// table holds the live nodes only. O(nodes).
+  [[nodiscard]] bool check() const {
+    std::size_t live = 0;
+    for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
+      if (nodes_.count(n) == 0U) continue;
+      ++live;
+      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
+      if (nodes_.path_hash(n) !=
+          child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
+        return false;
+    }
+    return live == nodes_.live() && edges_.size() == live;
+  }
+
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return nodes_.memory_bytes() + edges_.memory_bytes();
+  }
+
+  /// Exchanges the contents with `other`. O(1).
+  void swap(KvTree& other) noexcept {
+    using std::swap;
+    swap(nodes_, other.nodes_);
+    swap(edges_, other.edges_);
+  }
+
+ private:
+  struct EdgeHash {
+    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
+  };
+
+  KvNodeStore nodes_;
+  KvPackedTable<EdgeHash> edges_;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_TREE_HPP
+// ---- end promptcache/detail/kv_index_tree.hpp ----
+// ---- begin promptcache/detail/kv_index_workers.hpp ----
+#ifndef PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_WORKERS_HPP
+#define PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_WORKERS_HPP
+// promptcache: detail/kv_index_workers.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The per-worker state of kv_index.hpp: one slot per worker rank with its
+// event cursor, its block names and the root of its hold tree, and the table
+// that finds a rank's slot. Slot indices are what holder sets store, so a
+// freed slot is reused lowest first (keeping holder bitsets narrow).
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// Name-table hash of a worker's block hash.
+struct KvNameHash {
+  /// Folded multiply of the block hash (the tag is unused). O(1).
+  static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
+    return kv_fold_hash(key);
+  }
+};
+
+/// One worker rank. Its block names get a table of their own: an event
+/// touches one worker only, so its lookups stay in a small, warm table.
+template <class Worker>
+struct KvWorkerSlot {
+  KvPackedTable<KvNameHash> names;   ///< block hash -> hold
+  Worker worker{};                   ///< the rank
+  CursorState<> cursor;              ///< its event stream position
+  std::uint32_t sentinel = kv_npos;  ///< root of its hold tree (a hold on node 0)
+  std::size_t blocks = 0;            ///< blocks held
+  bool live = false;                 ///< false for a free slot
+};
+
+/// The slots, indexed by slot number, and (worker id, dp rank) -> slot.
+/// `Worker` has members worker_id (64-bit) and dp_rank (32-bit).
+template <class Worker>
+class KvWorkerSlots {
+ public:
+  /// One slot.
+  using Slot = KvWorkerSlot<Worker>;
+
+  /// The slot of `w`, or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find(const Worker& w) const noexcept {
+    return table_.find(w.worker_id, w.dp_rank);
+  }
+  /// Slot `s`. O(1).
+  [[nodiscard]] Slot& operator[](std::uint32_t s) noexcept { return slots_[s]; }
+  /// Slot `s`. O(1).
+  [[nodiscard]] const Slot& operator[](std::uint32_t s) const noexcept { return slots_[s]; }
+  /// Slot indices in use or free (one past the highest ever used). O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
+  /// Workers in the table. O(1).
+  [[nodiscard]] std::size_t workers() const noexcept { return table_.size(); }
+
+  /// Makes the next index() allocation-free. Strong guarantee.
+  void reserve_index() { table_.reserve_extra(1); }
+
+  /// The lowest free slot index, or size() when every slot is live. O(slots).
+  [[nodiscard]] std::uint32_t lowest_free() const noexcept {
+    std::uint32_t s = 0;
+    while (s < slots_.size() && slots_[s].live)
+      ++s;
+    return s;
+  }
+
+  /// Makes sure slot `s` (at most size()) exists. Strong guarantee;
+  /// std::length_error past 2^32 - 2 slots.
+  void make_room(std::uint32_t s) {
+    if (s < slots_.size()) return;
+    if (slots_.size() >= kv_npos - 1U) throw std::length_error("kv index: too many workers");
+    slots_.emplace_back();
+  }
+
+  /// Makes free slot `s` live for `w`, with `sentinel` as its hold root; it
+  /// is not in the table yet (index()). O(1).
+  void open(std::uint32_t s, const Worker& w, std::uint32_t sentinel) noexcept {
+    Slot& x = slots_[s];
+    x.names.clear();
+    x.worker = w;
+    x.cursor = CursorState<>{};
+    x.sentinel = sentinel;
+    x.blocks = 0;
+    x.live = true;
+  }
+
+  /// Enters `w` -> `s` into the table (room reserved by reserve_index()).
+  void index(const Worker& w, std::uint32_t s) noexcept {
+    table_.insert(w.worker_id, w.dp_rank, s);
+  }
+  /// Removes `w` from the table (its slot stays live until close()).
+  void unindex(const Worker& w) noexcept { table_.erase(w.worker_id, w.dp_rank); }
+
+  /// Frees slot `s` (its blocks must be gone). O(1).
+  void close(std::uint32_t s) noexcept {
+    Slot& x = slots_[s];
+    x.names.clear();
+    x.worker = Worker{};
+    x.cursor = CursorState<>{};
+    x.sentinel = kv_npos;
+    x.blocks = 0;
+    x.live = false;
+  }
+
+  /// One past the highest live slot. O(slots).
+  [[nodiscard]] std::size_t top() const noexcept {
+    std::size_t t = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) t = i + 1U;
+    return t;
+  }
+
+  /// Bytes held: slots, the table and every name table. O(slots).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    std::size_t n = table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
+    for (const Slot& s : slots_)
+      n += s.names.memory_bytes();
+    return n;
+  }
+
+  /// Exchanges the contents with `other`. O(1).
+  void swap(KvWorkerSlots& other) noexcept {
+    using std::swap;
+    swap(table_, other.table_);
+    swap(slots_, other.slots_);
+  }
+
+ private:
+  struct PairHash {
+    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t tag) noexcept {
+      return kv_mix64(key ^ (std::uint64_t{tag} * 0x9e3779b97f4a7c15ULL));
+    }
+  };
+
+  KvPackedTable<PairHash> table_;  // (worker id, dp rank) -> slot
+  std::vector<Slot> slots_;        // free ones are not live
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_SINGLE_INCLUDE_PROMPTCACHE_DETAIL_KV_INDEX_WORKERS_HPP
+// ---- end promptcache/detail/kv_index_workers.hpp ----
 
 namespace promptcache {
 
@@ -1550,15 +2352,20 @@ struct KvIndexCounters {
   friend constexpr bool operator==(const KvIndexCounters&, const KvIndexCounters&) = default;
 };
 
-/// The KV-event-fed radix index. Costs below: B = blocks in the call, W =
-/// worker slots / 64 rounded up (1 up to 64 worker ranks), D = descendants a
-/// removal drops. Memory: a tree node takes 8 * (3 + W) bytes plus its slot in
-/// the edge table (16 bytes at load 1/4..1/2); a (worker, block) pair takes a
-/// 32-byte hold plus its slot in the worker's name table. Everything is held in
-/// index-addressed pools, so an index is an ordinary copyable value. Freed
-/// nodes and holds go to free lists that the next stores reuse; the pools
-/// themselves shrink only when they empty, so memory is bounded by the peak
-/// number of live blocks (tables shrink as their load drops).
+/// The KV-event-fed radix index. Costs below: B = blocks in the call, H =
+/// holders of a node the call touches (adding or dropping a holder costs
+/// O(H) while the node's set is a sorted array, O(1) otherwise), D =
+/// descendants a removal drops. Memory: a tree node takes a 32-byte row plus
+/// its slot in the edge table (16 bytes at load 1/4..1/2), whatever the number
+/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// takes a sorted array of 4-byte slot indices, or once that would be larger, a
+/// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
+/// pair takes a 32-byte hold plus its slot in the worker's name table.
+/// Everything is held in index-addressed pools, so an index is an ordinary
+/// copyable value. Freed nodes, holds and holder sets go to free lists that
+/// the next stores reuse; the pools themselves shrink only when they empty, so
+/// memory is bounded by the peak number of live blocks (tables shrink as their
+/// load drops).
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -1604,11 +2411,9 @@ class KvIndex {
   void swap(KvIndex& other) noexcept {
     using std::swap;
     swap(options_, other.options_);
-    swap(nodes_, other.nodes_);
+    tree_.swap(other.tree_);
     swap(holds_, other.holds_);
-    swap(edges_, other.edges_);
-    swap(slot_table_, other.slot_table_);
-    swap(slots_, other.slots_);
+    workers_.swap(other.workers_);
     swap(counters_, other.counters_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
@@ -1644,7 +2449,7 @@ class KvIndex {
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, blocks.size(), r.view_reset ? slots_[slot].blocks : 0U);
+      reserve_for_store(slot, blocks.size(), r.view_reset ? workers_[slot].blocks : 0U);
     } catch (...) {
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
@@ -1654,9 +2459,8 @@ class KvIndex {
     if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
     r.status = store_blocks(slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
-      nodes_.shrink_if_empty();
-      edges_.shrink_to_load();
-      slots_[slot].names.shrink_to_load();
+      tree_.shrink_to_fit_live();
+      workers_[slot].names.shrink_to_load();
     }
     finish(slot, event_id, r);
     return r;
@@ -1720,19 +2524,19 @@ class KvIndex {
         return res;
       }
     }
-    std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    std::uint32_t slot = workers_.find(worker);
     if (slot != detail::kv_npos) {
       clear_slot(slot);
       adopt(slot, tmp);
     } else {
       slot = tmp;
-      slot_table_.insert(worker.worker_id, worker.dp_rank, tmp);  // capacity reserved by new_slot
+      workers_.index(worker, tmp);  // capacity reserved by new_slot
     }
-    slots_[slot].cursor = CursorState<>::live(last_event_id);
+    workers_[slot].cursor = CursorState<>::live(last_event_id);
     ++counters_.workers_replaced;
     trim_masks();
     res.ok = true;
-    res.blocks = slots_[slot].blocks;
+    res.blocks = workers_[slot].blocks;
     return res;
   }
 
@@ -1740,8 +2544,9 @@ class KvIndex {
   /// returns how many ranks were dropped. O(ranks known + blocks dropped).
   std::size_t remove_worker(std::uint64_t worker_id) {
     std::vector<KvWorker> ranks;
-    for (const Slot& s : slots_)
-      if (s.live && s.worker.worker_id == worker_id) ranks.push_back(s.worker);
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      if (workers_[s].live && workers_[s].worker.worker_id == worker_id)
+        ranks.push_back(workers_[s].worker);
     for (const KvWorker& w : ranks)
       remove_worker(w);
     return ranks.size();
@@ -1750,9 +2555,9 @@ class KvIndex {
   /// Drops one dp rank with its blocks and cursor; false if unknown.
   /// O(blocks dropped).
   bool remove_worker(const KvWorker& worker) noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return false;
-    slot_table_.erase(worker.worker_id, worker.dp_rank);
+    workers_.unindex(worker);
     drop_slot(slot);
     trim_masks();
     return true;
@@ -1763,36 +2568,30 @@ class KvIndex {
   /// worker. O(blocks held).
   [[nodiscard]] std::vector<KvEvent> dump(const KvWorker& worker) const {
     std::vector<KvEvent> out;
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return out;
-    const std::uint32_t sentinel = slots_[slot].sentinel;
-    std::vector<std::uint32_t> starts;  // holds that begin a Stored event
-    for (std::uint32_t c = holds_[sentinel].first_child; c != detail::kv_npos; c = holds_[c].next)
-      starts.push_back(c);
-    while (!starts.empty()) {
-      std::uint32_t h = starts.back();
-      starts.pop_back();
-      kv_event::Stored ev;
-      const std::uint32_t p = holds_[h].parent;
-      if (p != sentinel) ev.parent_hash = holds_[p].block_hash;
-      // Follow first children as one chain; siblings start later events.
-      while (h != detail::kv_npos) {
-        ev.blocks.push_back(KvBlock{holds_[h].block_hash, nodes_.tokens_hash(holds_[h].node)});
-        const std::uint32_t first = holds_[h].first_child;
-        if (first != detail::kv_npos)
-          for (std::uint32_t c = holds_[first].next; c != detail::kv_npos; c = holds_[c].next)
-            starts.push_back(c);
-        h = first;
-      }
-      out.push_back(KvEvent{out.size(), std::move(ev)});
-    }
+    const std::uint32_t sentinel = workers_[slot].sentinel;
+    kv_event::Stored* ev = nullptr;
+    detail::kv_for_each_hold_chain(
+        holds_, sentinel,
+        [&](std::uint32_t h) {
+          out.push_back(KvEvent{out.size(), kv_event::Stored{}});
+          ev = &std::get<kv_event::Stored>(out.back().data);
+          const std::uint32_t p = holds_[h].parent;
+          if (p != sentinel) ev->parent_hash = holds_[p].block_hash;
+        },
+        [&](std::uint32_t h) {
+          ev->blocks.push_back(
+              KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+        });
     return out;
   }
 
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
-  /// gets the depth reached so far. O(matched blocks * W + result size).
+  /// gets the depth reached so far. O(matched blocks + holders of the nodes
+  /// where the number of holders drops, + result size).
   [[nodiscard]] std::vector<KvWorkerMatch> find_matches(
       std::span<const std::uint64_t> tokens_hashes, bool early_exit = false) const {
     std::vector<KvWorkerMatch> out;
@@ -1808,39 +2607,41 @@ class KvIndex {
     constexpr std::size_t chunk = 32;
     std::uint64_t paths[chunk];
     std::uint32_t found[chunk];
-    std::uint64_t path = detail::KvNodeStore::root_path_hash;
+    std::uint64_t path = detail::KvTree::root_path_hash;
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::size_t depth = 0;
-    const std::size_t words = nodes_.mask_words();
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
       // The path hashes depend on the query only, so every edge probe of the
       // chunk can be issued before the walk needs it.
       for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, tokens_hashes[base + j]);
+        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         paths[j] = path;
-        edges_.prefetch(path, 0);
+        tree_.prefetch_edge(path);
       }
       std::size_t got = 0;
       for (; got < m; ++got) {
-        const std::uint32_t child = edges_.find(paths[got], cur);
+        const std::uint32_t child = tree_.find_child(paths[got], cur);
         if (child == detail::kv_npos) break;
-        nodes_.prefetch(child);
+        tree_.nodes().prefetch(child);
         found[got] = child;
         cur = child;
       }
       bool stop = got < m;
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
-        const std::uint32_t c = nodes_.count(child);
+        const std::uint32_t c = tree_.nodes().count(child);
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < nodes_.count(prev)) {
-          const std::uint64_t* a = nodes_.mask(prev);
-          const std::uint64_t* b = nodes_.mask(child);
-          for (std::size_t w = 0; w < words; ++w)
-            emit(a[w] & ~b[w], w, depth, out);
+        if (prev != detail::kv_npos && c < tree_.nodes().count(prev)) {
+          detail::KvHolderSets::View had;
+          detail::KvHolderSets::View has;
+          tree_.nodes().holders(prev, had);
+          tree_.nodes().holders(child, has);
+          had.for_each_missing(has, [&](std::uint32_t slot) {
+            out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+          });
         }
         prev = child;
         ++depth;
@@ -1852,45 +2653,47 @@ class KvIndex {
       if (stop) break;
     }
     if (prev != detail::kv_npos) {
-      const std::uint64_t* a = nodes_.mask(prev);
-      for (std::size_t w = 0; w < words; ++w)
-        emit(a[w], w, depth, out);
+      detail::KvHolderSets::View has;
+      tree_.nodes().holders(prev, has);
+      has.for_each([&](std::uint32_t slot) {
+        out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+      });
     }
   }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
   [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot == detail::kv_npos) return std::nullopt;
-    return slots_[slot].cursor;
+    return workers_[slot].cursor;
   }
 
   /// Blocks `worker` holds (0 for an unknown worker). O(1).
   [[nodiscard]] std::size_t block_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
-    return slot == detail::kv_npos ? 0U : slots_[slot].blocks;
+    const std::uint32_t slot = workers_.find(worker);
+    return slot == detail::kv_npos ? 0U : workers_[slot].blocks;
   }
 
   /// True when `worker` is known (has sent an event or been replaced). O(1).
   [[nodiscard]] bool contains(const KvWorker& worker) const noexcept {
-    return slot_table_.find(worker.worker_id, worker.dp_rank) != detail::kv_npos;
+    return workers_.find(worker) != detail::kv_npos;
   }
 
   /// Known worker ranks, in unspecified order. O(slots).
   [[nodiscard]] std::vector<KvWorker> workers() const {
     std::vector<KvWorker> out;
-    for (const Slot& s : slots_)
-      if (s.live) out.push_back(s.worker);
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      if (workers_[s].live) out.push_back(workers_[s].worker);
     return out;
   }
 
   /// Number of known worker ranks. O(1).
-  [[nodiscard]] std::size_t worker_count() const noexcept { return slot_table_.size(); }
+  [[nodiscard]] std::size_t worker_count() const noexcept { return workers_.workers(); }
   /// Tree nodes other than the root; 0 means the tree is back to its root. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return nodes_.live(); }
+  [[nodiscard]] std::size_t node_count() const noexcept { return tree_.nodes().live(); }
   /// (worker, block) pairs held over all workers. O(1).
   [[nodiscard]] std::size_t total_blocks() const noexcept {
-    return holds_.live() - slot_table_.size();  // minus one sentinel per worker
+    return holds_.live() - workers_.workers();  // minus one sentinel per worker
   }
   /// Event counters since construction. O(1).
   [[nodiscard]] const KvIndexCounters& counters() const noexcept { return counters_; }
@@ -1899,19 +2702,18 @@ class KvIndex {
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return nodes_.memory_bytes() + holds_.memory_bytes() + edges_.memory_bytes() + names_memory() +
-           slot_table_.memory_bytes() + slots_.capacity() * sizeof(Slot);
+    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes();
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
   /// parent/child, hold trees, hash tables). O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
-    std::vector<std::uint32_t> seen_count(nodes_.rows(), 0U);
-    for (std::uint32_t slot = 0; slot < slots_.size(); ++slot) {
-      const Slot& s = slots_[slot];
+    std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
+    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
+      const Slot& s = workers_[slot];
       if (!s.live) continue;
-      if (slot_table_.find(s.worker.worker_id, s.worker.dp_rank) != slot) return false;
+      if (workers_.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
       std::vector<std::uint32_t> stack{s.sentinel};
       while (!stack.empty()) {
@@ -1922,8 +2724,8 @@ class KvIndex {
         if (x.slot != slot) return false;
         if (h != s.sentinel) {
           ++blocks;
-          if (!nodes_.is_live(x.node) || !nodes_.test(x.node, slot)) return false;
-          if (nodes_.parent(x.node) != holds_[x.parent].node) return false;
+          if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
+          if (tree_.nodes().parent(x.node) != holds_[x.parent].node) return false;
           if (s.names.find(x.block_hash, 0) != h) return false;
           ++seen_count[x.node];
         }
@@ -1938,173 +2740,103 @@ class KvIndex {
     }
     if (holds_seen != holds_.live()) return false;
     std::size_t names = 0;
-    for (const Slot& s : slots_)
-      names += s.names.size();
-    if (names + slot_table_.size() != holds_.live()) return false;
+    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+      names += workers_[s].names.size();
+    if (names + workers_.workers() != holds_.live()) return false;
     std::size_t live_nodes = 0;
-    for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
-      if (nodes_.count(n) == 0U) continue;
+    for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
+      if (tree_.nodes().count(n) == 0U) continue;
       ++live_nodes;
       std::uint32_t bits = 0;
-      for (std::size_t w = 0; w < nodes_.mask_words(); ++w) {
-        bits += static_cast<std::uint32_t>(std::popcount(nodes_.mask(n)[w]));
-        const std::uint32_t p = nodes_.parent(n);
-        if (p != 0U && (nodes_.mask(n)[w] & ~nodes_.mask(p)[w]) != 0U) return false;
-      }
-      if (bits != nodes_.count(n) || bits != seen_count[n]) return false;
-      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
-      if (nodes_.path_hash(n) != detail::KvNodeStore::child_path(nodes_.path_hash(nodes_.parent(n)),
-                                                                 nodes_.tokens_hash(n)))
-        return false;
+      bool subset = true;
+      std::uint32_t last = 0;
+      bool ascending = true;
+      detail::KvHolderSets::View has;
+      tree_.nodes().holders(n, has);
+      const std::uint32_t p = tree_.nodes().parent(n);
+      has.for_each([&](std::uint32_t slot) {
+        ascending = ascending && (bits == 0U || slot > last);
+        last = slot;
+        ++bits;
+        if (slot >= workers_.size() || !workers_[slot].live || !tree_.nodes().test(n, slot))
+          subset = false;
+        if (p != 0U && !tree_.nodes().test(p, slot)) subset = false;
+      });
+      if (!subset || !ascending) return false;
+      if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
-    return live_nodes == nodes_.live() && edges_.size() == live_nodes;
+    return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
  private:
-  struct NameHash {
-    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-      return detail::kv_fold_hash(key);
-    }
-  };
-
-  // One worker rank. Its block names get a table of their own: an event
-  // touches one worker only, so its lookups stay in a small, warm table.
-  struct Slot {
-    detail::KvPackedTable<NameHash> names;  // block hash -> hold
-    KvWorker worker;
-    CursorState<> cursor;
-    std::uint32_t sentinel = detail::kv_npos;
-    std::size_t blocks = 0;
-    bool live = false;
-  };
-
-  struct EdgeHash {
-    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
-  };
-  struct PairHash {
-    static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t tag) noexcept {
-      return detail::kv_mix64(key ^ (std::uint64_t{tag} * 0x9e3779b97f4a7c15ULL));
-    }
-  };
-
-  // Appends the workers of the set bits of mask word `word` with `depth`.
-  void emit(std::uint64_t bits, std::size_t word, std::size_t depth,
-            std::vector<KvWorkerMatch>& out) const {
-    while (bits != 0U) {
-      const std::size_t slot = word * 64U + static_cast<std::size_t>(std::countr_zero(bits));
-      out.push_back(KvWorkerMatch{slots_[slot].worker, depth});
-      bits &= bits - 1U;
-    }
-  }
+  using Slot = detail::KvWorkerSlot<KvWorker>;
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and
   // names) of the slot that a no-shrink clear_slot frees before the store.
   void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
-    nodes_.reserve_extra(blocks);
-    edges_.reserve_extra(blocks);
+    tree_.reserve(blocks);
     const std::size_t own = blocks > freed ? blocks - freed : 0U;
     holds_.reserve_extra(own);
-    slots_[slot].names.reserve_extra(own);
+    workers_[slot].names.reserve_extra(own);
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
   // `created` says which. Strong guarantee.
   std::uint32_t slot_for(const KvWorker& worker, bool& created) {
-    const std::uint32_t slot = slot_table_.find(worker.worker_id, worker.dp_rank);
+    const std::uint32_t slot = workers_.find(worker);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
-    slot_table_.insert(worker.worker_id, worker.dp_rank, fresh);
+    workers_.index(worker, fresh);
     created = true;
     return fresh;
   }
 
-  // A live slot with a sentinel hold, not yet in the slot table (whose
+  // A live slot with a sentinel hold, not yet in the worker table (whose
   // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
-    slot_table_.reserve_extra(1);
+    workers_.reserve_index();
     holds_.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
-    std::uint32_t slot = 0;
-    while (slot < slots_.size() && slots_[slot].live)
-      ++slot;
-    if (slot == slots_.size()) {
-      if (slots_.size() >= detail::kv_npos - 1U)
-        throw std::length_error("kv index: too many workers");
-      nodes_.ensure_slots(slots_.size() + 1U);
-      slots_.emplace_back();
-    } else {
-      nodes_.ensure_slots(std::size_t{slot} + 1U);
-    }
-    Slot& s = slots_[slot];
-    s = Slot{};
-    s.worker = worker;
-    s.live = true;
-    s.sentinel = holds_.allocate(0, 0, slot, detail::kv_npos);
+    const std::uint32_t slot = workers_.lowest_free();
+    if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
+    tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
+    workers_.make_room(slot);
+    workers_.open(slot, worker, holds_.allocate(0, 0, slot, detail::kv_npos));
     return slot;
-  }
-
-  [[nodiscard]] std::size_t names_memory() const noexcept {
-    std::size_t n = 0;
-    for (const Slot& s : slots_)
-      n += s.names.memory_bytes();
-    return n;
   }
 
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
     clear_slot(slot);
-    holds_.release(slots_[slot].sentinel);
-    slots_[slot].names.clear();
-    slots_[slot].worker = KvWorker{};
-    slots_[slot].cursor = CursorState<>{};
-    slots_[slot].sentinel = detail::kv_npos;
-    slots_[slot].blocks = 0;
-    slots_[slot].live = false;
+    holds_.release(workers_[slot].sentinel);
+    workers_.close(slot);
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
   // replaced worker keeps its slot index and the bitsets need not grow for
   // good. O(blocks of the view).
   void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
-    Slot& dst = slots_[into];
-    Slot& src = slots_[tmp];
+    Slot& dst = workers_[into];
+    Slot& src = workers_[tmp];
     holds_.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
     holds_[sentinel].slot = into;
-    // Pre-order walk of the hold tree without a stack (parent links).
-    std::uint32_t h = holds_[sentinel].first_child;
-    while (h != detail::kv_npos) {
-      nodes_.move_bit(holds_[h].node, tmp, into);
+    detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
+      tree_.nodes().move_bit(holds_[h].node, tmp, into);
       holds_[h].slot = into;
-      if (holds_[h].first_child != detail::kv_npos) {
-        h = holds_[h].first_child;
-        continue;
-      }
-      while (h != sentinel && holds_[h].next == detail::kv_npos)
-        h = holds_[h].parent;
-      h = h == sentinel ? detail::kv_npos : holds_[h].next;
-    }
+    });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
     dst.blocks = src.blocks;
-    src.names.clear();
-    src.worker = KvWorker{};
-    src.cursor = CursorState<>{};
-    src.sentinel = detail::kv_npos;
-    src.blocks = 0;
-    src.live = false;
+    workers_.close(tmp);
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
   // allocation just keeps the current width.
   void trim_masks() noexcept {
-    std::size_t top = 0;
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].live) top = i + 1U;
-    if ((top + 63U) / 64U >= nodes_.mask_words()) return;
     try {
-      nodes_.fit_slots(top);
+      tree_.nodes().fit_slots(workers_.top());
     } catch (...) {
     }
   }
@@ -2114,7 +2846,7 @@ class KvIndex {
   // nothing can fail any more. Changes nothing but the counters of rejected
   // events.
   bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
-    Slot& s = slots_[slot];
+    Slot& s = workers_[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
       ++counters_.events_stale;
@@ -2133,7 +2865,7 @@ class KvIndex {
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
-    slots_[slot].cursor = slots_[slot].cursor.advance_to(event_id);
+    workers_[slot].cursor = workers_[slot].cursor.advance_to(event_id);
     if (r.view_reset) {
       ++counters_.gaps;
       ++counters_.views_reset;
@@ -2158,8 +2890,8 @@ class KvIndex {
   // every hold it added is undone, so the tree is unchanged.
   KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                              std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
-    auto& names = slots_[slot].names;
-    std::uint32_t cur_hold = slots_[slot].sentinel;
+    auto& names = workers_[slot].names;
+    std::uint32_t cur_hold = workers_[slot].sentinel;
     if (parent_hash) {
       cur_hold = names.find(*parent_hash, 0);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
@@ -2172,13 +2904,13 @@ class KvIndex {
     std::uint64_t paths[chunk];
     std::uint64_t name_hashes[chunk];
     std::uint32_t found[chunk];
-    std::uint64_t path = nodes_.path_hash(cur_node);
+    std::uint64_t path = tree_.nodes().path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
-        edges_.prefetch(path, 0);
+        tree_.prefetch_edge(path);
         name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
         names.prefetch_hashed(name_hashes[j]);
       }
@@ -2186,10 +2918,10 @@ class KvIndex {
       // first pass so that their rows are on the way before they are written.
       std::size_t walked = 0;
       for (std::uint32_t at = cur_node; walked < m; ++walked) {
-        at = edges_.find(paths[walked], at);
+        at = tree_.find_child(paths[walked], at);
         if (at == detail::kv_npos) break;
         found[walked] = at;
-        nodes_.prefetch(at);
+        tree_.nodes().prefetch(at);
       }
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
@@ -2198,8 +2930,7 @@ class KvIndex {
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
-          child = nodes_.allocate(paths[j], b.tokens_hash, cur_node);
-          edges_.insert(paths[j], cur_node, child);
+          child = tree_.add_child(paths[j], b.tokens_hash, cur_node);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
@@ -2211,11 +2942,11 @@ class KvIndex {
             cur_node = child;
             continue;
           }
-        } else if (fresh_node || !nodes_.test(child, slot)) {
+        } else if (fresh_node || !tree_.nodes().test(child, slot)) {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
           names.insert_at(name, b.block_hash, 0, h);
-          nodes_.set(child, slot);
-          ++slots_[slot].blocks;
+          tree_.nodes().set(child, slot);
+          ++workers_[slot].blocks;
           ++added;
           cur_hold = h;
           cur_node = child;
@@ -2247,7 +2978,7 @@ class KvIndex {
                      KvEventResult& r) noexcept {
     // A software pipeline over chunks: each stage prefetches what the next
     // one reads (name slot, hold, node row, edge slot), so the misses overlap.
-    auto& names = slots_[slot].names;
+    auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     std::uint64_t name_hashes[chunk];
@@ -2262,9 +2993,10 @@ class KvIndex {
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) nodes_.prefetch(holds_[hs[j]].node);
+        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) edges_.prefetch(nodes_.path_hash(holds_[hs[j]].node), 0);
+        if (hs[j] != detail::kv_npos)
+          tree_.prefetch_edge(tree_.nodes().path_hash(holds_[hs[j]].node));
       for (std::size_t j = 0; j < m; ++j) {
         // An earlier name of this event may have cascaded it away. A removal
         // allocates nothing, so a freed hold is not reused meanwhile.
@@ -2282,7 +3014,7 @@ class KvIndex {
   // Drops every block of `slot`; returns how many. With shrink false the
   // tables and pools keep their capacity (reservations stay valid).
   std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
-    const std::uint32_t sentinel = slots_[slot].sentinel;
+    const std::uint32_t sentinel = workers_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
       n += remove_subtree(holds_[sentinel].first_child, shrink);
@@ -2299,46 +3031,32 @@ class KvIndex {
   // (a removal has it from its lookup).
   std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
                                     bool shrink = true) noexcept {
-    std::size_t n = 0;
-    std::uint32_t h = top;
-    for (;;) {
-      while (holds_[h].first_child != detail::kv_npos)
-        h = holds_[h].first_child;
-      const std::uint32_t up = holds_[h].parent;
-      const bool last = h == top;
-      release_hold(h, last ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
-      ++n;
-      if (last) return n;
-      h = up;
-    }
+    return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
+      release_hold(h, is_top ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
+    });
   }
 
   [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
-    return detail::KvPackedTable<NameHash>::hash_of(block_hash, 0);
+    return detail::KvNameHash::hash(block_hash, 0);
   }
 
   // Releases a childless hold: its name, its holder bit, and the node when no
   // worker holds it any more. `hash`: name_hash of its block hash.
   void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
     const detail::KvHold& x = holds_[h];
-    Slot& s = slots_[x.slot];
+    Slot& s = workers_[x.slot];
     s.names.erase_hashed(hash, x.block_hash, 0, shrink);
     --s.blocks;
-    if (nodes_.reset_bit(x.node, x.slot) == 0U) free_node(x.node, shrink);
+    if (tree_.nodes().reset_bit(x.node, x.slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 
-  void free_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
-    nodes_.release(n, shrink);
-  }
+  void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }
 
   KvIndexOptions options_;
-  detail::KvNodeStore nodes_;
-  detail::KvHoldStore holds_;
-  detail::KvPackedTable<EdgeHash> edges_;       // (path hash, parent node) -> child node
-  detail::KvPackedTable<PairHash> slot_table_;  // (worker id, dp rank) -> slot
-  std::vector<Slot> slots_;                     // indexed by slot; free ones are not live
+  detail::KvTree tree_;                      // nodes, holder sets, edges
+  detail::KvHoldStore holds_;                // (worker, block) pairs, as per-worker trees
+  detail::KvWorkerSlots<KvWorker> workers_;  // cursors, names, hold roots
   KvIndexCounters counters_;
 };
 
