@@ -519,6 +519,17 @@ class KvHolderSets {
         });
         return;
       }
+      if (bits_ != nullptr) {  // a bitset less a sorted list: mask word by word
+        std::uint32_t j = 0;
+        for (std::uint32_t w = 0; w < n_; ++w) {
+          std::uint32_t b = bits_[w];
+          for (; j < sub.n_ && sub.list_[j] / 32U == w; ++j)
+            b &= ~(std::uint32_t{1} << (sub.list_[j] % 32U));
+          for (; b != 0U; b &= b - 1U)
+            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+        }
+        return;
+      }
       // `sub` is a sorted list: merge against it.
       std::uint32_t j = 0;
       for_each([&](std::uint32_t s) {
