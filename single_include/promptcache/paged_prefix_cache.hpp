@@ -4040,7 +4040,7 @@ class PagedPrefixCache {
     std::unique_ptr<unsigned char[]> leaf_block;
     if (split_node != npos) head_block = make_block(split_pages);
     if (new_pages > 0) leaf_block = make_block(static_cast<std::uint32_t>(new_pages));
-    std::optional<KvEventData> event;
+    std::optional<kv_event::Stored> event;
     if (new_pages > 0 && hashes_) {
       kv_event::Stored st;
       st.blocks.resize(new_pages);
@@ -4086,7 +4086,7 @@ class PagedPrefixCache {
     if (new_pages > 0) {
       cur = add_leaf(cur, tokens.data() + pos * page_size_, pages.data() + pos,
                      static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns, priority,
-                     event ? &std::get<kv_event::Stored>(*event) : nullptr);
+                     event ? &*event : nullptr);
     }
     r.cached_pages = pos;
     r.inserted_pages = new_pages;
@@ -4757,9 +4757,14 @@ class PagedPrefixCache {
     s = NsSlot{};
   }
 
-  void publish(KvEventData data) {
+  // The payload is emplaced into the event: building a variant first and moving
+  // it in trips GCC's maybe-uninitialized analysis at -O1 and above.
+  template <class Payload>
+  void publish(Payload&& payload) {
     if (!sink_) return;
-    const KvEvent ev{next_event_id_++, std::move(data)};
+    KvEvent ev;
+    ev.event_id = next_event_id_++;
+    ev.data.template emplace<std::decay_t<Payload>>(std::forward<Payload>(payload));
     ++stats_.events;
     sink_(ev);
   }
