@@ -2,13 +2,18 @@
 // (bench/sglang_radix_port.hpp) on the same workload, at 10k, 100k and 1M cached
 // pages and page sizes 1, 16 and 64.
 //
-// Workload: requests are one of 64 shared system prompts (16 pages) followed by
-// 8..56 pages of request-specific tokens; the caches are filled with requests
-// until they hold the target number of pages. Then, in 5 rounds that alternate
-// the two implementations:
+// Workload: requests are one of 64 shared system prompts (16 steps) followed by
+// 8..56 steps of request-specific tokens, a step being one page; the caches are
+// filled with requests until they hold the target number of pages. Page size 1
+// runs twice: with 1-token steps, and with 16-token steps (the requests of page
+// size 16, one page per token: the prompts an engine with 1-token pages holds
+// for the same traffic, in 16x fewer requests at the same page count). Then, in 7 rounds that
+// alternate the two implementations:
 // - match: 512 cached requests (plus a page the cache does not hold), sampled at
-//   random; ns per matched page. The floor is a memcmp of the same query against
-//   a copy of itself over the matched tokens.
+//   random; ns per matched page. Ours writes the page ids into a caller's table
+//   (the span overload), the port into a reused vector. The floor is a memcmp of
+//   the same query over the matched tokens, against a copy of itself ("hot") and
+//   against the request's tokens in a flat store of every request ("store").
 // - insert: 64 new requests; ns per page of the request (walked + stored).
 // - evict: 64 calls, each freeing one request's worth of pages (what an engine
 //   asks for before admitting a request); ns per freed page. The caches are back
@@ -19,8 +24,9 @@
 // and with events, and the heap growth measured with mallinfo2 around building
 // each structure (token ids subtracted).
 //
-// Usage: paged_prefix_cache [--quick | --only <pages> <page size>]
-//   --quick: 10k and 100k pages only; --only: one cell
+// Usage: paged_prefix_cache [--quick | --only <pages> <page size> [<step>]]
+//   --quick: 10k and 100k pages only; --only: one cell, request lengths in steps of
+//   <step> tokens (default: the page size)
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -30,6 +36,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__GLIBC__)
@@ -66,10 +73,10 @@ double median(std::vector<double> v) {
 
 // Request r's tokens, regenerated on demand from its number.
 struct Workload {
-  std::size_t ps;
+  std::size_t ps;  // tokens per step of the request lengths below
   std::vector<std::vector<std::uint32_t>> systems;
 
-  explicit Workload(std::size_t page_size) : ps(page_size) {
+  explicit Workload(std::size_t step) : ps(step) {
     std::mt19937 rng(7);
     for (std::size_t s = 0; s < system_prompts; ++s) {
       std::vector<std::uint32_t> t(system_pages * ps);
@@ -98,11 +105,12 @@ struct Row {
   double mem_index = 0, mem_index_hashes = 0, heap_ours = 0, heap_port = 0;
 };
 
-Row run(std::size_t target_pages, std::size_t ps) {
+// Request lengths come in steps of `step` tokens (the page size, unless asked otherwise).
+Row run(std::size_t target_pages, std::size_t ps, std::size_t step) {
   Row row;
   row.pages = target_pages;
   row.ps = ps;
-  Workload w(ps);
+  Workload w(step);
   std::vector<std::uint32_t> tok;
   std::vector<PageId> ids;
   PageId next_page = 0;
@@ -175,6 +183,12 @@ Row run(std::size_t target_pages, std::size_t ps) {
   qcopy = qbuf;
   std::vector<PageId> out;
   out.reserve(1024);
+  // Ours writes the ids into a caller's page table, as an engine does: room for the longest
+  // query, so no match is capped.
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < match_batch; ++i)
+    longest = std::max(longest, (qoff[i + 1] - qoff[i]) / ps);
+  std::vector<PageId> table(longest);
   std::size_t matched_pages = 0;
   for (std::size_t i = 0; i < match_batch; ++i)
     matched_pages += ours->peek(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i])) / ps;
@@ -191,7 +205,9 @@ Row run(std::size_t target_pages, std::size_t ps) {
     auto t0 = Clock::now();
     std::size_t got = 0;
     for (std::size_t i = 0; i < match_batch; ++i)
-      got += ours->match(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i]), 0, out).matched;
+      got += ours->match(std::span(qbuf).subspan(qoff[i], qoff[i + 1] - qoff[i]), 0,
+                         std::span<PageId>(table))
+                 .matched;
     auto t1 = Clock::now();
     std::size_t got_port = 0;
     for (std::size_t i = 0; i < match_batch; ++i) {
@@ -304,11 +320,16 @@ Row run(std::size_t target_pages, std::size_t ps) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   std::vector<std::size_t> sizes{10000, 100000};
-  std::vector<std::size_t> page_sizes{1, 16, 64};
+  // (page size, request-length step in tokens). At page size 1 the workload is run twice:
+  // with requests as long in pages as at the other sizes (so 16x shorter in tokens than at
+  // page size 16), and with the same requests as at page size 16, one page per token, which
+  // is what an engine with 1-token pages stores for the same traffic.
+  std::vector<std::pair<std::size_t, std::size_t>> cells{{1, 1}, {1, 16}, {16, 16}, {64, 64}};
   if (!quick) sizes.push_back(1000000);
-  if (argc > 3 && std::string(argv[1]) == "--only") {  // --only <pages> <page size>
+  if (argc > 3 && std::string(argv[1]) == "--only") {  // --only <pages> <page size> [<step>]
     sizes = {std::stoul(argv[2])};
-    page_sizes = {std::stoul(argv[3])};
+    const std::size_t ps = std::stoul(argv[3]);
+    cells = {{ps, argc > 4 ? std::stoul(argv[4]) : ps}};
   }
   std::printf(
       "ns per page, median of %zu interleaved rounds; ratios are per-round medians: port / "
@@ -322,15 +343,18 @@ int main(int argc, char** argv) {
   std::printf(
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::size_t n : sizes) {
-    for (const std::size_t ps : page_sizes) {
-      const Row r = run(n, ps);
+    for (const auto& [ps, step] : cells) {
+      const Row r = run(n, ps, step);
+      const std::string page =
+          step == ps ? std::to_string(ps)
+                     : std::to_string(ps) + " (" + std::to_string(step) + "-token steps)";
       std::printf(
-          "| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+          "| %zu | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | "
           "%.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-          r.pages, r.ps, r.match_ours, r.match_memcmp, r.match_store, r.r_match_store, r.match_port,
-          r.r_match_port, r.insert_ours, r.insert_port, r.r_insert, r.insert_events, r.evict_ours,
-          r.evict_port, r.r_evict, r.evict_events, r.mem_index, r.mem_index_hashes, r.heap_ours,
-          r.heap_port);
+          r.pages, page.c_str(), r.match_ours, r.match_memcmp, r.match_store, r.r_match_store,
+          r.match_port, r.r_match_port, r.insert_ours, r.insert_port, r.r_insert, r.insert_events,
+          r.evict_ours, r.evict_port, r.r_evict, r.evict_events, r.mem_index, r.mem_index_hashes,
+          r.heap_ours, r.heap_port);
       std::fflush(stdout);
     }
   }

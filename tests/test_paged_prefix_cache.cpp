@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -90,6 +91,62 @@ TEST_CASE("paged cache: match returns the longest cached page-aligned prefix") {
   CHECK(c.match(t, 7).matched == 0);
   CHECK(c.peek(t) == 8);
   CHECK(c.peek(q) == 4);
+}
+
+TEST_CASE("paged cache: match into a caller's table writes only the matched ids") {
+  PagedPrefixCache<> c(2);
+  const Tokens t = seq(10, 8);  // four pages
+  c.insert(t, ids(100, 4));
+  constexpr std::uint32_t unset = 0xFFFFFFFFU;
+
+  // Room for more than the query: the matched ids, the rest untouched.
+  Pages table(6, unset);
+  auto e = c.match(cat(t, seq(90, 2)), 0, std::span<std::uint32_t>(table));
+  CHECK(e.matched == 8);
+  CHECK(table == Pages{100, 101, 102, 103, unset, unset});
+  CHECK(e.handle == c.match(t).handle);
+
+  // A table shorter than the query caps the match, as a shorter query would: the node is
+  // split where the table ends and the handle names exactly the pages written.
+  table.assign(6, unset);
+  e = c.match(t, 0, std::span<std::uint32_t>(table.data(), 3));
+  CHECK(e.matched == 6);
+  CHECK(table == Pages{100, 101, 102, unset, unset, unset});
+  CHECK(c.stats().splits == 1);
+  CHECK(e.handle == c.match(seq(10, 6)).handle);
+  CHECK(c.check_invariants());
+
+  // No room: nothing matched, nothing written, the empty handle.
+  table.assign(1, unset);
+  e = c.match(t, 0, std::span<std::uint32_t>(table.data(), 0));
+  CHECK(e.matched == 0);
+  CHECK(e.handle.empty());
+  CHECK(table == Pages{unset});
+  // Unknown namespace, empty query: nothing written either.
+  CHECK(c.match(t, 3, std::span<std::uint32_t>(table)).matched == 0);
+  CHECK(c.match(Tokens{}, 0, std::span<std::uint32_t>(table)).matched == 0);
+  CHECK(table == Pages{unset});
+  CHECK(c.stats().lookups == 7);
+}
+
+TEST_CASE("paged cache: a namespace's slot reused by another namespace is not matched") {
+  // match() remembers the last namespace slot it used; erasing the namespace and creating
+  // another in the same slot must not let a query of the old id see the new one's pages.
+  PagedPrefixCache<> c(1);
+  const Tokens t = seq(1, 4);
+  c.insert(t, ids(10, 4), 5);
+  CHECK(c.match(t, 5).matched == 4);
+  CHECK(c.erase_namespace(5));
+  CHECK(c.match(t, 5).matched == 0);
+  c.insert(t, ids(20, 4), 7);  // takes the freed slot
+  CHECK(c.match(t, 5).matched == 0);
+  CHECK(c.peek(t, 5) == 0);
+  CHECK(c.match(t, 7).pages == ids(20, 4));
+  CHECK(c.match(t, 5).matched == 0);  // right after a match of 7
+  c.insert(t, ids(30, 4), 5);
+  CHECK(c.match(t, 5).pages == ids(30, 4));
+  CHECK(c.match(t, 7).pages == ids(20, 4));
+  CHECK(c.check_invariants());
 }
 
 TEST_CASE("paged cache: insert keeps cached pages and reports the engine's duplicates") {

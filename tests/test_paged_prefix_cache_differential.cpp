@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -315,14 +317,36 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps) {
     const std::size_t op = rnd(100);
     const std::uint64_t ns = namespaces[rnd(namespaces.size())];
     INFO("step " << step << " op " << op);
-    if (op < 30) {  // match, sometimes keep the handle
+    if (op < 30) {  // match through one of its overloads, sometimes keep the handle
       const Tokens t = query();
-      const auto r = cache.match(t, ns);
-      const auto m = model.match(t, ns);
-      REQUIRE(r.matched == m.matched);
-      REQUIRE(r.pages == m.pages);
-      REQUIRE(cache.valid(r.handle));
-      if (rnd(2) == 0) held.push_back({r.handle, m.handle});
+      const std::size_t form = rnd(3);
+      if (form < 2) {
+        auto r = cache.match(t, ns);
+        if (form == 1) {  // into a reused vector holding stale ids
+          std::vector<PageId> pages(3, 7);
+          const auto e = cache.match(t, ns, pages);
+          r = {e.matched, pages, e.handle};
+        }
+        const auto m = model.match(t, ns);
+        REQUIRE(r.matched == m.matched);
+        REQUIRE(r.pages == m.pages);
+        REQUIRE(cache.valid(r.handle));
+        if (rnd(2) == 0) held.push_back({r.handle, m.handle});
+      } else {  // into a caller's table, sometimes shorter than the query: a shorter query
+        const std::size_t q_pages = t.size() / page_size;
+        const std::size_t room = rnd(2) == 0 ? q_pages + rnd(2) : rnd(q_pages + 1);
+        constexpr PageId unset = std::numeric_limits<PageId>::max();
+        std::vector<PageId> table(room + 1, unset);
+        const auto r = cache.match(t, ns, std::span<PageId>(table.data(), room));
+        const std::size_t used = std::min(room, q_pages) * page_size;
+        const auto m = model.match(Tokens(t.begin(), t.begin() + long(used)), ns);
+        REQUIRE(r.matched == m.matched);
+        REQUIRE(std::equal(m.pages.begin(), m.pages.end(), table.begin()));
+        REQUIRE(std::all_of(table.begin() + long(m.pages.size()), table.end(),
+                            [](PageId p) { return p == unset; }));
+        REQUIRE(cache.valid(r.handle));
+        if (rnd(2) == 0) held.push_back({r.handle, m.handle});
+      }
     } else if (op < 55) {  // insert: cached ids for what matches, fresh ids after
       const Tokens t = query();
       const auto m = model.peek(t, ns) / page_size;

@@ -220,43 +220,31 @@ class PagedPrefixCache {
   /// reuse its capacity.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
     pages.clear();
-    ++stats_.lookups;
-    stats_.query_tokens += tokens.size();
-    ++tick_;
-    const auto it = ns_index_.find(ns);
-    if (it == ns_index_.end()) return {};
-    const std::size_t q_pages = tokens.size() / page_size_;
-    std::uint32_t cur = ns_slots_[it->second].root;
-    std::size_t pos = 0;
-    while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
-      if (f.node == npos) break;
-      std::uint32_t c = f.node;
-      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
-      if (inside) {
-        prepare_split();
-        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
-      }
-      touch_match(c, ns);
-      const Node& x = nodes_[c];
-      const PageId* ids = page_ids(x);
-      pages.insert(pages.end(), ids, ids + x.n);
-      pos += x.n;
-      cur = c;
-      if (inside) break;
-    }
-    stats_.hit_tokens += pos * page_size_;
-    return {pos * page_size_, handle_of(cur)};
+    return walk(tokens, ns, tokens.size() / page_size_,
+                [&](std::size_t, const PageId* ids, std::size_t n) {
+                  pages.insert(pages.end(), ids, ids + n);
+                });
+  }
+
+  /// As match() above, writing the page ids to out[0, matched / page_size()), as an engine
+  /// filling its own page table wants them; out's other entries are left as they were.
+  /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
+  /// there like a shorter query would). Allocates only for a split; the cheapest match().
+  MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
+    return walk(tokens, ns, std::min(tokens.size() / page_size_, out.size()),
+                [&](std::size_t at, const PageId* ids, std::size_t n) {
+                  std::memcpy(out.data() + at, ids, n * sizeof(PageId));
+                });
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
   /// O(T); never throws.
   [[nodiscard]] std::size_t peek(std::span<const token_type> tokens,
                                  namespace_id ns = 0) const noexcept {
-    const auto it = ns_index_.find(ns);
-    if (it == ns_index_.end()) return 0;
+    const std::uint32_t slot = ns_slot(ns);
+    if (slot == npos) return 0;
     const std::size_t q_pages = tokens.size() / page_size_;
-    std::uint32_t cur = ns_slots_[it->second].root;
+    std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
     while (pos < q_pages) {
       const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
@@ -707,16 +695,85 @@ class PagedPrefixCache {
     return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
   }
 
+  // Asks for the first cache lines of x's page ids, which a match copies right after
+  // comparing its tokens: their misses then overlap the compare instead of following it.
+  // Eight lines at most: past them the hardware prefetcher is following the copy.
+  void prefetch_ids(const Node& x) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* p = reinterpret_cast<const char*>(page_ids(x));
+    const char* end = p + std::min<std::size_t>(std::size_t{x.n} * sizeof(PageId), 8 * 64);
+    for (; p < end; p += 64)
+      __builtin_prefetch(p);
+#else
+    (void)x;
+#endif
+  }
+
   // The child of `parent` sharing the most leading pages with q (at least one), or npos.
-  [[nodiscard]] Found find_child(std::uint32_t parent, const token_type* q,
-                                 std::size_t q_pages) const noexcept {
+  // A leaf is answered from its node, without probing the edge table (a likely cache miss):
+  // every query that matches a whole cached sequence ends at one. Only a partial match pays
+  // for the division by the page size.
+  // Forced inline: out of line, saving and restoring its registers cost as much as the edge
+  // probe on short pages.
+  [[nodiscard]] [[gnu::always_inline]] Found find_child(std::uint32_t parent, const token_type* q,
+                                                        std::size_t q_pages) const noexcept {
+    if (nodes_[parent].first_child == npos) return {};
     for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
       const Node& x = nodes_[c];
-      const std::size_t cmp = std::min<std::size_t>(x.n, q_pages) * page_bytes();
-      const std::size_t k = detail::mismatch(tokens_of(x), q, cmp) / page_bytes();
+      const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
+      const std::size_t cmp = pages * page_bytes();
+      prefetch_ids(x);
+      // The next lookup, if the query goes on past x, is (c, its next token): known now.
+      if (x.first_child != npos && q_pages > pages) edges_.prefetch(c, q[pages * page_size_]);
+      const std::size_t same = detail::mismatch(tokens_of(x), q, cmp);
+      if (same == cmp) return {c, pages};
+      const std::size_t k = same / page_bytes();
       if (k > 0) return {c, k};
     }
     return {};
+  }
+
+  // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
+  // count) the ids of each matched node in path order.
+  template <class Emit>
+  MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
+                Emit&& emit) {
+    ++stats_.lookups;
+    stats_.query_tokens += tokens.size();
+    ++tick_;
+    const std::uint32_t slot = ns_slot(ns);
+    if (slot == npos) return {};
+    ns_hint_ = slot;
+    std::uint32_t cur = ns_slots_[slot].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      std::uint32_t c = f.node;
+      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      if (inside) {
+        prepare_split();
+        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+      }
+      touch_match(c, ns);
+      const Node& x = nodes_[c];
+      emit(pos, page_ids(x), std::size_t{x.n});
+      pos += x.n;
+      cur = c;
+      if (inside) break;
+    }
+    stats_.hit_tokens += pos * page_size_;
+    return {pos * page_size_, handle_of(cur)};
+  }
+
+  // The slot of namespace `ns`, or npos. match() remembers the last slot it used: an engine
+  // serving one model asks for the same namespace every time, and checking that slot is a
+  // load where the map is a hash and a probe. Only one live slot holds a given id.
+  [[nodiscard]] std::uint32_t ns_slot(namespace_id ns) const noexcept {
+    if (ns_hint_ < ns_slots_.size() && ns_slots_[ns_hint_].live && ns_slots_[ns_hint_].id == ns)
+      return ns_hint_;
+    const auto it = ns_index_.find(ns);
+    return it != ns_index_.end() ? it->second : npos;
   }
 
   // The sequence hash before node x's first page (none at the root).
@@ -853,7 +910,9 @@ class PagedPrefixCache {
       throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
   }
 
-  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
+  [[nodiscard]] std::size_t live_namespaces() const noexcept {
+    return ns_index_.size();
+  }
 
   // Nodes that are not the head of their (parent, first token) chain.
   [[nodiscard]] std::size_t chained_siblings() const noexcept {
@@ -1202,6 +1261,7 @@ class PagedPrefixCache {
   std::unordered_map<namespace_id, std::uint32_t> ns_index_;
   std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
   std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
+  std::uint32_t ns_hint_ = npos;     // the slot match() used last (checked before use)
   std::uint64_t tick_ = 0;
   std::uint64_t next_event_id_ = 0;
   PagedCacheStats stats_;

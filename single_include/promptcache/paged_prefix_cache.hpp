@@ -619,8 +619,10 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 // The index of the first differing byte of two buffers: the inner loop of a
 // common-prefix lookup, which must find where a query leaves a stored edge.
 // memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
-// step with AVX2 when the CPU has it (checked once, at the first call) and
-// with SSE2 otherwise; elsewhere 8 bytes per step.
+// step with AVX2 when the CPU has it (checked once, when the program starts) and
+// with SSE2 otherwise; elsewhere 8 bytes per step. Each stage ends with one step
+// that overlaps bytes already found equal instead of narrowing down to the end,
+// so a short run costs a step or two rather than a chain of loops.
 #ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
 #define PROMPTCACHE_DETAIL_MISMATCH_HPP
 
@@ -653,28 +655,51 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 namespace promptcache::detail {
 
 // Each stage advances from `at` over equal bytes in steps of its width and returns either the
-// first differing byte (found) or where fewer than one step is left. Positions travel by
-// value: through a reference, every step would store it, since the byte pointers may alias it.
+// first differing byte (found) or where it stopped: n when it reached the end (a stage ends
+// with one step that overlaps bytes already found equal, instead of a loop over narrower
+// steps), else a point where fewer bytes than its width are left in all (n below the width).
+// Positions travel by value: through a reference, every step would store it, since the byte
+// pointers may alias it.
 struct MismatchStep {
   std::size_t at;
   bool found;
 };
 
+// The index of the lowest-addressed differing byte of two words that differ: the low end on a
+// little-endian host, the high end on a big-endian one.
+template <class Word>
+inline std::size_t first_differing_byte(Word x, Word y) noexcept {
+  const Word d = static_cast<Word>(x ^ y);
+  const int bit =
+      std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
+  return static_cast<std::size_t>(bit) / 8;
+}
+
+template <class Word>
+inline bool words_differ(const unsigned char* a, const unsigned char* b, std::size_t i,
+                         std::size_t& where) noexcept {
+  Word x = 0, y = 0;
+  std::memcpy(&x, a + i, sizeof(Word));
+  std::memcpy(&y, b + i, sizeof(Word));
+  if (x == y) return false;
+  where = i + first_differing_byte(x, y);
+  return true;
+}
+
 inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
                                    std::size_t i) noexcept {
-  for (; n - i >= 8; i += 8) {
-    std::uint64_t x = 0, y = 0;
-    std::memcpy(&x, a + i, 8);
-    std::memcpy(&y, b + i, 8);
-    if (x != y) {
-      // The first differing byte is the lowest-addressed one: the low end of the word on a
-      // little-endian host, the high end on a big-endian one.
-      const std::uint64_t d = x ^ y;
-      const int bit =
-          std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
-      i += static_cast<std::size_t>(bit) / 8;
-      return {i, true};
-    }
+  std::size_t at = 0;
+  for (; n - i >= 8; i += 8)
+    if (words_differ<std::uint64_t>(a, b, i, at)) return {at, true};
+  if (i == n) return {n, false};
+  if (n >= 8) {
+    if (words_differ<std::uint64_t>(a, b, n - 8, at)) return {at, true};
+    return {n, false};
+  }
+  if (n - i >= 4) {  // n < 8: at most two 4-byte steps, the second overlapping the first
+    if (words_differ<std::uint32_t>(a, b, i, at)) return {at, true};
+    if (words_differ<std::uint32_t>(a, b, n - 4, at)) return {at, true};
+    return {n, false};
   }
   return {i, false};
 }
@@ -707,22 +732,53 @@ inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b
   }
   for (; n - i >= 16; i += 16) {
     const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
-    if (eq != 0xFFFFU) {
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
+    if (eq != 0xFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
   }
-  return {i, false};
+  if (i == n || n < 16) return {i, false};
+  // The last 16 bytes, overlapping equal ones: their mask bits are set, so the first zero bit
+  // is still the first difference.
+  const std::uint32_t eq = mask16(equal_bytes16(a + n - 16, b + n - 16));
+  if (eq != 0xFFFFU) return {n - 16 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  return {n, false};
 }
 #endif
 
 #if defined(PROMPTCACHE_DETAIL_AVX2)
 #if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-[[gnu::target("avx2")]]
+#define PROMPTCACHE_DETAIL_AVX2_TARGET [[gnu::target("avx2")]]
+#else
+#define PROMPTCACHE_DETAIL_AVX2_TARGET
 #endif
-inline MismatchStep
-mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
-              std::size_t i) noexcept {
+// Equality mask of a[0, 32) and b[0, 32): bit k set when byte k is equal.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t mask32_avx2(const unsigned char* a,
+                                                                const unsigned char* b) noexcept {
+  return static_cast<std::uint32_t>(_mm256_movemask_epi8(
+      _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)))));
+}
+
+PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned char* a,
+                                                                 const unsigned char* b,
+                                                                 std::size_t n,
+                                                                 std::size_t i) noexcept {
+  // 128 bytes per step while they last: one branch per four compares keeps a long equal run
+  // at the speed of the loads.
+  for (; n - i >= 128; i += 128) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    const __m256i e2 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 64)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 64)));
+    const __m256i e3 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 96)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 96)));
+    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(all)) != 0xFFFFFFFFU) break;
+  }
   for (; n - i >= 64; i += 64) {
     const __m256i e0 =
         _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
@@ -738,47 +794,48 @@ mismatch_avx2(const unsigned char* a, const unsigned char* b, std::size_t n,
       return {i, true};
     }
   }
-  if (n - i >= 32) {
-    const std::uint32_t eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)))));
-    if (eq != 0xFFFFFFFFU) {
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-    i += 32;
+  if (i == n || n < 32) return {i, false};
+  if (n - i > 32) {  // 33 to 63 bytes left: one step, then the overlapping last one
+    const std::uint32_t eq = mask32_avx2(a + i, b + i);
+    if (eq != 0xFFFFFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
   }
-  return {i, false};
+  // The last 32 bytes, overlapping equal ones (their mask bits are set).
+  const std::uint32_t eq = mask32_avx2(a + n - 32, b + n - 32);
+  if (eq != 0xFFFFFFFFU) return {n - 32 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  return {n, false};
 }
+#undef PROMPTCACHE_DETAIL_AVX2_TARGET
 #endif
 
 #if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-// Asked once per process; the function-local static makes the first call thread-safe.
+// Asks the CPU (about as costly as a cache miss): for the tests, and to set cpu_avx2.
 inline bool cpu_has_avx2() noexcept {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
 }
+// Set when the program starts, so the dispatch costs a load instead of the guard check of a
+// function-local static. Read before then (by a static initializer) it is false, which only
+// means the SSE2 path.
+inline const bool cpu_avx2 = cpu_has_avx2();
 #endif
 
 /// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
-/// Reads each byte at most once. O(n).
+/// Never reads outside [0, n); the last step of a run may re-read up to one step of equal
+/// bytes instead of narrowing down to the end. O(n).
 inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
   const auto* a = static_cast<const unsigned char*>(pa);
   const auto* b = static_cast<const unsigned char*>(pb);
   MismatchStep r{0, false};
 #if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-  // Below 64 bytes the call would not pay for itself.
-  if (n >= 64 && cpu_has_avx2()) r = mismatch_avx2(a, b, n, r.at);
+  // Before static initialization cpu_avx2 reads false: the SSE2 path is as correct.
+  if (n >= 32 && cpu_avx2) r = mismatch_avx2(a, b, n, 0);
 #elif defined(PROMPTCACHE_DETAIL_AVX2)
-  r = mismatch_avx2(a, b, n, r.at);
+  r = mismatch_avx2(a, b, n, 0);
 #endif
 #if defined(PROMPTCACHE_DETAIL_SSE2)
-  if (!r.found) r = mismatch_sse2(a, b, n, r.at);
+  if (!r.found && r.at < n) r = mismatch_sse2(a, b, n, r.at);
 #endif
-  if (!r.found) r = mismatch_words(a, b, n, r.at);
+  if (!r.found && r.at < n) r = mismatch_words(a, b, n, r.at);
   if (r.found) return r.at;
   std::size_t i = r.at;
   while (i < n && a[i] == b[i])
@@ -847,6 +904,17 @@ class PagedEdgeTable {
       if (s.child == npos) return npos;
       if (s.parent == parent && s.token == token) return s.child;
     }
+  }
+
+  /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
+  /// known in advance overlaps other work instead of waiting for the line.
+  void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (slots_) __builtin_prefetch(&slots_[home(parent, token)]);
+#else
+    (void)parent;
+    (void)token;
+#endif
   }
 
   /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
@@ -3871,43 +3939,31 @@ class PagedPrefixCache {
   /// reuse its capacity.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
     pages.clear();
-    ++stats_.lookups;
-    stats_.query_tokens += tokens.size();
-    ++tick_;
-    const auto it = ns_index_.find(ns);
-    if (it == ns_index_.end()) return {};
-    const std::size_t q_pages = tokens.size() / page_size_;
-    std::uint32_t cur = ns_slots_[it->second].root;
-    std::size_t pos = 0;
-    while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
-      if (f.node == npos) break;
-      std::uint32_t c = f.node;
-      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
-      if (inside) {
-        prepare_split();
-        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
-      }
-      touch_match(c, ns);
-      const Node& x = nodes_[c];
-      const PageId* ids = page_ids(x);
-      pages.insert(pages.end(), ids, ids + x.n);
-      pos += x.n;
-      cur = c;
-      if (inside) break;
-    }
-    stats_.hit_tokens += pos * page_size_;
-    return {pos * page_size_, handle_of(cur)};
+    return walk(tokens, ns, tokens.size() / page_size_,
+                [&](std::size_t, const PageId* ids, std::size_t n) {
+                  pages.insert(pages.end(), ids, ids + n);
+                });
+  }
+
+  /// As match() above, writing the page ids to out[0, matched / page_size()), as an engine
+  /// filling its own page table wants them; out's other entries are left as they were.
+  /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
+  /// there like a shorter query would). Allocates only for a split; the cheapest match().
+  MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
+    return walk(tokens, ns, std::min(tokens.size() / page_size_, out.size()),
+                [&](std::size_t at, const PageId* ids, std::size_t n) {
+                  std::memcpy(out.data() + at, ids, n * sizeof(PageId));
+                });
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
   /// O(T); never throws.
   [[nodiscard]] std::size_t peek(std::span<const token_type> tokens,
                                  namespace_id ns = 0) const noexcept {
-    const auto it = ns_index_.find(ns);
-    if (it == ns_index_.end()) return 0;
+    const std::uint32_t slot = ns_slot(ns);
+    if (slot == npos) return 0;
     const std::size_t q_pages = tokens.size() / page_size_;
-    std::uint32_t cur = ns_slots_[it->second].root;
+    std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
     while (pos < q_pages) {
       const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
@@ -4358,16 +4414,85 @@ class PagedPrefixCache {
     return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
   }
 
+  // Asks for the first cache lines of x's page ids, which a match copies right after
+  // comparing its tokens: their misses then overlap the compare instead of following it.
+  // Eight lines at most: past them the hardware prefetcher is following the copy.
+  void prefetch_ids(const Node& x) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* p = reinterpret_cast<const char*>(page_ids(x));
+    const char* end = p + std::min<std::size_t>(std::size_t{x.n} * sizeof(PageId), 8 * 64);
+    for (; p < end; p += 64)
+      __builtin_prefetch(p);
+#else
+    (void)x;
+#endif
+  }
+
   // The child of `parent` sharing the most leading pages with q (at least one), or npos.
-  [[nodiscard]] Found find_child(std::uint32_t parent, const token_type* q,
-                                 std::size_t q_pages) const noexcept {
+  // A leaf is answered from its node, without probing the edge table (a likely cache miss):
+  // every query that matches a whole cached sequence ends at one. Only a partial match pays
+  // for the division by the page size.
+  // Forced inline: out of line, saving and restoring its registers cost as much as the edge
+  // probe on short pages.
+  [[nodiscard]] [[gnu::always_inline]] Found find_child(std::uint32_t parent, const token_type* q,
+                                                        std::size_t q_pages) const noexcept {
+    if (nodes_[parent].first_child == npos) return {};
     for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
       const Node& x = nodes_[c];
-      const std::size_t cmp = std::min<std::size_t>(x.n, q_pages) * page_bytes();
-      const std::size_t k = detail::mismatch(tokens_of(x), q, cmp) / page_bytes();
+      const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
+      const std::size_t cmp = pages * page_bytes();
+      prefetch_ids(x);
+      // The next lookup, if the query goes on past x, is (c, its next token): known now.
+      if (x.first_child != npos && q_pages > pages) edges_.prefetch(c, q[pages * page_size_]);
+      const std::size_t same = detail::mismatch(tokens_of(x), q, cmp);
+      if (same == cmp) return {c, pages};
+      const std::size_t k = same / page_bytes();
       if (k > 0) return {c, k};
     }
     return {};
+  }
+
+  // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
+  // count) the ids of each matched node in path order.
+  template <class Emit>
+  MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
+                Emit&& emit) {
+    ++stats_.lookups;
+    stats_.query_tokens += tokens.size();
+    ++tick_;
+    const std::uint32_t slot = ns_slot(ns);
+    if (slot == npos) return {};
+    ns_hint_ = slot;
+    std::uint32_t cur = ns_slots_[slot].root;
+    std::size_t pos = 0;
+    while (pos < q_pages) {
+      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      if (f.node == npos) break;
+      std::uint32_t c = f.node;
+      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      if (inside) {
+        prepare_split();
+        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+      }
+      touch_match(c, ns);
+      const Node& x = nodes_[c];
+      emit(pos, page_ids(x), std::size_t{x.n});
+      pos += x.n;
+      cur = c;
+      if (inside) break;
+    }
+    stats_.hit_tokens += pos * page_size_;
+    return {pos * page_size_, handle_of(cur)};
+  }
+
+  // The slot of namespace `ns`, or npos. match() remembers the last slot it used: an engine
+  // serving one model asks for the same namespace every time, and checking that slot is a
+  // load where the map is a hash and a probe. Only one live slot holds a given id.
+  [[nodiscard]] std::uint32_t ns_slot(namespace_id ns) const noexcept {
+    if (ns_hint_ < ns_slots_.size() && ns_slots_[ns_hint_].live && ns_slots_[ns_hint_].id == ns)
+      return ns_hint_;
+    const auto it = ns_index_.find(ns);
+    return it != ns_index_.end() ? it->second : npos;
   }
 
   // The sequence hash before node x's first page (none at the root).
@@ -4504,7 +4629,9 @@ class PagedPrefixCache {
       throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
   }
 
-  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
+  [[nodiscard]] std::size_t live_namespaces() const noexcept {
+    return ns_index_.size();
+  }
 
   // Nodes that are not the head of their (parent, first token) chain.
   [[nodiscard]] std::size_t chained_siblings() const noexcept {
@@ -4853,6 +4980,7 @@ class PagedPrefixCache {
   std::unordered_map<namespace_id, std::uint32_t> ns_index_;
   std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
   std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
+  std::uint32_t ns_hint_ = npos;     // the slot match() used last (checked before use)
   std::uint64_t tick_ = 0;
   std::uint64_t next_event_id_ = 0;
   PagedCacheStats stats_;

@@ -55,6 +55,17 @@ class PagedEdgeTable {
     }
   }
 
+  /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
+  /// known in advance overlaps other work instead of waiting for the line.
+  void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (slots_) __builtin_prefetch(&slots_[home(parent, token)]);
+#else
+    (void)parent;
+    (void)token;
+#endif
+  }
+
   /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
   void reserve(std::size_t extra) {
     const std::size_t need = 2 * (size_ + extra);
