@@ -11,9 +11,13 @@
 //     of the list ARC picks, else of the other list;
 //   - one request touches all its blocks at once, deepest first, so a parent
 //     stays more recent than its children;
-//   - the ghost lists hold `ghost_factor` x capacity ids (ARC: 1 x): prefix
-//     blocks come back after long gaps, and a longer memory keeps recognizing
-//     them (an id costs a few bytes, a cached block a whole KV page);
+//   - the ghost lists hold the last `ghost_factor` x capacity evicted ids
+//     (ARC: 1 x, trimmed list by list): prefix blocks come back after long
+//     gaps, and a longer memory keeps recognizing them (an id costs a few
+//     bytes, a cached block a whole KV page);
+//   - each move of the target is scaled by `step` (ARC: 1): one request
+//     brings many blocks back at once, and full ARC steps swing the target
+//     by a request's length at a time;
 //   - the final partial block of a prompt is not cached (`cache_partial` off):
 //     it holds the request's own tail, almost never shared, and a paged
 //     engine would spend a whole page on it.
@@ -25,13 +29,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace promptcache::replay {
 
 /// Parameters of AdaptiveLeafPolicy.
 struct AdaptiveParams {
-  double ghost_factor = 4.0;   ///< Ghost ids remembered, as a multiple of the capacity.
+  double ghost_factor = 6.0;   ///< Ghost ids remembered, as a multiple of the capacity.
   bool cache_partial = false;  ///< Cache the final partial block of a prompt.
+  double step = 0.125;         ///< Scale of each move of the target (ARC: 1).
 };
 
 /// ARC adapted to leaf-only eviction (see the file comment).
@@ -42,6 +48,7 @@ class AdaptiveLeafPolicy {
   /// A policy for a cache of `capacity` blocks over the nodes of `t`.
   AdaptiveLeafPolicy(const Trace& t, std::size_t capacity, AdaptiveParams params = {})
       : lists_(t.node_count(), 4),
+        evicted_at_(t.node_count(), 0),
         block_size_(t.block_size),
         capacity_(capacity),
         params_(params) {}
@@ -61,9 +68,9 @@ class AdaptiveLeafPolicy {
     const double cap = static_cast<double>(capacity_);
     pending_b2_ = false;
     if (l == b1) {
-      p_ = std::min(cap, p_ + std::max(s2 / s1, 1.0));
+      p_ = std::min(cap, p_ + params_.step * std::max(s2 / s1, 1.0));
     } else if (l == b2) {
-      p_ = std::max(0.0, p_ - std::max(s1 / s2, 1.0));
+      p_ = std::max(0.0, p_ - params_.step * std::max(s1 / s2, 1.0));
       pending_b2_ = true;
     }
     return true;
@@ -74,7 +81,6 @@ class AdaptiveLeafPolicy {
   void inserted(std::uint32_t n, const Request& /*r*/, std::size_t /*i*/) {
     const std::uint8_t l = lists_.list[n];
     lists_.push_mru(n, l == b1 || l == b2 ? t2 : t1);
-    trim_ghosts();
   }
   /// Re-touches the request's blocks deepest first, so parents stay more recent.
   void end_request(const Request& r, std::size_t cached) {
@@ -93,7 +99,12 @@ class AdaptiveLeafPolicy {
     return v;
   }
   /// The evicted block's id goes to the ghost list of its list.
-  void evicted(std::uint32_t n) { lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2); }
+  void evicted(std::uint32_t n) {
+    lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2);
+    evicted_at_[n] = ++evictions_;
+    order_.push_back(n);
+    trim_ghosts();
+  }
 
  private:
   [[nodiscard]] std::uint32_t scan(std::uint8_t l, const LeafState& s) const {
@@ -101,16 +112,25 @@ class AdaptiveLeafPolicy {
       if (s.evictable(n)) return n;
     return detail::nil;
   }
+  // Keeps at most ghost_factor x capacity ghosts, forgetting the oldest
+  // eviction first whichever list it is on (as the library's eviction::Adaptive
+  // does with its ring of fingerprints).
   void trim_ghosts() {
     const auto limit =
         static_cast<std::size_t>(params_.ghost_factor * static_cast<double>(capacity_));
     while (lists_.size(b1) + lists_.size(b2) > limit) {
-      const std::uint8_t l = lists_.size(b1) > lists_.size(b2) ? b1 : b2;
-      lists_.unlink(lists_.heads[l].lru);
+      const std::uint32_t n = order_[next_++];
+      // Only the latest eviction of a block counts, and only while it is a ghost.
+      if (evicted_at_[n] == next_ && (lists_.list[n] == b1 || lists_.list[n] == b2))
+        lists_.unlink(n);
     }
   }
 
   detail::NodeLists lists_;
+  std::vector<std::uint64_t> evicted_at_;  // 1-based index of the node's last eviction
+  std::vector<std::uint32_t> order_;       // evicted nodes, in eviction order
+  std::size_t next_ = 0;                   // first eviction of order_ not yet forgotten
+  std::uint64_t evictions_ = 0;
   std::size_t block_size_;
   std::size_t capacity_;
   AdaptiveParams params_;
