@@ -32,7 +32,7 @@
 //     std::size_t choose_class(std::span<const std::size_t> pages); // pages cached per class
 //
 // The cache counts the cached pages of each class (locked ones included), and
-// before each leaf it evicts asks choose_class which class to take the leaf with
+// before each page it evicts asks choose_class which class to take the leaf with
 // the smallest key from; when that class has no evictable leaf it takes the first
 // class after it (cyclically) that has one. The ordering of two leaves in
 // different classes can thus change with the policy's own state (an adaptive
@@ -418,11 +418,11 @@ class Adaptive {
     m.last_access = c.tick;
     m.reused = 1;
   }
-  /// The freed pages go on the ghost list of their class. O(pages freed).
+  /// The freed pages go on the ghost list of their class, deepest first (the
+  /// order the cache frees them in). O(pages freed).
   void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
-    const std::size_t pages = c.tokens.size() / c.page_size;
-    for (std::size_t i = 0; i < pages; ++i)
+    for (std::size_t i = c.tokens.size() / c.page_size; i-- > 0;)
       ghosts_.push(fingerprint(c, i), m.reused != 0 ? 2 : 1);
   }
   /// Oldest access first within a class. O(1).

@@ -454,6 +454,8 @@ class PagedPrefixCache {
   /// (so a long leaf can give up only what is needed); a leaf emptied this way is
   /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
   /// page (deepest first) and publishes one Removed event with their block hashes.
+  /// A policy with key classes picks the class before every page, so a leaf is left
+  /// part-evicted when its class stops being picked (plus O(classes) per page).
   /// O(pages freed + log L per node touched); with a sink, plus hashing every page of
   /// each node it touches (a node keeps only its last page's hash, so trimming k pages
   /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
@@ -1062,8 +1064,17 @@ class PagedPrefixCache {
       heap_fresh_top(k);
       const std::uint32_t x = heaps_[k][0].node;
       Node& nd = nodes_[x];
-      const std::uint32_t take =
-          static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      std::uint32_t take = static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      if constexpr (classes > 1) {
+        // The policy chooses again after every page: its choice depends on the
+        // pages per class, which this leaf's pages are leaving.
+        std::uint32_t t = 0;
+        do {
+          --class_pages_[k];
+          ++t;
+        } while (t < take && evict_class() == k);
+        take = t;
+      }
       const std::uint32_t keep = nd.n - take;
       for (std::uint32_t i = nd.n; i-- > keep;)
         on_evict(page_ids(nd)[i]);
@@ -1086,7 +1097,6 @@ class PagedPrefixCache {
       ctx.depth_pages += keep;
       policy_.on_evict(nd.meta, ctx);
       stats_.cached_pages -= take;
-      if constexpr (classes > 1) class_pages_[k] -= take;
       evictable_pages_ -= take;
       stats_.evicted_pages += take;
       freed += take;
