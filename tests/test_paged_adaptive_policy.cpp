@@ -144,6 +144,19 @@ TEST_CASE("adaptive: ghosts are per namespace and per page position") {
   CHECK(c.class_pages(1) == 2);
 }
 
+TEST_CASE("adaptive: a run of pages that brings new ones is filed as used once") {
+  Cache c(1, eviction::Adaptive(8, 2.0, 1.0));
+  c.insert(Tokens{1, 2}, Pages{1, 2});
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
+  // [1, 2] come back with a new page 3 behind them: one node, used once; both
+  // ghosts still move the target.
+  c.insert(Tokens{1, 2, 3}, Pages{4, 5, 6});
+  CHECK(c.class_pages(0) == 3);
+  CHECK(c.class_pages(1) == 0);
+  CHECK(c.policy().target() == 2.0);
+  CHECK(c.policy().ghosts_once() == 0);
+}
+
 TEST_CASE("adaptive: bad parameters are refused") {
   CHECK_THROWS_AS(eviction::Adaptive(8, -1.0), std::invalid_argument);
   CHECK_THROWS_AS(eviction::Adaptive(8, std::nan("")), std::invalid_argument);

@@ -157,17 +157,16 @@ class Model {
       }
     }
     if (pol_ == Pol::adaptive && r.inserted > 0) {
-      // The new pages are stored as one run: used again if any of them is a
-      // ghost, each ghost found (shallowest first) moving the target.
-      bool any = false;
+      // The new pages are stored as one run: used again if all of them are
+      // ghosts, each ghost found (shallowest first) moving the target.
+      bool all = true;
       for (std::size_t k = r.cached + 1; k <= q; ++k) {
         const int tag = take_ghost(ghost_key(ns, t, k));
-        if (tag == 0) continue;
-        any = true;
-        adapt(tag);
+        all = all && tag != 0;
+        if (tag != 0) adapt(tag);
       }
       for (std::size_t k = r.cached + 1; k <= q; ++k)
-        at(ns, t, k).reused = any;
+        at(ns, t, k).reused = all;
     }
     r.handle = handle_for(ns, t, q);
     return r;

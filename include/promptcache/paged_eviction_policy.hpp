@@ -363,8 +363,11 @@ struct Filo {
 /// policy evicts from T1 while T1 holds more than an adaptive target p of pages,
 /// else from T2. Fingerprints of evicted pages stay on ghost lists (B1, B2) for
 /// `ghost_factor` x `capacity_pages` evictions: a page stored again while on B1
-/// says T1 was cut too short and raises p, one on B2 lowers it, and a page that
-/// comes back from either list is filed as used again. When reuse does not pay,
+/// says T1 was cut too short and raises p, one on B2 lowers it. The pages one
+/// insert stores are one node, so they share a class: used again when all of
+/// them come back from the ghost lists, used once when the run also brings new
+/// pages (typically a returning shared prefix followed by the request's own
+/// text, most of which is never used again). When reuse does not pay,
 /// B1 hits push p to the whole capacity and the policy evicts like LRU over
 /// pages stored once. The cache's leaf-only rule replaces ARC's "LRU of the
 /// list": the victim is the least recent evictable leaf of the chosen class.
@@ -394,18 +397,20 @@ class Adaptive {
         step_(check(step)),
         ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
 
-  /// New node: used once, unless one of its pages is on a ghost list; each
-  /// ghost found moves the target. O(pages of the node).
+  /// New node: used again when every one of its pages was on a ghost list, else
+  /// used once; each ghost found moves the target. O(pages of the node).
   meta_type on_create(const PagedPolicyContext& c) noexcept {
     meta_type m{c.tick, 0};
     if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
     const std::size_t pages = c.tokens.size() / c.page_size;
+    std::size_t back = 0;
     for (std::size_t i = 0; i < pages; ++i) {
       const std::uint8_t tag = ghosts_.take(fingerprint(c, i));
       if (tag == 0) continue;
       adapt(tag);
-      m.reused = 1;
+      ++back;
     }
+    m.reused = pages > 0 && back == pages ? 1 : 0;
     return m;
   }
   /// Match: used again, accessed now. O(1).

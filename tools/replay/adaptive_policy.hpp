@@ -18,6 +18,10 @@
 //   - each move of the target is scaled by `step` (ARC: 1): one request
 //     brings many blocks back at once, and full ARC steps swing the target
 //     by a request's length at a time;
+//   - the blocks one request stores go to T2 only when all of them come back
+//     from the ghost lists: a run that also brings new blocks is mostly the
+//     request's own text (as in the paged cache, where such a run is one node
+//     and shares one class);
 //   - the final partial block of a prompt is not cached (`cache_partial` off):
 //     it holds the request's own tail, almost never shared, and a paged
 //     engine would spend a whole page on it.
@@ -61,6 +65,17 @@ class AdaptiveLeafPolicy {
   bool admit(const Request& r, std::size_t i) {
     if (!params_.cache_partial && i + 1 == r.nodes.size() && r.input_length % block_size_ != 0)
       return false;
+    if (run_of_ != &r) {  // the first block of r to store: look at the whole run
+      run_of_ = &r;
+      run_ghosts_ = true;
+      const std::size_t end = params_.cache_partial || r.input_length % block_size_ == 0
+                                  ? r.nodes.size()
+                                  : r.nodes.size() - 1;
+      for (std::size_t j = i; j < end; ++j) {
+        const std::uint8_t lj = lists_.list[r.nodes[j]];
+        run_ghosts_ = run_ghosts_ && (lj == b1 || lj == b2);
+      }
+    }
     const std::uint32_t n = r.nodes[i];
     const std::uint8_t l = lists_.list[n];
     const double s1 = static_cast<double>(lists_.size(b1));
@@ -77,13 +92,15 @@ class AdaptiveLeafPolicy {
   }
   /// A cached block was used again: it moves to T2.
   void touch(std::uint32_t n) { lists_.push_mru(n, t2); }
-  /// A block was stored: to T2 if its id was on a ghost list, else to T1.
+  /// A block was stored: to T2 if it and every other block the request stores
+  /// were on a ghost list, else to T1.
   void inserted(std::uint32_t n, const Request& /*r*/, std::size_t /*i*/) {
     const std::uint8_t l = lists_.list[n];
-    lists_.push_mru(n, l == b1 || l == b2 ? t2 : t1);
+    lists_.push_mru(n, run_ghosts_ && (l == b1 || l == b2) ? t2 : t1);
   }
   /// Re-touches the request's blocks deepest first, so parents stay more recent.
   void end_request(const Request& r, std::size_t cached) {
+    run_of_ = nullptr;
     for (std::size_t i = cached; i-- > 0;) {
       const std::uint32_t n = r.nodes[i];
       lists_.push_mru(n, lists_.list[n]);
@@ -136,6 +153,8 @@ class AdaptiveLeafPolicy {
   AdaptiveParams params_;
   double p_ = 0.0;
   bool pending_b2_ = false;
+  const Request* run_of_ = nullptr;  // the request whose run run_ghosts_ describes
+  bool run_ghosts_ = false;          // every block that request stores is a ghost
 };
 
 }  // namespace promptcache::replay
