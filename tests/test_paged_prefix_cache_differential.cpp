@@ -549,7 +549,7 @@ TEST_CASE("paged cache differential: every policy and page size agrees with the 
       }
       SECTION("adaptive defaults " + std::to_string(ps) + "/" + std::to_string(seed)) {
         run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps, eviction::Adaptive(12),
-                                {12, 6.0, 0.125});
+                                {12, 8.0, 1.0});
       }
     }
   }

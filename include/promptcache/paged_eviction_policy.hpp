@@ -390,9 +390,9 @@ class Adaptive {
   /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
   /// 34 bytes per ghost). A capacity of 0 keeps no history: p stays 0 and pages
   /// used again are always kept over pages used once. `step` scales each move
-  /// of p (ARC: 1). Throws std::invalid_argument for a negative or non-finite
+  /// of p (1: ARC's rule). Throws std::invalid_argument for a negative or non-finite
   /// factor or step, std::bad_alloc / std::length_error for a history too large.
-  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 6.0, double step = 0.125)
+  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0)
       : capacity_(capacity_pages),
         step_(check(step)),
         ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}

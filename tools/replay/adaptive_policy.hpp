@@ -15,9 +15,6 @@
 //     (ARC: 1 x, trimmed list by list): prefix blocks come back after long
 //     gaps, and a longer memory keeps recognizing them (an id costs a few
 //     bytes, a cached block a whole KV page);
-//   - each move of the target is scaled by `step` (ARC: 1): one request
-//     brings many blocks back at once, and full ARC steps swing the target
-//     by a request's length at a time;
 //   - the blocks one request stores go to T2 only when all of them come back
 //     from the ghost lists: a run that also brings new blocks is mostly the
 //     request's own text (as in the paged cache, where such a run is one node
@@ -39,9 +36,9 @@ namespace promptcache::replay {
 
 /// Parameters of AdaptiveLeafPolicy.
 struct AdaptiveParams {
-  double ghost_factor = 6.0;   ///< Ghost ids remembered, as a multiple of the capacity.
+  double ghost_factor = 8.0;   ///< Ghost ids remembered, as a multiple of the capacity.
   bool cache_partial = false;  ///< Cache the final partial block of a prompt.
-  double step = 0.125;         ///< Scale of each move of the target (ARC: 1).
+  double step = 1.0;           ///< Scale of each move of the target (1: ARC's rule).
 };
 
 /// ARC adapted to leaf-only eviction (see the file comment).
