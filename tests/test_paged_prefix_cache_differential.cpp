@@ -3,9 +3,13 @@
 // map from each cached page-aligned prefix to that page's id, lock count and
 // policy metadata; match walks prefixes page by page; evict frees, one page at
 // a time, the unlocked page that no cached page extends with the smallest
-// policy key. After every step the test compares every answer, the counters,
-// check_invariants(), and a KvIndex fed only by the cache's events against the
-// cache (the mirror property).
+// policy key. For eviction::Adaptive the model also keeps ARC's state page by
+// page: which pages were used again, the target p, and the ghost history as a
+// plain list in eviction order; each page evicted comes from the class ARC
+// picks (used once while more than p pages are, else used again), falling back
+// to the other class when the picked one has no evictable page. After every step the test compares
+// every answer, the counters, check_invariants(), and a KvIndex fed only by the cache's events
+// against the cache (the mirror property).
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -18,6 +22,8 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -44,11 +50,12 @@ struct PageMeta {
   std::uint64_t created = 0;
   std::uint64_t hits = 0;
   std::int64_t priority = 0;
+  bool reused = false;  // adaptive: matched or inserted again, or stored back from a ghost
 };
 
 using Key = std::tuple<std::int64_t, std::int64_t>;  // compared lexicographically
 
-enum class Pol { lru, lfu, fifo, priority, slru, mru, filo };
+enum class Pol { lru, lfu, fifo, priority, slru, mru, filo, adaptive };
 
 Key model_key(Pol p, const PageMeta& m) {
   const auto t = static_cast<std::int64_t>(m.last_access);
@@ -56,6 +63,7 @@ Key model_key(Pol p, const PageMeta& m) {
   const auto h = static_cast<std::int64_t>(m.hits);
   switch (p) {
     case Pol::lru:
+    case Pol::adaptive:  // within a class
       return {0, t};
     case Pol::lfu:
       return {h, t};
@@ -79,9 +87,22 @@ struct ModelHandle {
   std::uint64_t birth = 0;
 };
 
+// Adaptive: eviction::Adaptive(capacity, ghost_factor, step).
+struct Arc {
+  std::size_t capacity = 0;
+  double ghost_factor = 0.0;
+  double step = 0.0;
+};
+
 class Model {
  public:
-  Model(std::size_t page_size, Pol pol) : ps_(page_size), pol_(pol) {}
+  Model(std::size_t page_size, Pol pol, Arc arc = {})
+      : ps_(page_size),
+        pol_(pol),
+        arc_(arc),
+        ghost_limit_(static_cast<std::size_t>(arc.ghost_factor * double(arc.capacity))) {}
+
+  [[nodiscard]] double target() const { return p_; }
 
   struct Match {
     std::size_t matched = 0;
@@ -92,8 +113,10 @@ class Model {
   Match match(const Tokens& t, std::uint64_t ns) {
     ++tick_;
     Match r = walk(t, ns);
-    for (std::size_t k = 1; k * ps_ <= r.matched; ++k)
+    for (std::size_t k = 1; k * ps_ <= r.matched; ++k) {
       at(ns, t, k).last_access = tick_;
+      at(ns, t, k).reused = true;
+    }
     return r;
   }
 
@@ -123,6 +146,7 @@ class Model {
         m.last_access = tick_;
         ++m.hits;
         m.priority = std::max(m.priority, prio);
+        m.reused = true;
       } else {
         PageMeta m;
         m.id = ids[k - 1];
@@ -133,6 +157,18 @@ class Model {
         pages_[key] = m;
         ++r.inserted;
       }
+    }
+    if (pol_ == Pol::adaptive && r.inserted > 0) {
+      // The new pages are stored as one run: used again if all of them are
+      // ghosts, each ghost found (shallowest first) moving the target.
+      bool all = true;
+      for (std::size_t k = r.cached + 1; k <= q; ++k) {
+        const int tag = take_ghost(ghost_key(ns, t, k));
+        all = all && tag != 0;
+        if (tag != 0) adapt(tag);
+      }
+      for (std::size_t k = r.cached + 1; k <= q; ++k)
+        at(ns, t, k).reused = all;
     }
     r.handle = handle_for(ns, t, q);
     return r;
@@ -166,6 +202,22 @@ class Model {
   std::vector<PageId> evict(std::size_t n) {
     std::vector<PageId> out;
     while (out.size() < n) {
+      if (pol_ == Pol::adaptive) {
+        // ARC's pick, then the least recent evictable page of that class, else
+        // of the other one.
+        std::size_t once = 0;
+        for (const auto& [k, m] : pages_)
+          once += m.reused ? 0U : 1U;
+        const bool from_once = once > 0 && static_cast<double>(once) > p_;
+        auto it = best_page(from_once ? 0 : 1);
+        if (it == pages_.end()) it = best_page(from_once ? 1 : 0);
+        if (it == pages_.end()) break;
+        out.push_back(it->second.id);
+        push_ghost(ghost_key(it->first.first, it->first.second, it->first.second.size() / ps_),
+                   it->second.reused ? 2 : 1);
+        pages_.erase(it);
+        continue;
+      }
       auto best = pages_.end();
       bool tie = false;
       for (auto it = pages_.begin(); it != pages_.end(); ++it) {
@@ -208,6 +260,72 @@ class Model {
 
  private:
   using PageKey = std::pair<std::uint64_t, Tokens>;
+  // A ghost is known by namespace, page position and the page's tokens (all of
+  // them: the pages here are shorter than the policy's token sample).
+  using GhostKey = std::tuple<std::uint64_t, std::size_t, Tokens>;
+  struct Ghost {
+    GhostKey key;
+    int tag = 0;  // 1: evicted while used once, 2: after reuse, 0: came back
+  };
+
+  [[nodiscard]] GhostKey ghost_key(std::uint64_t ns, const Tokens& t, std::size_t k) const {
+    return {ns, k - 1, Tokens(t.begin() + long((k - 1) * ps_), t.begin() + long(k * ps_))};
+  }
+
+  [[nodiscard]] std::size_t live_ghosts() const {
+    std::size_t n = 0;
+    for (std::size_t i = ghost_tail_; i < ghosts_.size(); ++i)
+      n += ghosts_[i].tag != 0 ? 1U : 0U;
+    return n;
+  }
+
+  [[nodiscard]] std::size_t ghosts_tagged(int tag) const {
+    std::size_t n = 0;
+    for (std::size_t i = ghost_tail_; i < ghosts_.size(); ++i)
+      n += ghosts_[i].tag == tag ? 1U : 0U;
+    return n;
+  }
+
+  int take_ghost(const GhostKey& key) {
+    for (std::size_t i = ghost_tail_; i < ghosts_.size(); ++i)
+      if (ghosts_[i].tag != 0 && ghosts_[i].key == key) {
+        const int tag = ghosts_[i].tag;
+        ghosts_[i].tag = 0;
+        return tag;
+      }
+    return 0;
+  }
+
+  // At most ghost_limit_ live ghosts, and at most twice that many entries from
+  // the oldest kept one on (ghosts that came back included): the oldest go first.
+  void push_ghost(const GhostKey& key, int tag) {
+    if (ghost_limit_ == 0) return;
+    (void)take_ghost(key);
+    while (live_ghosts() >= ghost_limit_ || ghosts_.size() - ghost_tail_ == 2 * ghost_limit_)
+      ++ghost_tail_;
+    ghosts_.push_back({key, tag});
+  }
+
+  // ARC's adaptation, scaled by the step (the ghost that hit still counted).
+  void adapt(int tag) {
+    const double b1 = double(ghosts_tagged(1)) + (tag == 1 ? 1.0 : 0.0);
+    const double b2 = double(ghosts_tagged(2)) + (tag == 2 ? 1.0 : 0.0);
+    if (tag == 1)
+      p_ = std::min(double(arc_.capacity), p_ + arc_.step * std::max(b2 / b1, 1.0));
+    else
+      p_ = std::max(0.0, p_ - arc_.step * std::max(b1 / b2, 1.0));
+  }
+
+  // The least recently used evictable page of class `cls` (0: used once).
+  std::map<PageKey, PageMeta>::iterator best_page(int cls) {
+    auto best = pages_.end();
+    for (auto it = pages_.begin(); it != pages_.end(); ++it) {
+      if (it->second.lock > 0 || (it->second.reused ? 1 : 0) != cls || extended(it->first))
+        continue;
+      if (best == pages_.end() || it->second.last_access < best->second.last_access) best = it;
+    }
+    return best;
+  }
 
   PageMeta& at(std::uint64_t ns, const Tokens& t, std::size_t k) {
     return pages_.at(std::make_pair(ns, Tokens(t.begin(), t.begin() + long(k * ps_))));
@@ -253,18 +371,24 @@ class Model {
 
   std::size_t ps_;
   Pol pol_;
+  Arc arc_;
+  std::size_t ghost_limit_;
+  std::vector<Ghost> ghosts_;
+  std::size_t ghost_tail_ = 0;
+  double p_ = 0.0;
   std::map<PageKey, PageMeta> pages_;
   std::uint64_t tick_ = 0;
   std::uint64_t births_ = 0;
 };
 
 template <class Policy>
-void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps) {
+void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy policy = Policy{},
+         Arc arc = {}) {
   std::mt19937 rng(seed);
   std::vector<KvEvent> events;
-  PagedPrefixCache<PageId, Policy> cache(page_size, Policy{},
+  PagedPrefixCache<PageId, Policy> cache(page_size, std::move(policy),
                                          [&](const KvEvent& e) { events.push_back(e); });
-  Model model(page_size, pol);
+  Model model(page_size, pol, arc);
   KvIndex index;
   const KvWorker worker{7, 0};
   std::vector<std::uint64_t> namespaces{0, 1, 2};
@@ -398,6 +522,8 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps) {
     for (const Held& h : held)
       REQUIRE(cache.valid(h.real) == model.valid(h.model));
     REQUIRE(cache.check_invariants());
+    if constexpr (std::is_same_v<Policy, eviction::Adaptive>)
+      REQUIRE(cache.policy().target() == model.target());
     // The mirror: a KvIndex fed only by the events answers what the cache matches.
     for (const KvEvent& e : events)
       REQUIRE(index.apply(worker, e).ok());
@@ -438,6 +564,16 @@ TEST_CASE("paged cache differential: every policy and page size agrees with the 
       }
       SECTION("filo " + std::to_string(ps) + "/" + std::to_string(seed)) {
         run<eviction::Filo>(Pol::filo, ps, seed, steps);
+      }
+      // A small capacity and full ARC steps, so that the target moves both
+      // ways and the ghost history wraps; then the default factor and step.
+      SECTION("adaptive " + std::to_string(ps) + "/" + std::to_string(seed)) {
+        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps, eviction::Adaptive(6, 1.0, 1.0),
+                                {6, 1.0, 1.0});
+      }
+      SECTION("adaptive defaults " + std::to_string(ps) + "/" + std::to_string(seed)) {
+        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps, eviction::Adaptive(12),
+                                {12, 8.0, 1.0});
       }
     }
   }

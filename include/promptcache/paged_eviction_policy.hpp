@@ -24,6 +24,21 @@
 //     key_type key(const meta_type&) const;                         // the eviction order
 //   };
 //
+// Optionally, a policy sorts leaves into K key classes, one heap each (ARC's
+// two lists, say), and says which class to evict from:
+//
+//     static constexpr std::size_t key_classes = K;                 // 1 <= K <= 64
+//     std::size_t key_class(const meta_type&) const;                // < K
+//     std::size_t choose_class(std::span<const std::size_t> pages); // pages cached per class
+//
+// The cache counts the cached pages of each class (locked ones included), and
+// before each page it evicts asks choose_class which class to take the leaf with
+// the smallest key from; when that class has no evictable leaf it takes the first
+// class after it (cyclically) that has one. The ordering of two leaves in
+// different classes can thus change with the policy's own state (an adaptive
+// target), which one key per node cannot express. Without `key_classes` a policy
+// has one class and the cache behaves exactly as described above.
+//
 // Rules the cache relies on:
 // - key() depends on the node's metadata alone (not on other policy state), so a
 //   leaf's position in the heap changes only when a hook changes its metadata.
@@ -37,7 +52,9 @@
 // - Keys of two leaves should differ (the shipped policies break ties by a
 //   logical access time that no two leaves share); equal keys are evicted in an
 //   unspecified order.
-// - Hooks must not throw (they run while the cache is mid-update).
+// - key_class() depends on the metadata alone, like key(); when a hook changes a
+//   node's class the cache moves it to its new heap at once (O(log leaves)).
+// - Hooks and choose_class must not throw (they run while the cache is mid-update).
 // The policy object is a member of the cache (constructed from the instance
 // given to the cache), so it may keep state of its own: ghost lists, adaptive
 // targets, counters.
@@ -50,11 +67,15 @@
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <type_traits>
+
+#include "promptcache/detail/paged_ghost_history.hpp"
 
 namespace promptcache {
 
@@ -67,14 +88,47 @@ struct PagedPolicyContext {
   std::int64_t priority = 0;
   /// The namespace of the node.
   std::uint64_t ns = 0;
-  /// Depth of the node's first page: the number of pages before it on its path.
+  /// Depth of the first page of `tokens`: the number of pages before it on its
+  /// path (the node's first page, except for on_evict of a tail).
   std::size_t depth_pages = 0;
   /// on_evict: the pages being freed now (the node's tail, all of them when
   /// `whole_node`); other hooks: the node's pages. One page is page_size tokens.
   std::span<const std::uint32_t> tokens{};
   /// on_evict: true when the node goes away entirely (not just its tail).
   bool whole_node = false;
+  /// Tokens per page (the cache's page size), to cut `tokens` into pages.
+  std::size_t page_size = 0;
 };
+
+namespace detail {
+
+// A policy without `key_classes` keeps all leaves in one heap.
+template <class P>
+concept PagedSingleKeyClass = !requires {
+  P::key_classes;
+};
+
+// A policy with `key_classes` = K >= 1 files each leaf under key_class(meta) < K
+// and picks the class to evict from with choose_class(cached pages per class).
+template <class P>
+concept PagedKeyClasses = requires(P& p, const P& cp, const typename P::meta_type& cm,
+                                   std::span<const std::size_t> pages) {
+  { P::key_classes } -> std::convertible_to<std::size_t>;
+  { cp.key_class(cm) } -> std::convertible_to<std::size_t>;
+  { p.choose_class(pages) } -> std::convertible_to<std::size_t>;
+}
+&&(P::key_classes >= 1) && (P::key_classes <= 64);
+
+}  // namespace detail
+
+/// Number of key classes (evictable heaps) of policy `P`: its `key_classes`, else 1.
+template <class P>
+inline constexpr std::size_t paged_key_classes = [] {
+  if constexpr (requires { P::key_classes; })
+    return static_cast<std::size_t>(P::key_classes);
+  else
+    return std::size_t{1};
+}();
 
 /// The interface of an eviction policy (see the file comment for the rules).
 template <class P>
@@ -91,7 +145,7 @@ concept PagedEvictionPolicy = std::is_nothrow_copy_constructible_v<typename P::m
   p.on_evict(cm, ctx);
   { cp.key(cm) } -> std::same_as<typename P::key_type>;
   { k < k } -> std::convertible_to<bool>;
-};
+} &&(detail::PagedSingleKeyClass<P> || detail::PagedKeyClasses<P>);
 
 /// The shipped policies; their keys follow SGLang's eviction strategies
 /// (python/sglang/srt/mem_cache/evict_policy.py), with a logical clock for time.
@@ -303,6 +357,131 @@ struct Filo {
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
 };
 
+/// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
+/// only. Pages used once since they were stored (class 0, ARC's T1) and pages
+/// used again (class 1, T2) are each evicted least recently used first; the
+/// policy evicts from T1 while T1 holds more than an adaptive target p of pages,
+/// else from T2. Fingerprints of evicted pages stay on ghost lists (B1, B2) for
+/// `ghost_factor` x `capacity_pages` evictions: a page stored again while on B1
+/// says T1 was cut too short and raises p, one on B2 lowers it. The pages one
+/// insert stores are one node, so they share a class: used again when all of
+/// them come back from the ghost lists, used once when the run also brings new
+/// pages (typically a returning shared prefix followed by the request's own
+/// text, most of which is never used again). When reuse does not pay,
+/// B1 hits push p to the whole capacity and the policy evicts like LRU over
+/// pages stored once. The cache's leaf-only rule replaces ARC's "LRU of the
+/// list": the victim is the least recent evictable leaf of the chosen class.
+/// A later match or insert through a node counts as a use, so an engine that
+/// inserts one request in several chunks promotes its earlier chunks.
+class Adaptive {
+ public:
+  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
+
+  /// Last access tick and whether the node was used again.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+    std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+  };
+  using key_type = std::uint64_t;              ///< The last access tick, within a class.
+  static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
+
+  /// A policy for a cache of about `capacity_pages` pages (the engine's page
+  /// pool): the target p stays in [0, capacity_pages] and the ghost history
+  /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
+  /// 34 bytes per ghost). A capacity of 0 keeps no history: p stays 0 and pages
+  /// used again are always kept over pages used once. `step` scales each move
+  /// of p (1: ARC's rule). Throws std::invalid_argument for a negative or non-finite
+  /// factor or step, std::bad_alloc / std::length_error for a history too large.
+  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0)
+      : capacity_(capacity_pages),
+        step_(check(step)),
+        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
+
+  /// New node: used again when every one of its pages was on a ghost list, else
+  /// used once; each ghost found moves the target. O(pages of the node).
+  meta_type on_create(const PagedPolicyContext& c) noexcept {
+    meta_type m{c.tick, 0};
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    std::size_t back = 0;
+    for (std::size_t i = 0; i < pages; ++i) {
+      const std::uint8_t tag = ghosts_.take(fingerprint(c, i));
+      if (tag == 0) continue;
+      adapt(tag);
+      ++back;
+    }
+    m.reused = pages > 0 && back == pages ? 1 : 0;
+    return m;
+  }
+  /// Match: used again, accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// Insert through the node: used again, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// The freed pages go on the ghost list of their class, deepest first (the
+  /// order the cache frees them in). O(pages freed).
+  void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return;
+    for (std::size_t i = c.tokens.size() / c.page_size; i-- > 0;)
+      ghosts_.push(fingerprint(c, i), m.reused != 0 ? 2 : 1);
+  }
+  /// Oldest access first within a class. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
+  /// T1 (0) or T2 (1). O(1).
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
+  /// ARC's choice: T1 while it holds more than p pages, else T2. O(1).
+  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) const noexcept {
+    return pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+  }
+
+  /// The adaptive target size of T1, in pages. O(1).
+  [[nodiscard]] double target() const noexcept { return p_; }
+  /// Ghosts on B1 (evicted while used once) and on B2 (evicted after reuse). O(1).
+  [[nodiscard]] std::size_t ghosts_once() const noexcept { return ghosts_.size(1); }
+  /// Ghosts evicted after reuse (B2). O(1).
+  [[nodiscard]] std::size_t ghosts_reused() const noexcept { return ghosts_.size(2); }
+  /// Ghosts remembered at most. O(1).
+  [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
+
+ private:
+  static double check(double v) {
+    if (!(v >= 0.0) || v > 1e9)
+      throw std::invalid_argument("eviction::Adaptive: factors must be finite and >= 0");
+    return v;
+  }
+  static std::size_t ghost_slots(std::size_t capacity, double factor) {
+    const double n = factor * static_cast<double>(capacity);
+    if (n >= static_cast<double>(std::size_t{1} << 30))
+      throw std::length_error("eviction::Adaptive: ghost history over 2^30 pages");
+    return static_cast<std::size_t>(n);
+  }
+  [[nodiscard]] static std::uint64_t fingerprint(const PagedPolicyContext& c,
+                                                 std::size_t i) noexcept {
+    return detail::ghost_fingerprint<std::uint32_t>(c.ns, c.depth_pages + i,
+                                                    c.tokens.subspan(i * c.page_size, c.page_size));
+  }
+  // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
+  // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
+  void adapt(std::uint8_t tag) noexcept {
+    const double b1 = static_cast<double>(ghosts_.size(1)) + (tag == 1 ? 1.0 : 0.0);
+    const double b2 = static_cast<double>(ghosts_.size(2)) + (tag == 2 ? 1.0 : 0.0);
+    if (tag == 1)
+      p_ = std::min(static_cast<double>(capacity_), p_ + step_ * std::max(b2 / b1, 1.0));
+    else
+      p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
+  }
+
+  std::size_t capacity_;
+  double step_;
+  double p_ = 0.0;
+  detail::PagedGhostHistory ghosts_;
+};
+
 static_assert(PagedEvictionPolicy<Lru>);
 static_assert(PagedEvictionPolicy<Lfu>);
 static_assert(PagedEvictionPolicy<Fifo>);
@@ -310,6 +489,7 @@ static_assert(PagedEvictionPolicy<Priority>);
 static_assert(PagedEvictionPolicy<Slru>);
 static_assert(PagedEvictionPolicy<Mru>);
 static_assert(PagedEvictionPolicy<Filo>);
+static_assert(PagedEvictionPolicy<Adaptive>);
 
 }  // namespace eviction
 

@@ -31,6 +31,7 @@
 #define PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -115,10 +116,12 @@ class PagedPrefixCache {
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
 
  public:
-  using page_id = PageId;                                  ///< The engine's page id type.
-  using token_type = std::uint32_t;                        ///< Token ids (as hashed by Dynamo).
-  using namespace_id = std::uint64_t;                      ///< Tenant / model / adapter key.
-  using policy_type = Policy;                              ///< The eviction policy.
+  using page_id = PageId;              ///< The engine's page id type.
+  using token_type = std::uint32_t;    ///< Token ids (as hashed by Dynamo).
+  using namespace_id = std::uint64_t;  ///< Tenant / model / adapter key.
+  using policy_type = Policy;          ///< The eviction policy.
+  /// Key classes of the policy: one heap of evictable leaves each (1 for most policies).
+  static constexpr std::size_t classes = paged_key_classes<Policy>;
   using event_sink = std::function<void(const KvEvent&)>;  ///< Receives the KV events.
 
   /// What match() found.
@@ -272,7 +275,7 @@ class PagedPrefixCache {
       if (nd.lock == 0) {
         evictable_pages_ -= nd.n;
         stats_.locked_pages += nd.n;
-        if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+        if (nd.heap_pos != npos) heap_erase(x);
       }
       ++nd.lock;
     }
@@ -439,6 +442,8 @@ class PagedPrefixCache {
   /// (so a long leaf can give up only what is needed); a leaf emptied this way is
   /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
   /// page (deepest first) and publishes one Removed event with their block hashes.
+  /// A policy with key classes picks the class before every page, so a leaf is left
+  /// part-evicted when its class stops being picked (plus O(classes) per page).
   /// O(pages freed + log L per node touched); with a sink, plus hashing every page of
   /// each node it touches (a node keeps only its last page's hash, so trimming k pages
   /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
@@ -531,12 +536,21 @@ class PagedPrefixCache {
   /// The policy object (its own state, e.g. an adaptive target). O(1).
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
 
+  /// Cached pages (locked ones included) whose node is in key class `k` of the
+  /// policy; 0 for k >= classes. With one class, all cached pages. O(1).
+  [[nodiscard]] std::size_t class_pages(std::size_t k) const noexcept {
+    if constexpr (classes == 1)
+      return k == 0 ? stats_.cached_pages : 0;
+    else
+      return k < classes ? class_pages_[k] : 0;
+  }
+
   /// Heap bytes held, split into the index and the token ids (capacities). O(1).
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
     m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
     m.index_bytes = block_pages_ * sizeof(PageId) + nodes_.capacity() * sizeof(Node) +
-                    edges_.memory_bytes() + heap_.capacity() * sizeof(HeapEntry) +
+                    edges_.memory_bytes() + heap_capacity() * sizeof(HeapEntry) +
                     ns_slots_.capacity() * sizeof(NsSlot) +
                     (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
                     path_.capacity() * sizeof(std::uint32_t);
@@ -548,6 +562,7 @@ class PagedPrefixCache {
   /// for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t live = 0, pages = 0, locked = 0, evictable = 0, in_heap = 0, block_pages = 0;
+    std::array<std::size_t, classes> class_pages{};
     for (std::uint32_t slot = 0; slot < ns_slots_.size(); ++slot) {
       const NsSlot& s = ns_slots_[slot];
       if (!s.live) continue;
@@ -592,11 +607,13 @@ class PagedPrefixCache {
         if (nd.lock == 0) evictable += nd.n;
         const bool leaf = nd.first_child == npos && nd.lock == 0;
         if (leaf != (nd.heap_pos != npos)) return false;
+        class_pages[class_of(nd)] += nd.n;
         if (leaf) {
           ++in_heap;
-          if (nd.heap_pos >= heap_.size() || heap_[nd.heap_pos].node != x) return false;
+          const auto& heap = heaps_[class_of(nd)];
+          if (nd.heap_pos >= heap.size() || heap[nd.heap_pos].node != x) return false;
           const key_type now = policy_.key(nd.meta);
-          const key_type& stored = heap_[nd.heap_pos].key;
+          const key_type& stored = heap[nd.heap_pos].key;
           if (now < stored) return false;
           if (!Policy::monotone_keys && stored < now) return false;
         }
@@ -606,11 +623,14 @@ class PagedPrefixCache {
       }
     }
     if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
-        evictable != evictable_pages_ || in_heap != heap_.size() || block_pages != block_pages_)
+        evictable != evictable_pages_ || in_heap != heap_size() || block_pages != block_pages_)
       return false;
+    if constexpr (classes > 1)
+      if (class_pages != class_pages_) return false;
     if (edges_.size() != live_nodes_ - chained_siblings()) return false;
-    for (std::size_t i = 1; i < heap_.size(); ++i)
-      if (heap_[i].key < heap_[(i - 1) / 2].key) return false;
+    for (const auto& heap : heaps_)
+      for (std::size_t i = 1; i < heap.size(); ++i)
+        if (heap[i].key < heap[(i - 1) / 2].key) return false;
     std::size_t free_count = 0;
     for (std::uint32_t f = free_head_; f != npos; f = nodes_[f].next) {
       if (nodes_[f].kind != Kind::free) return false;
@@ -818,21 +838,43 @@ class PagedPrefixCache {
             ns,
             x.depth,
             std::span<const token_type>(tokens_of(x), std::size_t{x.n} * page_size_),
-            false};
+            false,
+            page_size_};
   }
 
   void touch_match(std::uint32_t x, namespace_id ns) noexcept {
     Node& nd = nodes_[x];
+    const std::size_t before = class_of(nd);
     policy_.on_match(nd.meta, context(nd, ns, 0));
-    if constexpr (!Policy::monotone_keys)
-      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+    touched(x, before);
   }
 
   void touch_insert(std::uint32_t x, namespace_id ns, std::int64_t priority) noexcept {
     Node& nd = nodes_[x];
+    const std::size_t before = class_of(nd);
     policy_.on_insert_hit(nd.meta, context(nd, ns, priority));
+    touched(x, before);
+  }
+
+  // After a hook changed x's metadata: a node whose key class changed moves its
+  // pages to the new class and, if it is a leaf, to the new class's heap at once;
+  // otherwise non-monotone keys are re-keyed at once and monotone ones lazily.
+  void touched(std::uint32_t x, [[maybe_unused]] std::size_t before) noexcept {
+    Node& nd = nodes_[x];
+    if constexpr (classes > 1) {
+      const std::size_t now = class_of(nd);
+      if (now != before) {
+        class_pages_[before] -= nd.n;
+        class_pages_[now] += nd.n;
+        if (nd.heap_pos != npos) {
+          heap_erase_at(before, nd.heap_pos);
+          heap_push(x);
+        }
+        return;
+      }
+    }
     if constexpr (!Policy::monotone_keys)
-      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+      if (nd.heap_pos != npos) heap_rekey(x);
   }
 
   // ---- node slots --------------------------------------------------------------------------
@@ -845,10 +887,12 @@ class PagedPrefixCache {
       nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
   }
 
-  // The heap holds at most one entry per node; keeping room for every node lets
-  // unlock() and evict() push without allocating. Grows geometrically.
+  // A heap holds at most one entry per node; keeping room for every node in each
+  // lets unlock(), evict() and a change of key class push without allocating.
+  // Grows geometrically.
   void reserve_heap(std::size_t n) {
-    if (n > heap_.capacity()) heap_.reserve(std::max(n, heap_.capacity() + heap_.capacity() / 2));
+    for (auto& heap : heaps_)
+      if (n > heap.capacity()) heap.reserve(std::max(n, heap.capacity() + heap.capacity() / 2));
   }
 
   // Requires reserve_nodes(): never throws.
@@ -1012,7 +1056,7 @@ class PagedPrefixCache {
     L.prev = npos;
     L.next = P.first_child;
     if (P.first_child != npos) nodes_[P.first_child].prev = x;
-    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(P.heap_pos);
+    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(parent);
     P.first_child = x;
     const std::uint32_t head = edges_.find(parent, tokens[0]);
     if (head == npos) {
@@ -1023,6 +1067,7 @@ class PagedPrefixCache {
     }
     ++live_nodes_;
     stats_.cached_pages += n;
+    if constexpr (classes > 1) class_pages_[class_of(L)] += n;
     evictable_pages_ += n;
     heap_push(x);
     return x;
@@ -1074,11 +1119,21 @@ class PagedPrefixCache {
                       std::vector<std::uint64_t>& removed) noexcept {
     std::size_t freed = 0;
     while (freed < target) {
-      heap_fresh_top();
-      const std::uint32_t x = heap_[0].node;
+      const std::size_t k = evict_class();
+      heap_fresh_top(k);
+      const std::uint32_t x = heaps_[k][0].node;
       Node& nd = nodes_[x];
-      const std::uint32_t take =
-          static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      std::uint32_t take = static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      if constexpr (classes > 1) {
+        // The policy chooses again after every page: its choice depends on the
+        // pages per class, which this leaf's pages are leaving.
+        std::uint32_t t = 0;
+        do {
+          --class_pages_[k];
+          ++t;
+        } while (t < take && evict_class() == k);
+        take = t;
+      }
       const std::uint32_t keep = nd.n - take;
       for (std::uint32_t i = nd.n; i-- > keep;)
         on_evict(page_ids(nd)[i]);
@@ -1098,6 +1153,7 @@ class PagedPrefixCache {
       PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
       ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
       ctx.whole_node = keep == 0;
+      ctx.depth_pages += keep;
       policy_.on_evict(nd.meta, ctx);
       stats_.cached_pages -= take;
       evictable_pages_ -= take;
@@ -1105,7 +1161,7 @@ class PagedPrefixCache {
       freed += take;
       if (keep == 0) {
         const std::uint32_t parent = nd.parent;
-        heap_erase(0);
+        heap_erase_at(k, 0);
         remove_leaf(x);
         Node& p = nodes_[parent];
         if (p.kind == Kind::node && p.first_child == npos && p.lock == 0) heap_push(parent);
@@ -1135,7 +1191,9 @@ class PagedPrefixCache {
     evictable_pages_ = 0;
     live_nodes_ = 0;
     edges_.clear();
-    heap_.clear();
+    for (auto& heap : heaps_)
+      heap.clear();
+    class_pages_ = {};
   }
 
   template <class OnFree>
@@ -1154,8 +1212,9 @@ class PagedPrefixCache {
         std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
       }
       stats_.cached_pages -= nd.n;
+      if constexpr (classes > 1) class_pages_[class_of(nd)] -= nd.n;
       evictable_pages_ -= nd.n;
-      if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      if (nd.heap_pos != npos) heap_erase(x);
       remove_leaf(x);
     }
     NsSlot& s = ns_slots_[slot];
@@ -1177,70 +1236,117 @@ class PagedPrefixCache {
     sink_(ev);
   }
 
-  // ---- heap of evictable leaves --------------------------------------------------------------
+  // ---- heaps of evictable leaves, one per key class ------------------------------------------
 
-  void heap_set(std::size_t i, const HeapEntry& e) noexcept {
-    heap_[i] = e;
+  // The key class of a node (always 0 for a policy without classes). A leaf is
+  // in heaps_[class_of(leaf)]: a hook that changes the class moves it at once.
+  [[nodiscard]] std::size_t class_of(const Node& nd) const noexcept {
+    if constexpr (classes == 1)
+      return 0;
+    else
+      return std::min<std::size_t>(policy_.key_class(nd.meta), classes - 1);
+  }
+
+  // The class evict() takes its next leaf from: the policy's choice, else the
+  // first class after it (cyclically) with an evictable leaf. Requires one.
+  [[nodiscard]] std::size_t evict_class() noexcept {
+    if constexpr (classes == 1) {
+      return 0;
+    } else {
+      std::size_t k = std::min<std::size_t>(
+          policy_.choose_class(std::span<const std::size_t>(class_pages_)), classes - 1);
+      while (heaps_[k].empty())
+        k = k + 1 == classes ? 0 : k + 1;
+      return k;
+    }
+  }
+
+  [[nodiscard]] std::size_t heap_size() const noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : heaps_)
+      n += heap.size();
+    return n;
+  }
+
+  [[nodiscard]] std::size_t heap_capacity() const noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : heaps_)
+      n += heap.capacity();
+    return n;
+  }
+
+  void heap_set(std::vector<HeapEntry>& heap, std::size_t i, const HeapEntry& e) noexcept {
+    heap[i] = e;
     nodes_[e.node].heap_pos = static_cast<std::uint32_t>(i);
   }
 
-  void sift_up(std::size_t i) noexcept {
-    const HeapEntry e = heap_[i];
+  void sift_up(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
     while (i > 0) {
       const std::size_t p = (i - 1) / 2;
-      if (!(e.key < heap_[p].key)) break;
-      heap_set(i, heap_[p]);
+      if (!(e.key < heap[p].key)) break;
+      heap_set(heap, i, heap[p]);
       i = p;
     }
-    heap_set(i, e);
+    heap_set(heap, i, e);
   }
 
-  void sift_down(std::size_t i) noexcept {
-    const HeapEntry e = heap_[i];
-    const std::size_t n = heap_.size();
+  void sift_down(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
+    const std::size_t n = heap.size();
     for (;;) {
       std::size_t c = 2 * i + 1;
       if (c >= n) break;
-      if (c + 1 < n && heap_[c + 1].key < heap_[c].key) ++c;
-      if (!(heap_[c].key < e.key)) break;
-      heap_set(i, heap_[c]);
+      if (c + 1 < n && heap[c + 1].key < heap[c].key) ++c;
+      if (!(heap[c].key < e.key)) break;
+      heap_set(heap, i, heap[c]);
       i = c;
     }
-    heap_set(i, e);
+    heap_set(heap, i, e);
   }
 
   // Requires capacity (kept at least the number of live nodes). Never throws.
   void heap_push(std::uint32_t x) noexcept {
-    heap_.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
-    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap_.size() - 1);
-    sift_up(heap_.size() - 1);
+    auto& heap = heaps_[class_of(nodes_[x])];
+    heap.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
+    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap.size() - 1);
+    sift_up(heap, heap.size() - 1);
   }
 
-  void heap_erase(std::size_t i) noexcept {
-    nodes_[heap_[i].node].heap_pos = npos;
-    const HeapEntry last = heap_.back();
-    heap_.pop_back();
-    if (i == heap_.size()) return;
-    heap_set(i, last);
-    sift_up(i);
-    sift_down(nodes_[last.node].heap_pos);
+  void heap_erase_at(std::size_t k, std::size_t i) noexcept {
+    auto& heap = heaps_[k];
+    nodes_[heap[i].node].heap_pos = npos;
+    const HeapEntry last = heap.back();
+    heap.pop_back();
+    if (i == heap.size()) return;
+    heap_set(heap, i, last);
+    sift_up(heap, i);
+    sift_down(heap, nodes_[last.node].heap_pos);
   }
 
-  void heap_rekey(std::size_t i) noexcept {
-    heap_[i].key = policy_.key(nodes_[heap_[i].node].meta);
-    sift_up(i);
-    sift_down(nodes_[heap_[i].node].heap_pos);
+  // Removes leaf x from its heap.
+  void heap_erase(std::uint32_t x) noexcept {
+    heap_erase_at(class_of(nodes_[x]), nodes_[x].heap_pos);
+  }
+
+  void heap_rekey(std::uint32_t x) noexcept {
+    auto& heap = heaps_[class_of(nodes_[x])];
+    const std::size_t i = nodes_[x].heap_pos;
+    heap[i].key = policy_.key(nodes_[x].meta);
+    sift_up(heap, i);
+    sift_down(heap, nodes_[x].heap_pos);
   }
 
   // Lazy re-keying: a leaf whose key grew since it was pushed sinks when it
   // reaches the top, so the top is then the true minimum.
-  void heap_fresh_top() noexcept {
+  void heap_fresh_top([[maybe_unused]] std::size_t k) noexcept {
     if constexpr (Policy::monotone_keys) {
+      auto& heap = heaps_[k];
       for (;;) {
-        const key_type now = policy_.key(nodes_[heap_[0].node].meta);
-        if (!(heap_[0].key < now)) return;
-        heap_[0].key = now;
-        sift_down(0);
+        const key_type now = policy_.key(nodes_[heap[0].node].meta);
+        if (!(heap[0].key < now)) return;
+        heap[0].key = now;
+        sift_down(heap, 0);
       }
     }
   }
@@ -1256,7 +1362,8 @@ class PagedPrefixCache {
   std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
   std::size_t evictable_pages_ = 0;
   detail::PagedEdgeTable edges_;
-  std::vector<HeapEntry> heap_;
+  std::array<std::vector<HeapEntry>, classes> heaps_;
+  std::array<std::size_t, classes> class_pages_{};  // cached pages per key class (classes > 1)
   std::vector<NsSlot> ns_slots_;
   std::unordered_map<namespace_id, std::uint32_t> ns_index_;
   std::unordered_map<std::uint64_t, namespace_id> seed_owner_;

@@ -35,6 +35,7 @@
 #define PROMPTCACHE_PAGED_PREFIX_CACHE_HPP
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -3481,6 +3482,21 @@ class KvIndex {
 //     key_type key(const meta_type&) const;                         // the eviction order
 //   };
 //
+// Optionally, a policy sorts leaves into K key classes, one heap each (ARC's
+// two lists, say), and says which class to evict from:
+//
+//     static constexpr std::size_t key_classes = K;                 // 1 <= K <= 64
+//     std::size_t key_class(const meta_type&) const;                // < K
+//     std::size_t choose_class(std::span<const std::size_t> pages); // pages cached per class
+//
+// The cache counts the cached pages of each class (locked ones included), and
+// before each page it evicts asks choose_class which class to take the leaf with
+// the smallest key from; when that class has no evictable leaf it takes the first
+// class after it (cyclically) that has one. The ordering of two leaves in
+// different classes can thus change with the policy's own state (an adaptive
+// target), which one key per node cannot express. Without `key_classes` a policy
+// has one class and the cache behaves exactly as described above.
+//
 // Rules the cache relies on:
 // - key() depends on the node's metadata alone (not on other policy state), so a
 //   leaf's position in the heap changes only when a hook changes its metadata.
@@ -3494,7 +3510,9 @@ class KvIndex {
 // - Keys of two leaves should differ (the shipped policies break ties by a
 //   logical access time that no two leaves share); equal keys are evicted in an
 //   unspecified order.
-// - Hooks must not throw (they run while the cache is mid-update).
+// - key_class() depends on the metadata alone, like key(); when a hook changes a
+//   node's class the cache moves it to its new heap at once (O(log leaves)).
+// - Hooks and choose_class must not throw (they run while the cache is mid-update).
 // The policy object is a member of the cache (constructed from the instance
 // given to the cache), so it may keep state of its own: ghost lists, adaptive
 // targets, counters.
@@ -3506,11 +3524,212 @@ class KvIndex {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <type_traits>
+
+// ---- begin promptcache/detail/paged_ghost_history.hpp ----
+// promptcache: detail/paged_ghost_history.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The ghost history of eviction::Adaptive: fingerprints of up to G evicted
+// pages, the most recently evicted ones, each tagged with the list its page was
+// evicted from (used once, or used again), so that a page stored again can be
+// recognized as one the cache let go too early.
+//
+// Storage is fixed at construction (2G slots in a ring, in eviction order, plus
+// an open-addressing index of at least 2G cells), so recording and looking up
+// never allocate and never throw: they run inside the cache's eviction and
+// insert paths, where a policy hook must not fail. A ghost is never refreshed
+// (ARC only adds a ghost when its page is evicted and drops it when the page
+// comes back), so eviction order is also ARC's LRU order of the ghost lists:
+// recording a ghost beyond G forgets the oldest one. A ghost that comes back
+// leaves a hole in the ring; when holes fill the ring (more than G ghosts came
+// back among the last 2G evictions) the oldest slot is reused even if its ghost
+// is live, so the history then holds fewer than G ghosts.
+
+#ifndef PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+#define PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <utility>
+
+namespace promptcache::detail {
+
+// Fingerprint of one page for the ghost history: its namespace, its position on
+// the path and up to 16 of its tokens, evenly spaced (first and last included),
+// so that it costs O(1) per page whatever the page size. Two pages that differ
+// only between the sampled tokens share a fingerprint; the history then mistakes
+// one for the other, which costs one misdirected adaptation step, never a wrong
+// hit.
+template <class Token>
+[[nodiscard]] inline std::uint64_t ghost_fingerprint(std::uint64_t ns, std::size_t depth_pages,
+                                                     std::span<const Token> page) noexcept {
+  auto mix = [](std::uint64_t h, std::uint64_t v) noexcept {
+    // splitmix64's finalizer over the running state: every input bit reaches every output bit.
+    std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t h = mix(mix(0x5ca1ab1eULL, ns), static_cast<std::uint64_t>(depth_pages));
+  const std::size_t n = page.size();
+  constexpr std::size_t samples = 16;
+  if (n <= samples) {
+    for (const Token& t : page)
+      h = mix(h, static_cast<std::uint64_t>(t));
+  } else {
+    for (std::size_t j = 0; j < samples; ++j)
+      h = mix(h, static_cast<std::uint64_t>(page[j * (n - 1) / (samples - 1)]));
+  }
+  return h;
+}
+
+// Fixed-capacity ghost lists B1 (tag 1) and B2 (tag 2) over page fingerprints.
+class PagedGhostHistory {
+ public:
+  static constexpr std::uint32_t empty = std::numeric_limits<std::uint32_t>::max();
+
+  PagedGhostHistory() = default;
+  // Room for `capacity` ghosts (0: no history). Throws std::bad_alloc,
+  // std::length_error beyond 2^30 ghosts.
+  explicit PagedGhostHistory(std::size_t capacity) {
+    if (capacity == 0) return;
+    if (capacity > (std::size_t{1} << 30))
+      throw std::length_error("PagedGhostHistory: more than 2^30 ghosts");
+    std::size_t cells = 1;
+    while (cells < 2 * capacity)
+      cells *= 2;
+    cap_ = capacity;
+    slots_ = 2 * capacity;
+    mask_ = cells - 1;
+    fp_ = std::make_unique<std::uint64_t[]>(slots_);
+    tag_ = std::make_unique<std::uint8_t[]>(slots_);  // zero: free slot or hole
+    index_ = std::make_unique<std::uint32_t[]>(cells);
+    for (std::size_t i = 0; i < cells; ++i)
+      index_[i] = empty;
+  }
+  // A moved-from history is empty (no capacity), not half of one.
+  PagedGhostHistory(PagedGhostHistory&& o) noexcept { swap(o); }
+  PagedGhostHistory& operator=(PagedGhostHistory&& o) noexcept {
+    PagedGhostHistory t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  PagedGhostHistory(const PagedGhostHistory&) = delete;
+  PagedGhostHistory& operator=(const PagedGhostHistory&) = delete;
+  ~PagedGhostHistory() = default;
+
+  void swap(PagedGhostHistory& o) noexcept {
+    std::swap(cap_, o.cap_);
+    std::swap(slots_, o.slots_);
+    std::swap(tail_, o.tail_);
+    std::swap(used_, o.used_);
+    std::swap(mask_, o.mask_);
+    std::swap(head_, o.head_);
+    std::swap(count_, o.count_);
+    fp_.swap(o.fp_);
+    tag_.swap(o.tag_);
+    index_.swap(o.index_);
+  }
+
+  // Ghosts remembered at most.
+  [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
+  // Ghosts with tag 1 (B1) or 2 (B2).
+  [[nodiscard]] std::size_t size(std::uint8_t tag) const noexcept { return count_[tag]; }
+
+  // Records an evicted page under `tag` (1 or 2), forgetting the oldest ghost
+  // when G are held; an older ghost with the same fingerprint is dropped.
+  // O(1) amortized (each slot is dropped once per write).
+  void push(std::uint64_t fp, std::uint8_t tag) noexcept {
+    if (cap_ == 0) return;
+    (void)take(fp);
+    while (count_[1] + count_[2] >= cap_ || used_ == slots_) {
+      if (tag_[tail_] != 0) {
+        erase_cell(find(fp_[tail_]));
+        --count_[tag_[tail_]];
+        tag_[tail_] = 0;
+      }
+      tail_ = tail_ + 1 == slots_ ? 0 : tail_ + 1;
+      --used_;
+    }
+    fp_[head_] = fp;
+    tag_[head_] = tag;
+    ++count_[tag];
+    std::size_t c = static_cast<std::size_t>(fp) & mask_;
+    while (index_[c] != empty)
+      c = (c + 1) & mask_;
+    index_[c] = static_cast<std::uint32_t>(head_);
+    head_ = head_ + 1 == slots_ ? 0 : head_ + 1;
+    ++used_;
+  }
+
+  // Forgets the ghost with fingerprint `fp` and returns its tag (0: none). O(1) expected.
+  std::uint8_t take(std::uint64_t fp) noexcept {
+    if (cap_ == 0) return 0;
+    const std::size_t cell = find(fp);
+    if (cell == npos) return 0;
+    const std::uint32_t slot = index_[cell];
+    const std::uint8_t tag = tag_[slot];
+    tag_[slot] = 0;
+    --count_[tag];
+    erase_cell(cell);
+    return tag;
+  }
+
+ private:
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  [[nodiscard]] std::size_t find(std::uint64_t fp) const noexcept {
+    for (std::size_t c = static_cast<std::size_t>(fp) & mask_; index_[c] != empty;
+         c = (c + 1) & mask_)
+      if (fp_[index_[c]] == fp && tag_[index_[c]] != 0) return c;
+    return npos;
+  }
+
+  // Backward-shift deletion: linear probing without tombstones, so lookups
+  // stay short however many ghosts came and went.
+  void erase_cell(std::size_t hole) noexcept {
+    std::size_t c = hole;
+    for (;;) {
+      c = (c + 1) & mask_;
+      if (index_[c] == empty) break;
+      const std::size_t home = static_cast<std::size_t>(fp_[index_[c]]) & mask_;
+      // Move the entry into the hole unless its home lies cyclically in (hole, c].
+      const bool stays = hole <= c ? (hole < home && home <= c) : (hole < home || home <= c);
+      if (!stays) {
+        index_[hole] = index_[c];
+        hole = c;
+      }
+    }
+    index_[hole] = empty;
+  }
+
+  std::size_t cap_ = 0;    // live ghosts at most (G)
+  std::size_t slots_ = 0;  // ring slots (2G)
+  std::size_t mask_ = 0;
+  std::size_t head_ = 0;  // next ring slot to write
+  std::size_t tail_ = 0;  // oldest ring slot in use (a ghost or a hole)
+  std::size_t used_ = 0;  // ring slots from tail_ to head_
+  std::size_t count_[3] = {0, 0, 0};
+  std::unique_ptr<std::uint64_t[]> fp_;
+  std::unique_ptr<std::uint8_t[]> tag_;
+  std::unique_ptr<std::uint32_t[]> index_;
+};
+
+}  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+// ---- end promptcache/detail/paged_ghost_history.hpp ----
 
 namespace promptcache {
 
@@ -3523,14 +3742,47 @@ struct PagedPolicyContext {
   std::int64_t priority = 0;
   /// The namespace of the node.
   std::uint64_t ns = 0;
-  /// Depth of the node's first page: the number of pages before it on its path.
+  /// Depth of the first page of `tokens`: the number of pages before it on its
+  /// path (the node's first page, except for on_evict of a tail).
   std::size_t depth_pages = 0;
   /// on_evict: the pages being freed now (the node's tail, all of them when
   /// `whole_node`); other hooks: the node's pages. One page is page_size tokens.
   std::span<const std::uint32_t> tokens{};
   /// on_evict: true when the node goes away entirely (not just its tail).
   bool whole_node = false;
+  /// Tokens per page (the cache's page size), to cut `tokens` into pages.
+  std::size_t page_size = 0;
 };
+
+namespace detail {
+
+// A policy without `key_classes` keeps all leaves in one heap.
+template <class P>
+concept PagedSingleKeyClass = !requires {
+  P::key_classes;
+};
+
+// A policy with `key_classes` = K >= 1 files each leaf under key_class(meta) < K
+// and picks the class to evict from with choose_class(cached pages per class).
+template <class P>
+concept PagedKeyClasses = requires(P& p, const P& cp, const typename P::meta_type& cm,
+                                   std::span<const std::size_t> pages) {
+  { P::key_classes } -> std::convertible_to<std::size_t>;
+  { cp.key_class(cm) } -> std::convertible_to<std::size_t>;
+  { p.choose_class(pages) } -> std::convertible_to<std::size_t>;
+}
+&&(P::key_classes >= 1) && (P::key_classes <= 64);
+
+}  // namespace detail
+
+/// Number of key classes (evictable heaps) of policy `P`: its `key_classes`, else 1.
+template <class P>
+inline constexpr std::size_t paged_key_classes = [] {
+  if constexpr (requires { P::key_classes; })
+    return static_cast<std::size_t>(P::key_classes);
+  else
+    return std::size_t{1};
+}();
 
 /// The interface of an eviction policy (see the file comment for the rules).
 template <class P>
@@ -3547,7 +3799,7 @@ concept PagedEvictionPolicy = std::is_nothrow_copy_constructible_v<typename P::m
   p.on_evict(cm, ctx);
   { cp.key(cm) } -> std::same_as<typename P::key_type>;
   { k < k } -> std::convertible_to<bool>;
-};
+} &&(detail::PagedSingleKeyClass<P> || detail::PagedKeyClasses<P>);
 
 /// The shipped policies; their keys follow SGLang's eviction strategies
 /// (python/sglang/srt/mem_cache/evict_policy.py), with a logical clock for time.
@@ -3759,6 +4011,131 @@ struct Filo {
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
 };
 
+/// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
+/// only. Pages used once since they were stored (class 0, ARC's T1) and pages
+/// used again (class 1, T2) are each evicted least recently used first; the
+/// policy evicts from T1 while T1 holds more than an adaptive target p of pages,
+/// else from T2. Fingerprints of evicted pages stay on ghost lists (B1, B2) for
+/// `ghost_factor` x `capacity_pages` evictions: a page stored again while on B1
+/// says T1 was cut too short and raises p, one on B2 lowers it. The pages one
+/// insert stores are one node, so they share a class: used again when all of
+/// them come back from the ghost lists, used once when the run also brings new
+/// pages (typically a returning shared prefix followed by the request's own
+/// text, most of which is never used again). When reuse does not pay,
+/// B1 hits push p to the whole capacity and the policy evicts like LRU over
+/// pages stored once. The cache's leaf-only rule replaces ARC's "LRU of the
+/// list": the victim is the least recent evictable leaf of the chosen class.
+/// A later match or insert through a node counts as a use, so an engine that
+/// inserts one request in several chunks promotes its earlier chunks.
+class Adaptive {
+ public:
+  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
+
+  /// Last access tick and whether the node was used again.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+    std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+  };
+  using key_type = std::uint64_t;              ///< The last access tick, within a class.
+  static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
+
+  /// A policy for a cache of about `capacity_pages` pages (the engine's page
+  /// pool): the target p stays in [0, capacity_pages] and the ghost history
+  /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
+  /// 34 bytes per ghost). A capacity of 0 keeps no history: p stays 0 and pages
+  /// used again are always kept over pages used once. `step` scales each move
+  /// of p (1: ARC's rule). Throws std::invalid_argument for a negative or non-finite
+  /// factor or step, std::bad_alloc / std::length_error for a history too large.
+  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0)
+      : capacity_(capacity_pages),
+        step_(check(step)),
+        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
+
+  /// New node: used again when every one of its pages was on a ghost list, else
+  /// used once; each ghost found moves the target. O(pages of the node).
+  meta_type on_create(const PagedPolicyContext& c) noexcept {
+    meta_type m{c.tick, 0};
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    std::size_t back = 0;
+    for (std::size_t i = 0; i < pages; ++i) {
+      const std::uint8_t tag = ghosts_.take(fingerprint(c, i));
+      if (tag == 0) continue;
+      adapt(tag);
+      ++back;
+    }
+    m.reused = pages > 0 && back == pages ? 1 : 0;
+    return m;
+  }
+  /// Match: used again, accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// Insert through the node: used again, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// The freed pages go on the ghost list of their class, deepest first (the
+  /// order the cache frees them in). O(pages freed).
+  void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return;
+    for (std::size_t i = c.tokens.size() / c.page_size; i-- > 0;)
+      ghosts_.push(fingerprint(c, i), m.reused != 0 ? 2 : 1);
+  }
+  /// Oldest access first within a class. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
+  /// T1 (0) or T2 (1). O(1).
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
+  /// ARC's choice: T1 while it holds more than p pages, else T2. O(1).
+  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) const noexcept {
+    return pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+  }
+
+  /// The adaptive target size of T1, in pages. O(1).
+  [[nodiscard]] double target() const noexcept { return p_; }
+  /// Ghosts on B1 (evicted while used once) and on B2 (evicted after reuse). O(1).
+  [[nodiscard]] std::size_t ghosts_once() const noexcept { return ghosts_.size(1); }
+  /// Ghosts evicted after reuse (B2). O(1).
+  [[nodiscard]] std::size_t ghosts_reused() const noexcept { return ghosts_.size(2); }
+  /// Ghosts remembered at most. O(1).
+  [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
+
+ private:
+  static double check(double v) {
+    if (!(v >= 0.0) || v > 1e9)
+      throw std::invalid_argument("eviction::Adaptive: factors must be finite and >= 0");
+    return v;
+  }
+  static std::size_t ghost_slots(std::size_t capacity, double factor) {
+    const double n = factor * static_cast<double>(capacity);
+    if (n >= static_cast<double>(std::size_t{1} << 30))
+      throw std::length_error("eviction::Adaptive: ghost history over 2^30 pages");
+    return static_cast<std::size_t>(n);
+  }
+  [[nodiscard]] static std::uint64_t fingerprint(const PagedPolicyContext& c,
+                                                 std::size_t i) noexcept {
+    return detail::ghost_fingerprint<std::uint32_t>(c.ns, c.depth_pages + i,
+                                                    c.tokens.subspan(i * c.page_size, c.page_size));
+  }
+  // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
+  // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
+  void adapt(std::uint8_t tag) noexcept {
+    const double b1 = static_cast<double>(ghosts_.size(1)) + (tag == 1 ? 1.0 : 0.0);
+    const double b2 = static_cast<double>(ghosts_.size(2)) + (tag == 2 ? 1.0 : 0.0);
+    if (tag == 1)
+      p_ = std::min(static_cast<double>(capacity_), p_ + step_ * std::max(b2 / b1, 1.0));
+    else
+      p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
+  }
+
+  std::size_t capacity_;
+  double step_;
+  double p_ = 0.0;
+  detail::PagedGhostHistory ghosts_;
+};
+
 static_assert(PagedEvictionPolicy<Lru>);
 static_assert(PagedEvictionPolicy<Lfu>);
 static_assert(PagedEvictionPolicy<Fifo>);
@@ -3766,6 +4143,7 @@ static_assert(PagedEvictionPolicy<Priority>);
 static_assert(PagedEvictionPolicy<Slru>);
 static_assert(PagedEvictionPolicy<Mru>);
 static_assert(PagedEvictionPolicy<Filo>);
+static_assert(PagedEvictionPolicy<Adaptive>);
 
 }  // namespace eviction
 
@@ -3834,10 +4212,12 @@ class PagedPrefixCache {
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
 
  public:
-  using page_id = PageId;                                  ///< The engine's page id type.
-  using token_type = std::uint32_t;                        ///< Token ids (as hashed by Dynamo).
-  using namespace_id = std::uint64_t;                      ///< Tenant / model / adapter key.
-  using policy_type = Policy;                              ///< The eviction policy.
+  using page_id = PageId;              ///< The engine's page id type.
+  using token_type = std::uint32_t;    ///< Token ids (as hashed by Dynamo).
+  using namespace_id = std::uint64_t;  ///< Tenant / model / adapter key.
+  using policy_type = Policy;          ///< The eviction policy.
+  /// Key classes of the policy: one heap of evictable leaves each (1 for most policies).
+  static constexpr std::size_t classes = paged_key_classes<Policy>;
   using event_sink = std::function<void(const KvEvent&)>;  ///< Receives the KV events.
 
   /// What match() found.
@@ -3991,7 +4371,7 @@ class PagedPrefixCache {
       if (nd.lock == 0) {
         evictable_pages_ -= nd.n;
         stats_.locked_pages += nd.n;
-        if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+        if (nd.heap_pos != npos) heap_erase(x);
       }
       ++nd.lock;
     }
@@ -4158,6 +4538,8 @@ class PagedPrefixCache {
   /// (so a long leaf can give up only what is needed); a leaf emptied this way is
   /// removed and its parent may become a leaf. Calls on_evict(PageId) for each freed
   /// page (deepest first) and publishes one Removed event with their block hashes.
+  /// A policy with key classes picks the class before every page, so a leaf is left
+  /// part-evicted when its class stops being picked (plus O(classes) per page).
   /// O(pages freed + log L per node touched); with a sink, plus hashing every page of
   /// each node it touches (a node keeps only its last page's hash, so trimming k pages
   /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
@@ -4250,12 +4632,21 @@ class PagedPrefixCache {
   /// The policy object (its own state, e.g. an adaptive target). O(1).
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
 
+  /// Cached pages (locked ones included) whose node is in key class `k` of the
+  /// policy; 0 for k >= classes. With one class, all cached pages. O(1).
+  [[nodiscard]] std::size_t class_pages(std::size_t k) const noexcept {
+    if constexpr (classes == 1)
+      return k == 0 ? stats_.cached_pages : 0;
+    else
+      return k < classes ? class_pages_[k] : 0;
+  }
+
   /// Heap bytes held, split into the index and the token ids (capacities). O(1).
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
     m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
     m.index_bytes = block_pages_ * sizeof(PageId) + nodes_.capacity() * sizeof(Node) +
-                    edges_.memory_bytes() + heap_.capacity() * sizeof(HeapEntry) +
+                    edges_.memory_bytes() + heap_capacity() * sizeof(HeapEntry) +
                     ns_slots_.capacity() * sizeof(NsSlot) +
                     (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
                     path_.capacity() * sizeof(std::uint32_t);
@@ -4267,6 +4658,7 @@ class PagedPrefixCache {
   /// for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t live = 0, pages = 0, locked = 0, evictable = 0, in_heap = 0, block_pages = 0;
+    std::array<std::size_t, classes> class_pages{};
     for (std::uint32_t slot = 0; slot < ns_slots_.size(); ++slot) {
       const NsSlot& s = ns_slots_[slot];
       if (!s.live) continue;
@@ -4311,11 +4703,13 @@ class PagedPrefixCache {
         if (nd.lock == 0) evictable += nd.n;
         const bool leaf = nd.first_child == npos && nd.lock == 0;
         if (leaf != (nd.heap_pos != npos)) return false;
+        class_pages[class_of(nd)] += nd.n;
         if (leaf) {
           ++in_heap;
-          if (nd.heap_pos >= heap_.size() || heap_[nd.heap_pos].node != x) return false;
+          const auto& heap = heaps_[class_of(nd)];
+          if (nd.heap_pos >= heap.size() || heap[nd.heap_pos].node != x) return false;
           const key_type now = policy_.key(nd.meta);
-          const key_type& stored = heap_[nd.heap_pos].key;
+          const key_type& stored = heap[nd.heap_pos].key;
           if (now < stored) return false;
           if (!Policy::monotone_keys && stored < now) return false;
         }
@@ -4325,11 +4719,14 @@ class PagedPrefixCache {
       }
     }
     if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
-        evictable != evictable_pages_ || in_heap != heap_.size() || block_pages != block_pages_)
+        evictable != evictable_pages_ || in_heap != heap_size() || block_pages != block_pages_)
       return false;
+    if constexpr (classes > 1)
+      if (class_pages != class_pages_) return false;
     if (edges_.size() != live_nodes_ - chained_siblings()) return false;
-    for (std::size_t i = 1; i < heap_.size(); ++i)
-      if (heap_[i].key < heap_[(i - 1) / 2].key) return false;
+    for (const auto& heap : heaps_)
+      for (std::size_t i = 1; i < heap.size(); ++i)
+        if (heap[i].key < heap[(i - 1) / 2].key) return false;
     std::size_t free_count = 0;
     for (std::uint32_t f = free_head_; f != npos; f = nodes_[f].next) {
       if (nodes_[f].kind != Kind::free) return false;
@@ -4537,21 +4934,43 @@ class PagedPrefixCache {
             ns,
             x.depth,
             std::span<const token_type>(tokens_of(x), std::size_t{x.n} * page_size_),
-            false};
+            false,
+            page_size_};
   }
 
   void touch_match(std::uint32_t x, namespace_id ns) noexcept {
     Node& nd = nodes_[x];
+    const std::size_t before = class_of(nd);
     policy_.on_match(nd.meta, context(nd, ns, 0));
-    if constexpr (!Policy::monotone_keys)
-      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+    touched(x, before);
   }
 
   void touch_insert(std::uint32_t x, namespace_id ns, std::int64_t priority) noexcept {
     Node& nd = nodes_[x];
+    const std::size_t before = class_of(nd);
     policy_.on_insert_hit(nd.meta, context(nd, ns, priority));
+    touched(x, before);
+  }
+
+  // After a hook changed x's metadata: a node whose key class changed moves its
+  // pages to the new class and, if it is a leaf, to the new class's heap at once;
+  // otherwise non-monotone keys are re-keyed at once and monotone ones lazily.
+  void touched(std::uint32_t x, [[maybe_unused]] std::size_t before) noexcept {
+    Node& nd = nodes_[x];
+    if constexpr (classes > 1) {
+      const std::size_t now = class_of(nd);
+      if (now != before) {
+        class_pages_[before] -= nd.n;
+        class_pages_[now] += nd.n;
+        if (nd.heap_pos != npos) {
+          heap_erase_at(before, nd.heap_pos);
+          heap_push(x);
+        }
+        return;
+      }
+    }
     if constexpr (!Policy::monotone_keys)
-      if (nd.heap_pos != npos) heap_rekey(nd.heap_pos);
+      if (nd.heap_pos != npos) heap_rekey(x);
   }
 
   // ---- node slots --------------------------------------------------------------------------
@@ -4564,10 +4983,12 @@ class PagedPrefixCache {
       nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
   }
 
-  // The heap holds at most one entry per node; keeping room for every node lets
-  // unlock() and evict() push without allocating. Grows geometrically.
+  // A heap holds at most one entry per node; keeping room for every node in each
+  // lets unlock(), evict() and a change of key class push without allocating.
+  // Grows geometrically.
   void reserve_heap(std::size_t n) {
-    if (n > heap_.capacity()) heap_.reserve(std::max(n, heap_.capacity() + heap_.capacity() / 2));
+    for (auto& heap : heaps_)
+      if (n > heap.capacity()) heap.reserve(std::max(n, heap.capacity() + heap.capacity() / 2));
   }
 
   // Requires reserve_nodes(): never throws.
@@ -4731,7 +5152,7 @@ class PagedPrefixCache {
     L.prev = npos;
     L.next = P.first_child;
     if (P.first_child != npos) nodes_[P.first_child].prev = x;
-    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(P.heap_pos);
+    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(parent);
     P.first_child = x;
     const std::uint32_t head = edges_.find(parent, tokens[0]);
     if (head == npos) {
@@ -4742,6 +5163,7 @@ class PagedPrefixCache {
     }
     ++live_nodes_;
     stats_.cached_pages += n;
+    if constexpr (classes > 1) class_pages_[class_of(L)] += n;
     evictable_pages_ += n;
     heap_push(x);
     return x;
@@ -4793,11 +5215,21 @@ class PagedPrefixCache {
                       std::vector<std::uint64_t>& removed) noexcept {
     std::size_t freed = 0;
     while (freed < target) {
-      heap_fresh_top();
-      const std::uint32_t x = heap_[0].node;
+      const std::size_t k = evict_class();
+      heap_fresh_top(k);
+      const std::uint32_t x = heaps_[k][0].node;
       Node& nd = nodes_[x];
-      const std::uint32_t take =
-          static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      std::uint32_t take = static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      if constexpr (classes > 1) {
+        // The policy chooses again after every page: its choice depends on the
+        // pages per class, which this leaf's pages are leaving.
+        std::uint32_t t = 0;
+        do {
+          --class_pages_[k];
+          ++t;
+        } while (t < take && evict_class() == k);
+        take = t;
+      }
       const std::uint32_t keep = nd.n - take;
       for (std::uint32_t i = nd.n; i-- > keep;)
         on_evict(page_ids(nd)[i]);
@@ -4817,6 +5249,7 @@ class PagedPrefixCache {
       PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
       ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
       ctx.whole_node = keep == 0;
+      ctx.depth_pages += keep;
       policy_.on_evict(nd.meta, ctx);
       stats_.cached_pages -= take;
       evictable_pages_ -= take;
@@ -4824,7 +5257,7 @@ class PagedPrefixCache {
       freed += take;
       if (keep == 0) {
         const std::uint32_t parent = nd.parent;
-        heap_erase(0);
+        heap_erase_at(k, 0);
         remove_leaf(x);
         Node& p = nodes_[parent];
         if (p.kind == Kind::node && p.first_child == npos && p.lock == 0) heap_push(parent);
@@ -4854,7 +5287,9 @@ class PagedPrefixCache {
     evictable_pages_ = 0;
     live_nodes_ = 0;
     edges_.clear();
-    heap_.clear();
+    for (auto& heap : heaps_)
+      heap.clear();
+    class_pages_ = {};
   }
 
   template <class OnFree>
@@ -4873,8 +5308,9 @@ class PagedPrefixCache {
         std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
       }
       stats_.cached_pages -= nd.n;
+      if constexpr (classes > 1) class_pages_[class_of(nd)] -= nd.n;
       evictable_pages_ -= nd.n;
-      if (nd.heap_pos != npos) heap_erase(nd.heap_pos);
+      if (nd.heap_pos != npos) heap_erase(x);
       remove_leaf(x);
     }
     NsSlot& s = ns_slots_[slot];
@@ -4896,70 +5332,117 @@ class PagedPrefixCache {
     sink_(ev);
   }
 
-  // ---- heap of evictable leaves --------------------------------------------------------------
+  // ---- heaps of evictable leaves, one per key class ------------------------------------------
 
-  void heap_set(std::size_t i, const HeapEntry& e) noexcept {
-    heap_[i] = e;
+  // The key class of a node (always 0 for a policy without classes). A leaf is
+  // in heaps_[class_of(leaf)]: a hook that changes the class moves it at once.
+  [[nodiscard]] std::size_t class_of(const Node& nd) const noexcept {
+    if constexpr (classes == 1)
+      return 0;
+    else
+      return std::min<std::size_t>(policy_.key_class(nd.meta), classes - 1);
+  }
+
+  // The class evict() takes its next leaf from: the policy's choice, else the
+  // first class after it (cyclically) with an evictable leaf. Requires one.
+  [[nodiscard]] std::size_t evict_class() noexcept {
+    if constexpr (classes == 1) {
+      return 0;
+    } else {
+      std::size_t k = std::min<std::size_t>(
+          policy_.choose_class(std::span<const std::size_t>(class_pages_)), classes - 1);
+      while (heaps_[k].empty())
+        k = k + 1 == classes ? 0 : k + 1;
+      return k;
+    }
+  }
+
+  [[nodiscard]] std::size_t heap_size() const noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : heaps_)
+      n += heap.size();
+    return n;
+  }
+
+  [[nodiscard]] std::size_t heap_capacity() const noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : heaps_)
+      n += heap.capacity();
+    return n;
+  }
+
+  void heap_set(std::vector<HeapEntry>& heap, std::size_t i, const HeapEntry& e) noexcept {
+    heap[i] = e;
     nodes_[e.node].heap_pos = static_cast<std::uint32_t>(i);
   }
 
-  void sift_up(std::size_t i) noexcept {
-    const HeapEntry e = heap_[i];
+  void sift_up(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
     while (i > 0) {
       const std::size_t p = (i - 1) / 2;
-      if (!(e.key < heap_[p].key)) break;
-      heap_set(i, heap_[p]);
+      if (!(e.key < heap[p].key)) break;
+      heap_set(heap, i, heap[p]);
       i = p;
     }
-    heap_set(i, e);
+    heap_set(heap, i, e);
   }
 
-  void sift_down(std::size_t i) noexcept {
-    const HeapEntry e = heap_[i];
-    const std::size_t n = heap_.size();
+  void sift_down(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
+    const std::size_t n = heap.size();
     for (;;) {
       std::size_t c = 2 * i + 1;
       if (c >= n) break;
-      if (c + 1 < n && heap_[c + 1].key < heap_[c].key) ++c;
-      if (!(heap_[c].key < e.key)) break;
-      heap_set(i, heap_[c]);
+      if (c + 1 < n && heap[c + 1].key < heap[c].key) ++c;
+      if (!(heap[c].key < e.key)) break;
+      heap_set(heap, i, heap[c]);
       i = c;
     }
-    heap_set(i, e);
+    heap_set(heap, i, e);
   }
 
   // Requires capacity (kept at least the number of live nodes). Never throws.
   void heap_push(std::uint32_t x) noexcept {
-    heap_.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
-    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap_.size() - 1);
-    sift_up(heap_.size() - 1);
+    auto& heap = heaps_[class_of(nodes_[x])];
+    heap.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
+    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap.size() - 1);
+    sift_up(heap, heap.size() - 1);
   }
 
-  void heap_erase(std::size_t i) noexcept {
-    nodes_[heap_[i].node].heap_pos = npos;
-    const HeapEntry last = heap_.back();
-    heap_.pop_back();
-    if (i == heap_.size()) return;
-    heap_set(i, last);
-    sift_up(i);
-    sift_down(nodes_[last.node].heap_pos);
+  void heap_erase_at(std::size_t k, std::size_t i) noexcept {
+    auto& heap = heaps_[k];
+    nodes_[heap[i].node].heap_pos = npos;
+    const HeapEntry last = heap.back();
+    heap.pop_back();
+    if (i == heap.size()) return;
+    heap_set(heap, i, last);
+    sift_up(heap, i);
+    sift_down(heap, nodes_[last.node].heap_pos);
   }
 
-  void heap_rekey(std::size_t i) noexcept {
-    heap_[i].key = policy_.key(nodes_[heap_[i].node].meta);
-    sift_up(i);
-    sift_down(nodes_[heap_[i].node].heap_pos);
+  // Removes leaf x from its heap.
+  void heap_erase(std::uint32_t x) noexcept {
+    heap_erase_at(class_of(nodes_[x]), nodes_[x].heap_pos);
+  }
+
+  void heap_rekey(std::uint32_t x) noexcept {
+    auto& heap = heaps_[class_of(nodes_[x])];
+    const std::size_t i = nodes_[x].heap_pos;
+    heap[i].key = policy_.key(nodes_[x].meta);
+    sift_up(heap, i);
+    sift_down(heap, nodes_[x].heap_pos);
   }
 
   // Lazy re-keying: a leaf whose key grew since it was pushed sinks when it
   // reaches the top, so the top is then the true minimum.
-  void heap_fresh_top() noexcept {
+  void heap_fresh_top([[maybe_unused]] std::size_t k) noexcept {
     if constexpr (Policy::monotone_keys) {
+      auto& heap = heaps_[k];
       for (;;) {
-        const key_type now = policy_.key(nodes_[heap_[0].node].meta);
-        if (!(heap_[0].key < now)) return;
-        heap_[0].key = now;
-        sift_down(0);
+        const key_type now = policy_.key(nodes_[heap[0].node].meta);
+        if (!(heap[0].key < now)) return;
+        heap[0].key = now;
+        sift_down(heap, 0);
       }
     }
   }
@@ -4975,7 +5458,8 @@ class PagedPrefixCache {
   std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
   std::size_t evictable_pages_ = 0;
   detail::PagedEdgeTable edges_;
-  std::vector<HeapEntry> heap_;
+  std::array<std::vector<HeapEntry>, classes> heaps_;
+  std::array<std::size_t, classes> class_pages_{};  // cached pages per key class (classes > 1)
   std::vector<NsSlot> ns_slots_;
   std::unordered_map<namespace_id, std::uint32_t> ns_index_;
   std::unordered_map<std::uint64_t, namespace_id> seed_owner_;

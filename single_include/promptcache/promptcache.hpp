@@ -2900,6 +2900,21 @@ class ManualClock {
 //     key_type key(const meta_type&) const;                         // the eviction order
 //   };
 //
+// Optionally, a policy sorts leaves into K key classes, one heap each (ARC's
+// two lists, say), and says which class to evict from:
+//
+//     static constexpr std::size_t key_classes = K;                 // 1 <= K <= 64
+//     std::size_t key_class(const meta_type&) const;                // < K
+//     std::size_t choose_class(std::span<const std::size_t> pages); // pages cached per class
+//
+// The cache counts the cached pages of each class (locked ones included), and
+// before each page it evicts asks choose_class which class to take the leaf with
+// the smallest key from; when that class has no evictable leaf it takes the first
+// class after it (cyclically) that has one. The ordering of two leaves in
+// different classes can thus change with the policy's own state (an adaptive
+// target), which one key per node cannot express. Without `key_classes` a policy
+// has one class and the cache behaves exactly as described above.
+//
 // Rules the cache relies on:
 // - key() depends on the node's metadata alone (not on other policy state), so a
 //   leaf's position in the heap changes only when a hook changes its metadata.
@@ -2913,7 +2928,9 @@ class ManualClock {
 // - Keys of two leaves should differ (the shipped policies break ties by a
 //   logical access time that no two leaves share); equal keys are evicted in an
 //   unspecified order.
-// - Hooks must not throw (they run while the cache is mid-update).
+// - key_class() depends on the metadata alone, like key(); when a hook changes a
+//   node's class the cache moves it to its new heap at once (O(log leaves)).
+// - Hooks and choose_class must not throw (they run while the cache is mid-update).
 // The policy object is a member of the cache (constructed from the instance
 // given to the cache), so it may keep state of its own: ghost lists, adaptive
 // targets, counters.
@@ -2925,11 +2942,212 @@ class ManualClock {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <type_traits>
+
+// ---- begin promptcache/detail/paged_ghost_history.hpp ----
+// promptcache: detail/paged_ghost_history.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The ghost history of eviction::Adaptive: fingerprints of up to G evicted
+// pages, the most recently evicted ones, each tagged with the list its page was
+// evicted from (used once, or used again), so that a page stored again can be
+// recognized as one the cache let go too early.
+//
+// Storage is fixed at construction (2G slots in a ring, in eviction order, plus
+// an open-addressing index of at least 2G cells), so recording and looking up
+// never allocate and never throw: they run inside the cache's eviction and
+// insert paths, where a policy hook must not fail. A ghost is never refreshed
+// (ARC only adds a ghost when its page is evicted and drops it when the page
+// comes back), so eviction order is also ARC's LRU order of the ghost lists:
+// recording a ghost beyond G forgets the oldest one. A ghost that comes back
+// leaves a hole in the ring; when holes fill the ring (more than G ghosts came
+// back among the last 2G evictions) the oldest slot is reused even if its ghost
+// is live, so the history then holds fewer than G ghosts.
+
+#ifndef PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+#define PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <utility>
+
+namespace promptcache::detail {
+
+// Fingerprint of one page for the ghost history: its namespace, its position on
+// the path and up to 16 of its tokens, evenly spaced (first and last included),
+// so that it costs O(1) per page whatever the page size. Two pages that differ
+// only between the sampled tokens share a fingerprint; the history then mistakes
+// one for the other, which costs one misdirected adaptation step, never a wrong
+// hit.
+template <class Token>
+[[nodiscard]] inline std::uint64_t ghost_fingerprint(std::uint64_t ns, std::size_t depth_pages,
+                                                     std::span<const Token> page) noexcept {
+  auto mix = [](std::uint64_t h, std::uint64_t v) noexcept {
+    // splitmix64's finalizer over the running state: every input bit reaches every output bit.
+    std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t h = mix(mix(0x5ca1ab1eULL, ns), static_cast<std::uint64_t>(depth_pages));
+  const std::size_t n = page.size();
+  constexpr std::size_t samples = 16;
+  if (n <= samples) {
+    for (const Token& t : page)
+      h = mix(h, static_cast<std::uint64_t>(t));
+  } else {
+    for (std::size_t j = 0; j < samples; ++j)
+      h = mix(h, static_cast<std::uint64_t>(page[j * (n - 1) / (samples - 1)]));
+  }
+  return h;
+}
+
+// Fixed-capacity ghost lists B1 (tag 1) and B2 (tag 2) over page fingerprints.
+class PagedGhostHistory {
+ public:
+  static constexpr std::uint32_t empty = std::numeric_limits<std::uint32_t>::max();
+
+  PagedGhostHistory() = default;
+  // Room for `capacity` ghosts (0: no history). Throws std::bad_alloc,
+  // std::length_error beyond 2^30 ghosts.
+  explicit PagedGhostHistory(std::size_t capacity) {
+    if (capacity == 0) return;
+    if (capacity > (std::size_t{1} << 30))
+      throw std::length_error("PagedGhostHistory: more than 2^30 ghosts");
+    std::size_t cells = 1;
+    while (cells < 2 * capacity)
+      cells *= 2;
+    cap_ = capacity;
+    slots_ = 2 * capacity;
+    mask_ = cells - 1;
+    fp_ = std::make_unique<std::uint64_t[]>(slots_);
+    tag_ = std::make_unique<std::uint8_t[]>(slots_);  // zero: free slot or hole
+    index_ = std::make_unique<std::uint32_t[]>(cells);
+    for (std::size_t i = 0; i < cells; ++i)
+      index_[i] = empty;
+  }
+  // A moved-from history is empty (no capacity), not half of one.
+  PagedGhostHistory(PagedGhostHistory&& o) noexcept { swap(o); }
+  PagedGhostHistory& operator=(PagedGhostHistory&& o) noexcept {
+    PagedGhostHistory t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  PagedGhostHistory(const PagedGhostHistory&) = delete;
+  PagedGhostHistory& operator=(const PagedGhostHistory&) = delete;
+  ~PagedGhostHistory() = default;
+
+  void swap(PagedGhostHistory& o) noexcept {
+    std::swap(cap_, o.cap_);
+    std::swap(slots_, o.slots_);
+    std::swap(tail_, o.tail_);
+    std::swap(used_, o.used_);
+    std::swap(mask_, o.mask_);
+    std::swap(head_, o.head_);
+    std::swap(count_, o.count_);
+    fp_.swap(o.fp_);
+    tag_.swap(o.tag_);
+    index_.swap(o.index_);
+  }
+
+  // Ghosts remembered at most.
+  [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
+  // Ghosts with tag 1 (B1) or 2 (B2).
+  [[nodiscard]] std::size_t size(std::uint8_t tag) const noexcept { return count_[tag]; }
+
+  // Records an evicted page under `tag` (1 or 2), forgetting the oldest ghost
+  // when G are held; an older ghost with the same fingerprint is dropped.
+  // O(1) amortized (each slot is dropped once per write).
+  void push(std::uint64_t fp, std::uint8_t tag) noexcept {
+    if (cap_ == 0) return;
+    (void)take(fp);
+    while (count_[1] + count_[2] >= cap_ || used_ == slots_) {
+      if (tag_[tail_] != 0) {
+        erase_cell(find(fp_[tail_]));
+        --count_[tag_[tail_]];
+        tag_[tail_] = 0;
+      }
+      tail_ = tail_ + 1 == slots_ ? 0 : tail_ + 1;
+      --used_;
+    }
+    fp_[head_] = fp;
+    tag_[head_] = tag;
+    ++count_[tag];
+    std::size_t c = static_cast<std::size_t>(fp) & mask_;
+    while (index_[c] != empty)
+      c = (c + 1) & mask_;
+    index_[c] = static_cast<std::uint32_t>(head_);
+    head_ = head_ + 1 == slots_ ? 0 : head_ + 1;
+    ++used_;
+  }
+
+  // Forgets the ghost with fingerprint `fp` and returns its tag (0: none). O(1) expected.
+  std::uint8_t take(std::uint64_t fp) noexcept {
+    if (cap_ == 0) return 0;
+    const std::size_t cell = find(fp);
+    if (cell == npos) return 0;
+    const std::uint32_t slot = index_[cell];
+    const std::uint8_t tag = tag_[slot];
+    tag_[slot] = 0;
+    --count_[tag];
+    erase_cell(cell);
+    return tag;
+  }
+
+ private:
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  [[nodiscard]] std::size_t find(std::uint64_t fp) const noexcept {
+    for (std::size_t c = static_cast<std::size_t>(fp) & mask_; index_[c] != empty;
+         c = (c + 1) & mask_)
+      if (fp_[index_[c]] == fp && tag_[index_[c]] != 0) return c;
+    return npos;
+  }
+
+  // Backward-shift deletion: linear probing without tombstones, so lookups
+  // stay short however many ghosts came and went.
+  void erase_cell(std::size_t hole) noexcept {
+    std::size_t c = hole;
+    for (;;) {
+      c = (c + 1) & mask_;
+      if (index_[c] == empty) break;
+      const std::size_t home = static_cast<std::size_t>(fp_[index_[c]]) & mask_;
+      // Move the entry into the hole unless its home lies cyclically in (hole, c].
+      const bool stays = hole <= c ? (hole < home && home <= c) : (hole < home || home <= c);
+      if (!stays) {
+        index_[hole] = index_[c];
+        hole = c;
+      }
+    }
+    index_[hole] = empty;
+  }
+
+  std::size_t cap_ = 0;    // live ghosts at most (G)
+  std::size_t slots_ = 0;  // ring slots (2G)
+  std::size_t mask_ = 0;
+  std::size_t head_ = 0;  // next ring slot to write
+  std::size_t tail_ = 0;  // oldest ring slot in use (a ghost or a hole)
+  std::size_t used_ = 0;  // ring slots from tail_ to head_
+  std::size_t count_[3] = {0, 0, 0};
+  std::unique_ptr<std::uint64_t[]> fp_;
+  std::unique_ptr<std::uint8_t[]> tag_;
+  std::unique_ptr<std::uint32_t[]> index_;
+};
+
+}  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
+// ---- end promptcache/detail/paged_ghost_history.hpp ----
 
 namespace promptcache {
 
@@ -2942,14 +3160,47 @@ struct PagedPolicyContext {
   std::int64_t priority = 0;
   /// The namespace of the node.
   std::uint64_t ns = 0;
-  /// Depth of the node's first page: the number of pages before it on its path.
+  /// Depth of the first page of `tokens`: the number of pages before it on its
+  /// path (the node's first page, except for on_evict of a tail).
   std::size_t depth_pages = 0;
   /// on_evict: the pages being freed now (the node's tail, all of them when
   /// `whole_node`); other hooks: the node's pages. One page is page_size tokens.
   std::span<const std::uint32_t> tokens{};
   /// on_evict: true when the node goes away entirely (not just its tail).
   bool whole_node = false;
+  /// Tokens per page (the cache's page size), to cut `tokens` into pages.
+  std::size_t page_size = 0;
 };
+
+namespace detail {
+
+// A policy without `key_classes` keeps all leaves in one heap.
+template <class P>
+concept PagedSingleKeyClass = !requires {
+  P::key_classes;
+};
+
+// A policy with `key_classes` = K >= 1 files each leaf under key_class(meta) < K
+// and picks the class to evict from with choose_class(cached pages per class).
+template <class P>
+concept PagedKeyClasses = requires(P& p, const P& cp, const typename P::meta_type& cm,
+                                   std::span<const std::size_t> pages) {
+  { P::key_classes } -> std::convertible_to<std::size_t>;
+  { cp.key_class(cm) } -> std::convertible_to<std::size_t>;
+  { p.choose_class(pages) } -> std::convertible_to<std::size_t>;
+}
+&&(P::key_classes >= 1) && (P::key_classes <= 64);
+
+}  // namespace detail
+
+/// Number of key classes (evictable heaps) of policy `P`: its `key_classes`, else 1.
+template <class P>
+inline constexpr std::size_t paged_key_classes = [] {
+  if constexpr (requires { P::key_classes; })
+    return static_cast<std::size_t>(P::key_classes);
+  else
+    return std::size_t{1};
+}();
 
 /// The interface of an eviction policy (see the file comment for the rules).
 template <class P>
@@ -2966,7 +3217,7 @@ concept PagedEvictionPolicy = std::is_nothrow_copy_constructible_v<typename P::m
   p.on_evict(cm, ctx);
   { cp.key(cm) } -> std::same_as<typename P::key_type>;
   { k < k } -> std::convertible_to<bool>;
-};
+} &&(detail::PagedSingleKeyClass<P> || detail::PagedKeyClasses<P>);
 
 /// The shipped policies; their keys follow SGLang's eviction strategies
 /// (python/sglang/srt/mem_cache/evict_policy.py), with a logical clock for time.
@@ -3178,6 +3429,131 @@ struct Filo {
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return ~m.created; }
 };
 
+/// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
+/// only. Pages used once since they were stored (class 0, ARC's T1) and pages
+/// used again (class 1, T2) are each evicted least recently used first; the
+/// policy evicts from T1 while T1 holds more than an adaptive target p of pages,
+/// else from T2. Fingerprints of evicted pages stay on ghost lists (B1, B2) for
+/// `ghost_factor` x `capacity_pages` evictions: a page stored again while on B1
+/// says T1 was cut too short and raises p, one on B2 lowers it. The pages one
+/// insert stores are one node, so they share a class: used again when all of
+/// them come back from the ghost lists, used once when the run also brings new
+/// pages (typically a returning shared prefix followed by the request's own
+/// text, most of which is never used again). When reuse does not pay,
+/// B1 hits push p to the whole capacity and the policy evicts like LRU over
+/// pages stored once. The cache's leaf-only rule replaces ARC's "LRU of the
+/// list": the victim is the least recent evictable leaf of the chosen class.
+/// A later match or insert through a node counts as a use, so an engine that
+/// inserts one request in several chunks promotes its earlier chunks.
+class Adaptive {
+ public:
+  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
+
+  /// Last access tick and whether the node was used again.
+  struct meta_type {
+    std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
+    std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+  };
+  using key_type = std::uint64_t;              ///< The last access tick, within a class.
+  static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
+
+  /// A policy for a cache of about `capacity_pages` pages (the engine's page
+  /// pool): the target p stays in [0, capacity_pages] and the ghost history
+  /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
+  /// 34 bytes per ghost). A capacity of 0 keeps no history: p stays 0 and pages
+  /// used again are always kept over pages used once. `step` scales each move
+  /// of p (1: ARC's rule). Throws std::invalid_argument for a negative or non-finite
+  /// factor or step, std::bad_alloc / std::length_error for a history too large.
+  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0)
+      : capacity_(capacity_pages),
+        step_(check(step)),
+        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
+
+  /// New node: used again when every one of its pages was on a ghost list, else
+  /// used once; each ghost found moves the target. O(pages of the node).
+  meta_type on_create(const PagedPolicyContext& c) noexcept {
+    meta_type m{c.tick, 0};
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    std::size_t back = 0;
+    for (std::size_t i = 0; i < pages; ++i) {
+      const std::uint8_t tag = ghosts_.take(fingerprint(c, i));
+      if (tag == 0) continue;
+      adapt(tag);
+      ++back;
+    }
+    m.reused = pages > 0 && back == pages ? 1 : 0;
+    return m;
+  }
+  /// Match: used again, accessed now. O(1).
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// Insert through the node: used again, accessed now. O(1).
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
+    m.last_access = c.tick;
+    m.reused = 1;
+  }
+  /// The freed pages go on the ghost list of their class, deepest first (the
+  /// order the cache frees them in). O(pages freed).
+  void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
+    if (c.page_size == 0 || ghosts_.capacity() == 0) return;
+    for (std::size_t i = c.tokens.size() / c.page_size; i-- > 0;)
+      ghosts_.push(fingerprint(c, i), m.reused != 0 ? 2 : 1);
+  }
+  /// Oldest access first within a class. O(1).
+  [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
+  /// T1 (0) or T2 (1). O(1).
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
+  /// ARC's choice: T1 while it holds more than p pages, else T2. O(1).
+  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) const noexcept {
+    return pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+  }
+
+  /// The adaptive target size of T1, in pages. O(1).
+  [[nodiscard]] double target() const noexcept { return p_; }
+  /// Ghosts on B1 (evicted while used once) and on B2 (evicted after reuse). O(1).
+  [[nodiscard]] std::size_t ghosts_once() const noexcept { return ghosts_.size(1); }
+  /// Ghosts evicted after reuse (B2). O(1).
+  [[nodiscard]] std::size_t ghosts_reused() const noexcept { return ghosts_.size(2); }
+  /// Ghosts remembered at most. O(1).
+  [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
+
+ private:
+  static double check(double v) {
+    if (!(v >= 0.0) || v > 1e9)
+      throw std::invalid_argument("eviction::Adaptive: factors must be finite and >= 0");
+    return v;
+  }
+  static std::size_t ghost_slots(std::size_t capacity, double factor) {
+    const double n = factor * static_cast<double>(capacity);
+    if (n >= static_cast<double>(std::size_t{1} << 30))
+      throw std::length_error("eviction::Adaptive: ghost history over 2^30 pages");
+    return static_cast<std::size_t>(n);
+  }
+  [[nodiscard]] static std::uint64_t fingerprint(const PagedPolicyContext& c,
+                                                 std::size_t i) noexcept {
+    return detail::ghost_fingerprint<std::uint32_t>(c.ns, c.depth_pages + i,
+                                                    c.tokens.subspan(i * c.page_size, c.page_size));
+  }
+  // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
+  // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
+  void adapt(std::uint8_t tag) noexcept {
+    const double b1 = static_cast<double>(ghosts_.size(1)) + (tag == 1 ? 1.0 : 0.0);
+    const double b2 = static_cast<double>(ghosts_.size(2)) + (tag == 2 ? 1.0 : 0.0);
+    if (tag == 1)
+      p_ = std::min(static_cast<double>(capacity_), p_ + step_ * std::max(b2 / b1, 1.0));
+    else
+      p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
+  }
+
+  std::size_t capacity_;
+  double step_;
+  double p_ = 0.0;
+  detail::PagedGhostHistory ghosts_;
+};
+
 static_assert(PagedEvictionPolicy<Lru>);
 static_assert(PagedEvictionPolicy<Lfu>);
 static_assert(PagedEvictionPolicy<Fifo>);
@@ -3185,6 +3561,7 @@ static_assert(PagedEvictionPolicy<Priority>);
 static_assert(PagedEvictionPolicy<Slru>);
 static_assert(PagedEvictionPolicy<Mru>);
 static_assert(PagedEvictionPolicy<Filo>);
+static_assert(PagedEvictionPolicy<Adaptive>);
 
 }  // namespace eviction
 

@@ -11,9 +11,14 @@
 //     of the list ARC picks, else of the other list;
 //   - one request touches all its blocks at once, deepest first, so a parent
 //     stays more recent than its children;
-//   - the ghost lists hold `ghost_factor` x capacity ids (ARC: 1 x): prefix
-//     blocks come back after long gaps, and a longer memory keeps recognizing
-//     them (an id costs a few bytes, a cached block a whole KV page);
+//   - the ghost lists hold the last `ghost_factor` x capacity evicted ids
+//     (ARC: 1 x, trimmed list by list): prefix blocks come back after long
+//     gaps, and a longer memory keeps recognizing them (an id costs a few
+//     bytes, a cached block a whole KV page);
+//   - the blocks one request stores go to T2 only when all of them come back
+//     from the ghost lists: a run that also brings new blocks is mostly the
+//     request's own text (as in the paged cache, where such a run is one node
+//     and shares one class);
 //   - the final partial block of a prompt is not cached (`cache_partial` off):
 //     it holds the request's own tail, almost never shared, and a paged
 //     engine would spend a whole page on it.
@@ -25,13 +30,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace promptcache::replay {
 
 /// Parameters of AdaptiveLeafPolicy.
 struct AdaptiveParams {
-  double ghost_factor = 4.0;   ///< Ghost ids remembered, as a multiple of the capacity.
+  double ghost_factor = 8.0;   ///< Ghost ids remembered, as a multiple of the capacity.
   bool cache_partial = false;  ///< Cache the final partial block of a prompt.
+  double step = 1.0;           ///< Scale of each move of the target (1: ARC's rule).
 };
 
 /// ARC adapted to leaf-only eviction (see the file comment).
@@ -42,6 +49,7 @@ class AdaptiveLeafPolicy {
   /// A policy for a cache of `capacity` blocks over the nodes of `t`.
   AdaptiveLeafPolicy(const Trace& t, std::size_t capacity, AdaptiveParams params = {})
       : lists_(t.node_count(), 4),
+        evicted_at_(t.node_count(), 0),
         block_size_(t.block_size),
         capacity_(capacity),
         params_(params) {}
@@ -54,6 +62,17 @@ class AdaptiveLeafPolicy {
   bool admit(const Request& r, std::size_t i) {
     if (!params_.cache_partial && i + 1 == r.nodes.size() && r.input_length % block_size_ != 0)
       return false;
+    if (run_of_ != &r) {  // the first block of r to store: look at the whole run
+      run_of_ = &r;
+      run_ghosts_ = true;
+      const std::size_t end = params_.cache_partial || r.input_length % block_size_ == 0
+                                  ? r.nodes.size()
+                                  : r.nodes.size() - 1;
+      for (std::size_t j = i; j < end; ++j) {
+        const std::uint8_t lj = lists_.list[r.nodes[j]];
+        run_ghosts_ = run_ghosts_ && (lj == b1 || lj == b2);
+      }
+    }
     const std::uint32_t n = r.nodes[i];
     const std::uint8_t l = lists_.list[n];
     const double s1 = static_cast<double>(lists_.size(b1));
@@ -61,23 +80,24 @@ class AdaptiveLeafPolicy {
     const double cap = static_cast<double>(capacity_);
     pending_b2_ = false;
     if (l == b1) {
-      p_ = std::min(cap, p_ + std::max(s2 / s1, 1.0));
+      p_ = std::min(cap, p_ + params_.step * std::max(s2 / s1, 1.0));
     } else if (l == b2) {
-      p_ = std::max(0.0, p_ - std::max(s1 / s2, 1.0));
+      p_ = std::max(0.0, p_ - params_.step * std::max(s1 / s2, 1.0));
       pending_b2_ = true;
     }
     return true;
   }
   /// A cached block was used again: it moves to T2.
   void touch(std::uint32_t n) { lists_.push_mru(n, t2); }
-  /// A block was stored: to T2 if its id was on a ghost list, else to T1.
+  /// A block was stored: to T2 if it and every other block the request stores
+  /// were on a ghost list, else to T1.
   void inserted(std::uint32_t n, const Request& /*r*/, std::size_t /*i*/) {
     const std::uint8_t l = lists_.list[n];
-    lists_.push_mru(n, l == b1 || l == b2 ? t2 : t1);
-    trim_ghosts();
+    lists_.push_mru(n, run_ghosts_ && (l == b1 || l == b2) ? t2 : t1);
   }
   /// Re-touches the request's blocks deepest first, so parents stay more recent.
   void end_request(const Request& r, std::size_t cached) {
+    run_of_ = nullptr;
     for (std::size_t i = cached; i-- > 0;) {
       const std::uint32_t n = r.nodes[i];
       lists_.push_mru(n, lists_.list[n]);
@@ -93,7 +113,12 @@ class AdaptiveLeafPolicy {
     return v;
   }
   /// The evicted block's id goes to the ghost list of its list.
-  void evicted(std::uint32_t n) { lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2); }
+  void evicted(std::uint32_t n) {
+    lists_.push_mru(n, lists_.list[n] == t1 ? b1 : b2);
+    evicted_at_[n] = ++evictions_;
+    order_.push_back(n);
+    trim_ghosts();
+  }
 
  private:
   [[nodiscard]] std::uint32_t scan(std::uint8_t l, const LeafState& s) const {
@@ -101,21 +126,32 @@ class AdaptiveLeafPolicy {
       if (s.evictable(n)) return n;
     return detail::nil;
   }
+  // Keeps at most ghost_factor x capacity ghosts, forgetting the oldest
+  // eviction first whichever list it is on (as the library's eviction::Adaptive
+  // does with its ring of fingerprints).
   void trim_ghosts() {
     const auto limit =
         static_cast<std::size_t>(params_.ghost_factor * static_cast<double>(capacity_));
     while (lists_.size(b1) + lists_.size(b2) > limit) {
-      const std::uint8_t l = lists_.size(b1) > lists_.size(b2) ? b1 : b2;
-      lists_.unlink(lists_.heads[l].lru);
+      const std::uint32_t n = order_[next_++];
+      // Only the latest eviction of a block counts, and only while it is a ghost.
+      if (evicted_at_[n] == next_ && (lists_.list[n] == b1 || lists_.list[n] == b2))
+        lists_.unlink(n);
     }
   }
 
   detail::NodeLists lists_;
+  std::vector<std::uint64_t> evicted_at_;  // 1-based index of the node's last eviction
+  std::vector<std::uint32_t> order_;       // evicted nodes, in eviction order
+  std::size_t next_ = 0;                   // first eviction of order_ not yet forgotten
+  std::uint64_t evictions_ = 0;
   std::size_t block_size_;
   std::size_t capacity_;
   AdaptiveParams params_;
   double p_ = 0.0;
   bool pending_b2_ = false;
+  const Request* run_of_ = nullptr;  // the request whose run run_ghosts_ describes
+  bool run_ghosts_ = false;          // every block that request stores is a ghost
 };
 
 }  // namespace promptcache::replay

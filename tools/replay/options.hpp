@@ -122,7 +122,8 @@ prompt tokens served from cache / prompt tokens.
   --workers N             cluster workers (default 8)
   --worker-capacity TOK   cache capacity of each worker in tokens (default 2M)
   --worker-cache NAME     the workers' cache: paged:<policy> (lru, lfu, fifo,
-                          priority, slru, mru, filo) or block:lru (default paged:lru)
+                          priority, slru, mru, filo, adaptive) or block:lru
+                          (default paged:lru)
   --routing LIST          random,round-robin,least-loaded,cache-aware (default all)
   --time-scale X          arrival time = timestamp x X (default 1; < 1 is more load)
   --prefill-rate TOK/S    prefill throughput of a worker (default 10000)

@@ -19,25 +19,29 @@
 
 namespace promptcache::replay {
 
-/// Calls `f(name, Policy{})` for each eviction policy of the paged prefix cache.
+/// Calls `f(name, make)` for each eviction policy of the paged prefix cache,
+/// where make(capacity_pages) builds the policy for a cache of that many pages
+/// (only the adaptive policy uses it: its target and ghost history scale with it).
 template <class F>
 void for_each_paged_policy(F&& f) {
-  f("lru", eviction::Lru{});
-  f("lfu", eviction::Lfu{});
-  f("fifo", eviction::Fifo{});
-  f("priority", eviction::Priority{});
-  f("slru", eviction::Slru{});
-  f("mru", eviction::Mru{});
-  f("filo", eviction::Filo{});
+  f("lru", [](std::size_t) { return eviction::Lru{}; });
+  f("lfu", [](std::size_t) { return eviction::Lfu{}; });
+  f("fifo", [](std::size_t) { return eviction::Fifo{}; });
+  f("priority", [](std::size_t) { return eviction::Priority{}; });
+  f("slru", [](std::size_t) { return eviction::Slru{}; });
+  f("mru", [](std::size_t) { return eviction::Mru{}; });
+  f("filo", [](std::size_t) { return eviction::Filo{}; });
+  f("adaptive", [](std::size_t pages) { return eviction::Adaptive(pages); });
 }
 
 /// Every structure of the default sweep, in output order: the basic ones,
 /// then the paged prefix cache under each of its policies.
 [[nodiscard]] inline std::vector<SweepStructure> all_structures() {
   std::vector<SweepStructure> s = basic_structures();
-  for_each_paged_policy([&](const char* name, auto policy) {
-    s.push_back({"paged", name,
-                 [policy](const Trace& t, std::size_t cap) { return run_paged(t, cap, policy); }});
+  for_each_paged_policy([&](const char* name, auto make) {
+    s.push_back({"paged", name, [make](const Trace& t, std::size_t cap) {
+                   return run_paged(t, cap, make(cap / t.block_size));
+                 }});
   });
   return s;
 }
@@ -62,11 +66,11 @@ void for_each_paged_policy(F&& f) {
     return run_cluster<BlockWorkerCache>(
         t, h, cfg, p, [&](std::size_t) { return std::make_unique<BlockWorkerCache>(t, pages); });
   std::optional<ClusterRun> out;
-  for_each_paged_policy([&](const char* name, auto policy) {
-    using Policy = decltype(policy);
+  for_each_paged_policy([&](const char* name, auto make) {
+    using Policy = decltype(make(pages));
     if (out || worker_cache != std::string("paged:") + name) return;
     out = run_cluster<PagedWorkerCache<Policy>>(t, h, cfg, p, [&](std::size_t) {
-      return std::make_unique<PagedWorkerCache<Policy>>(t, pages, policy);
+      return std::make_unique<PagedWorkerCache<Policy>>(t, pages, make(pages));
     });
   });
   if (!out) throw std::invalid_argument("unknown worker cache: '" + worker_cache + "'");

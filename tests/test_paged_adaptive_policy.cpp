@@ -1,0 +1,238 @@
+// Unit tests of eviction::Adaptive in PagedPrefixCache and of its ghost history:
+// ARC's rules on small sequences worked out by hand (page size 1, so a page is
+// one token), the leaf-only fallbacks, and every bad input of the policy.
+#include <promptcache/paged_prefix_cache.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "catch.hpp"
+
+using promptcache::PagedPrefixCache;
+namespace eviction = promptcache::eviction;
+using promptcache::detail::PagedGhostHistory;
+
+namespace {
+
+using Tokens = std::vector<std::uint32_t>;
+using Pages = std::vector<std::uint32_t>;
+using Cache = PagedPrefixCache<std::uint32_t, eviction::Adaptive>;
+
+std::vector<std::uint32_t> evict(Cache& c, std::size_t n) {
+  std::vector<std::uint32_t> got;
+  c.evict(n, [&](std::uint32_t p) noexcept { got.push_back(p); });
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive: pages used again outlive older pages used once; ghosts move the target") {
+  // capacity 4 pages, 2 x 4 ghosts, full ARC steps.
+  Cache c(1, eviction::Adaptive(4, 2.0, 1.0));
+  c.insert(Tokens{1}, Pages{10});            // A: used once (T1)
+  c.insert(Tokens{2}, Pages{11});            // B: T1
+  REQUIRE(c.match(Tokens{1}).matched == 1);  // A used again: T2
+  c.insert(Tokens{3}, Pages{12});            // C: T1
+  c.insert(Tokens{4}, Pages{13});            // D: T1
+  CHECK(c.class_pages(0) == 3);
+  CHECK(c.class_pages(1) == 1);
+  CHECK(c.policy().target() == 0.0);
+
+  // |T1| = 3 > p = 0: the least recent page of T1 goes (B), not A, which LRU
+  // would take (A's last use is older than B's insert).
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{11});
+  CHECK(c.policy().ghosts_once() == 1);
+
+  // B comes back while on B1: p += max(|B2| / |B1|, 1) = 1, and B is filed as used again.
+  c.insert(Tokens{2}, Pages{14});
+  CHECK(c.policy().target() == 1.0);
+  CHECK(c.policy().ghosts_once() == 0);
+  CHECK(c.class_pages(0) == 2);  // C, D
+  CHECK(c.class_pages(1) == 2);  // A, B
+
+  // |T1| = 2 > 1: C (T1's least recent). Then |T1| = 1 = p: T2's least recent, A.
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{12, 10});
+  CHECK(c.policy().ghosts_once() == 1);    // C
+  CHECK(c.policy().ghosts_reused() == 1);  // A
+
+  // A comes back while on B2: p -= max(|B1| / |B2|, 1) = 1.
+  c.insert(Tokens{1}, Pages{15});
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.policy().ghosts_reused() == 0);
+  CHECK(c.class_pages(1) == 2);  // B and A, back
+  CHECK(c.class_pages(0) == 1);  // D
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("adaptive: a ghost step is ARC's ratio of the ghost lists, bounded by the capacity") {
+  // Three used-again pages go to B2, then one used-once page to B1; its return
+  // moves p by |B2| / |B1| = 3 / 1, capped at the capacity of 2.
+  Cache c(1, eviction::Adaptive(2, 4.0, 1.0));
+  for (std::uint32_t t = 1; t <= 3; ++t) {
+    c.insert(Tokens{t}, Pages{t});
+    CHECK(c.match(Tokens{t}).matched == 1);
+  }
+  c.insert(Tokens{9}, Pages{9});
+  CHECK(evict(c, 4).size() == 4);  // T1 first (9), then T2
+  CHECK(c.policy().ghosts_once() == 1);
+  CHECK(c.policy().ghosts_reused() == 3);
+  c.insert(Tokens{9}, Pages{19});
+  CHECK(c.policy().target() == 2.0);
+}
+
+TEST_CASE("adaptive: the class is picked again before every page of a leaf") {
+  Cache c(1, eviction::Adaptive(8, 2.0, 1.0));
+  c.insert(Tokens{1}, Pages{1});
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
+  c.insert(Tokens{1}, Pages{2});  // back from B1: p = 1, used again
+  REQUIRE(c.policy().target() == 1.0);
+  c.insert(Tokens{7, 8, 9}, Pages{20, 21, 22});  // one T1 leaf of 3 pages
+  // 3 > 1 and 2 > 1: the leaf's tail pages; then |T1| = 1 = p: T2's page.
+  CHECK(evict(c, 3) == std::vector<std::uint32_t>{22, 21, 2});
+  CHECK(c.match(Tokens{7, 8, 9}).matched == 1);  // the leaf's head stayed
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to the other") {
+  Cache c(1, eviction::Adaptive(8));
+  c.insert(Tokens{1, 2}, Pages{1, 2});
+  REQUIRE(c.match(Tokens{1}).matched == 1);  // splits: [1] used again, [2] still once
+  CHECK(c.class_pages(0) == 1);
+  CHECK(c.class_pages(1) == 1);
+  // T1 first: [2]; then T1 is empty and [1] (a leaf now) goes.
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
+
+  // The picked class (T1) holds only a locked page: T2 gives its page instead.
+  Cache d(1, eviction::Adaptive(8));
+  const auto x = d.insert(Tokens{5}, Pages{5});
+  REQUIRE(d.lock(x.handle));
+  d.insert(Tokens{6}, Pages{6});
+  CHECK(d.match(Tokens{6}).matched == 1);
+  CHECK(d.class_pages(0) == 1);
+  CHECK(evict(d, 2) == std::vector<std::uint32_t>{6});  // only what is evictable
+  CHECK(d.cached_pages() == 1);
+  CHECK(d.check_invariants());
+}
+
+TEST_CASE("adaptive: without a capacity there is no history and pages used again stay") {
+  Cache c(1, eviction::Adaptive(0));
+  CHECK(c.policy().ghost_capacity() == 0);
+  c.insert(Tokens{1}, Pages{1});
+  CHECK(c.match(Tokens{1}).matched == 1);
+  c.insert(Tokens{2}, Pages{2});
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+  c.insert(Tokens{2}, Pages{3});  // nothing remembered: used once again, p unmoved
+  CHECK(c.class_pages(0) == 1);
+  CHECK(c.policy().target() == 0.0);
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{3, 1});
+}
+
+TEST_CASE("adaptive: ghosts are per namespace and per page position") {
+  Cache c(1, eviction::Adaptive(8, 2.0, 1.0));
+  c.insert(Tokens{1, 2}, Pages{1, 2});
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
+  CHECK(c.policy().ghosts_once() == 2);
+  c.insert(Tokens{2}, Pages{3}, 7);  // token 2 at depth 0 in namespace 7: not a ghost
+  c.insert(Tokens{2}, Pages{4});     // token 2 at depth 0 in namespace 0: not a ghost either
+  CHECK(c.policy().ghosts_once() == 2);
+  CHECK(c.policy().target() == 0.0);
+  c.insert(Tokens{1, 2}, Pages{5, 6});  // both pages come back
+  CHECK(c.policy().ghosts_once() == 0);
+  CHECK(c.class_pages(1) == 2);
+}
+
+TEST_CASE("adaptive: a run of pages that brings new ones is filed as used once") {
+  Cache c(1, eviction::Adaptive(8, 2.0, 1.0));
+  c.insert(Tokens{1, 2}, Pages{1, 2});
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
+  // [1, 2] come back with a new page 3 behind them: one node, used once; both
+  // ghosts still move the target.
+  c.insert(Tokens{1, 2, 3}, Pages{4, 5, 6});
+  CHECK(c.class_pages(0) == 3);
+  CHECK(c.class_pages(1) == 0);
+  CHECK(c.policy().target() == 2.0);
+  CHECK(c.policy().ghosts_once() == 0);
+}
+
+TEST_CASE("adaptive: bad parameters are refused") {
+  CHECK_THROWS_AS(eviction::Adaptive(8, -1.0), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, std::nan("")), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, std::numeric_limits<double>::infinity()),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, 6.0, -0.5), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(std::numeric_limits<std::size_t>::max()), std::length_error);
+  // A zero factor or step is allowed: no history, or a target that never moves.
+  CHECK(eviction::Adaptive(8, 0.0).ghost_capacity() == 0);
+  Cache c(1, eviction::Adaptive(8, 2.0, 0.0));
+  c.insert(Tokens{1}, Pages{1});
+  evict(c, 1);
+  c.insert(Tokens{1}, Pages{2});
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.class_pages(1) == 1);  // still recognized
+}
+
+TEST_CASE("ghost history: keeps the newest G ghosts and forgets those that came back") {
+  PagedGhostHistory g(2);
+  CHECK(g.capacity() == 2);
+  g.push(100, 1);
+  g.push(200, 1);
+  g.push(300, 2);  // third ghost: the oldest (100) is forgotten
+  CHECK(g.size(1) == 1);
+  CHECK(g.size(2) == 1);
+  CHECK(g.take(100) == 0);
+  CHECK(g.take(200) == 1);
+  CHECK(g.take(200) == 0);  // taken once
+  CHECK(g.take(300) == 2);
+  CHECK(g.size(1) + g.size(2) == 0);
+
+  // Re-recording a fingerprint keeps one ghost, with the newest tag.
+  g.push(5, 1);
+  g.push(5, 2);
+  CHECK(g.size(1) == 0);
+  CHECK(g.size(2) == 1);
+  CHECK(g.take(5) == 2);
+}
+
+TEST_CASE("ghost history: holes of returned ghosts are reused, oldest slot first") {
+  PagedGhostHistory g(2);  // 2 ghosts, 4 ring slots
+  g.push(1, 1);
+  g.push(2, 1);
+  CHECK(g.take(2) == 1);
+  g.push(3, 1);
+  CHECK(g.take(3) == 1);
+  g.push(4, 1);
+  CHECK(g.take(4) == 1);
+  // Ring: 1, hole, hole, hole. One ghost live, but the ring is full: the next
+  // ghost reuses the oldest slot, and ghost 1 goes although only one was held.
+  g.push(5, 2);
+  CHECK(g.take(1) == 0);
+  CHECK(g.take(5) == 2);
+
+  // Colliding index positions (same low bits) survive each other's removal.
+  PagedGhostHistory h(4);
+  const std::uint64_t base = 3, stride = std::uint64_t{1} << 32;
+  for (std::uint64_t i = 0; i < 4; ++i)
+    h.push(base + i * stride, 1);
+  CHECK(h.take(base + stride) == 1);
+  CHECK(h.take(base) == 1);
+  CHECK(h.take(base + 3 * stride) == 1);
+  CHECK(h.take(base + 2 * stride) == 1);
+
+  PagedGhostHistory none(0);
+  none.push(1, 1);
+  CHECK(none.take(1) == 0);
+  CHECK_THROWS_AS(PagedGhostHistory(std::size_t{1} << 31), std::length_error);
+}
+
+TEST_CASE("ghost history: a moved-from history holds nothing") {
+  PagedGhostHistory g(4);
+  g.push(9, 1);
+  PagedGhostHistory h(std::move(g));
+  CHECK(h.take(9) == 1);
+  CHECK(g.capacity() == 0);  // NOLINT(bugprone-use-after-move): the documented state
+  g.push(1, 1);
+  CHECK(g.take(1) == 0);
+}
