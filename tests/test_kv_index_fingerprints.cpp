@@ -171,3 +171,37 @@ TEST_CASE("fingerprint table: bad input", "[kv_index]") {
   CHECK(t.memory_bytes() == 0U);
   CHECK(t.first(5) == kv_npos);
 }
+
+TEST_CASE("fingerprint table: resizing with a crowded run ahead of the first", "[kv_index]") {
+  // Ten entries share the lowest home slot, two sit 35% of the way in, and
+  // forty fill the upper half. Erasing the forty shrinks the array until the
+  // crowded run reaches past the home of the two, and the runs that wrap
+  // around the end meet it; then the array grows again.
+  KvFingerprintTable t;
+  std::vector<std::uint32_t> fp_of;
+  const auto add = [&](std::uint32_t fp) {
+    fp_of.push_back(fp);
+    t.insert(fp, static_cast<std::uint32_t>(fp_of.size() - 1U));
+  };
+  for (int i = 0; i < 10; ++i)
+    add(0);
+  add(0x5999999a);
+  add(0x5999999b);
+  for (std::uint32_t i = 0; i < 40; ++i)
+    add(0x80000000U + i * 0x01000000U);
+  REQUIRE(t.check());
+  for (std::uint32_t v = 12; v < 52; ++v) {
+    REQUIRE(t.erase(fp_of[v], v));
+    REQUIRE(t.check());
+  }
+  CHECK(t.size() == 12U);
+  for (std::uint32_t v = 0; v < 12; ++v)
+    CHECK(t.find(fp_of[v], [&](std::uint32_t x) { return x == v; }) == v);
+  // And growing again from there.
+  for (std::uint32_t i = 0; i < 40; ++i) {
+    add(0xf0000000U + i);
+    REQUIRE(t.check());
+  }
+  for (std::uint32_t v = 0; v < fp_of.size(); ++v)
+    if (v < 12U || v >= 52U) CHECK(t.find(fp_of[v], [&](std::uint32_t x) { return x == v; }) == v);
+}
