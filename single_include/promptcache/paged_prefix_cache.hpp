@@ -2229,8 +2229,9 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 // the key's hash and the index (8 bytes), and a match is confirmed against
 // the element. The slot of an entry follows from its fingerprint alone, so
 // growing, shrinking and deleting never read the elements; the capacity is
-// not a power of two (home = fingerprint * capacity / 2^32), which keeps the
-// load between 0.53 and 0.8 as it grows, instead of the 0.25..0.5 of power-of-two sizes.
+// not a power of two (home = fingerprint * capacity / 2^32), so the load of a
+// large table stays between 0.53 and 0.8 as it grows, instead of the 0.25 to
+// 0.5 of power-of-two sizes.
 // At such loads plain linear probing scans long runs for absent keys, so each
 // run is kept sorted by home slot (then fingerprint), as in Robin Hood
 // hashing: a lookup stops at the first entry that sorts after its key, and a
@@ -2249,7 +2250,8 @@ namespace promptcache::detail {
 /// tombstones) of (32-bit fingerprint, 32-bit value) entries, 8 bytes each.
 /// Several entries may share a fingerprint: lookups take a predicate that
 /// confirms a candidate value. Values must not be kv_npos (it marks empty
-/// slots). Grows by half above load 4/5 and shrinks (to load 3/5) below 2/5.
+/// slots). Grows by half above load 4/5 (doubles below 4,096 slots) and
+/// shrinks (to load 3/5) below 2/5.
 class KvFingerprintTable {
  public:
   /// One slot.
@@ -2346,7 +2348,9 @@ class KvFingerprintTable {
     if (extra > max_entries - size_) throw std::length_error("kv index table too large");
     const std::size_t need = size_ + extra;
     if (need * 5U <= cap_ * 4U) return;
-    rehash(std::max({need + need / 4U + 1U, cap_ + cap_ / 2U, min_capacity}));
+    // Small arrays double (rehashing is what costs there, not the bytes).
+    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
+    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
   }
 
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
@@ -2440,6 +2444,7 @@ class KvFingerprintTable {
 
  private:
   static constexpr std::size_t min_capacity = 16;
+  static constexpr std::size_t small_capacity = 4096;  // 32 KiB
   static constexpr std::size_t max_entries = std::size_t{1} << 31U;
 
   // Fixed-point scaling of the fingerprint onto [0, capacity): keeps entries
