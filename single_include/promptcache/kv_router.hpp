@@ -2298,7 +2298,7 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
   /// not even under reset_and_apply; only a Stored event or a new worker's
   /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
