@@ -3400,6 +3400,7 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
+    std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
@@ -3418,7 +3419,7 @@ class KvIndex {
         const std::uint32_t c = tree_.nodes().count(child);
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < tree_.nodes().count(prev)) {
+        if (prev != detail::kv_npos && c < prev_count) {
           detail::KvHolderSets::View had;
           detail::KvHolderSets::View has;
           tree_.nodes().holders(prev, had);
@@ -3428,6 +3429,7 @@ class KvIndex {
           });
         }
         prev = child;
+        prev_count = c;
         ++depth;
         if (early_exit && c == 1U) {
           stop = true;
@@ -3499,9 +3501,9 @@ class KvIndex {
       if (!s.live) continue;
       if (workers_.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
-      std::vector<std::uint32_t> stack{s.sentinel};
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> stack{{s.sentinel, detail::kv_npos}};
       while (!stack.empty()) {
-        const std::uint32_t h = stack.back();
+        const auto [h, up] = stack.back();  // a hold and its parent hold
         stack.pop_back();
         ++holds_seen;
         const detail::KvHold& x = holds_[h];
@@ -3509,7 +3511,7 @@ class KvIndex {
         if (h != s.sentinel) {
           ++blocks;
           if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
-          if (tree_.nodes().parent(x.node) != holds_[holds_.parent(h)].node) return false;
+          if (tree_.nodes().parent(x.node) != holds_[up].node) return false;
           if (find_name(s, x.block_hash) != h) return false;
           ++seen_count[x.node];
         } else if (x.node != 0U || x.link != detail::kv_npos) {
@@ -3521,7 +3523,7 @@ class KvIndex {
         for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
           if (holds_[c].link != expect) return false;
           expect = c;
-          stack.push_back(c);
+          stack.emplace_back(c, h);
         }
       }
       if (blocks != s.blocks) return false;
