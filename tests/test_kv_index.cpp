@@ -767,7 +767,7 @@ TEST_CASE("pools refuse to grow past 32-bit indices before allocating", "[kv_ind
                     std::length_error);
   CHECK(nodes.memory_bytes() == 0);
   nodes.reserve_extra(3);
-  const std::uint32_t n = nodes.allocate(1, 2, 0);
+  const std::uint32_t n = nodes.allocate(1, 0);
   CHECK(n == 1);
   REQUIRE_THROWS_AS(nodes.reserve_extra(npos - 2U), std::length_error);
   CHECK(nodes.live() == 1);

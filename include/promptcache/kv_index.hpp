@@ -179,12 +179,14 @@ struct KvIndexCounters {
 /// The KV-event-fed radix index. Costs below: B = blocks in the call, H =
 /// holders of a node the call touches (adding or dropping a holder costs
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
-/// descendants a removal drops. Memory: a tree node takes a 32-byte row plus
-/// its slot in the edge table (16 bytes at load 1/4..1/2), whatever the number
+/// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
+/// its 8-byte slot in the edge table (at load 0.53..0.8), whatever the number
 /// of worker ranks: up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
-/// pair takes a 32-byte hold plus its slot in the worker's name table.
+/// pair takes a 24-byte hold plus its 8-byte slot in the worker's name table.
+/// Rows and holds are allocated in pages, so their unused capacity is at most
+/// one page each.
 /// Everything is held in index-addressed pools, so an index is an ordinary
 /// copyable value. Freed nodes, holds and holder sets go to free lists that
 /// the next stores reuse; the pools themselves shrink only when they empty, so
@@ -246,7 +248,7 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
   /// not even under reset_and_apply; only a Stored event or a new worker's
   /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
@@ -398,11 +400,10 @@ class KvIndex {
     kv_event::Stored* ev = nullptr;
     detail::kv_for_each_hold_chain(
         holds_, sentinel,
-        [&](std::uint32_t h) {
+        [&](std::uint32_t, std::uint32_t parent) {
           out.push_back(KvEvent{out.size(), kv_event::Stored{}});
           ev = &std::get<kv_event::Stored>(out.back().data);
-          const std::uint32_t p = holds_[h].parent;
-          if (p != sentinel) ev->parent_hash = holds_[p].block_hash;
+          if (parent != sentinel) ev->parent_hash = holds_[parent].block_hash;
         },
         [&](std::uint32_t h) {
           ev->blocks.push_back(
@@ -434,6 +435,7 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
+    std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
@@ -444,21 +446,15 @@ class KvIndex {
         paths[j] = path;
         tree_.prefetch_edge(path);
       }
-      std::size_t got = 0;
-      for (; got < m; ++got) {
-        const std::uint32_t child = tree_.find_child(paths[got], cur);
-        if (child == detail::kv_npos) break;
-        tree_.nodes().prefetch(child);
-        found[got] = child;
-        cur = child;
-      }
+      const std::size_t got = tree_.walk(paths, m, cur, found);
+      if (got != 0U) cur = found[got - 1U];
       bool stop = got < m;
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
         const std::uint32_t c = tree_.nodes().count(child);
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < tree_.nodes().count(prev)) {
+        if (prev != detail::kv_npos && c < prev_count) {
           detail::KvHolderSets::View had;
           detail::KvHolderSets::View has;
           tree_.nodes().holders(prev, had);
@@ -468,6 +464,7 @@ class KvIndex {
           });
         }
         prev = child;
+        prev_count = c;
         ++depth;
         if (early_exit && c == 1U) {
           stop = true;
@@ -539,33 +536,39 @@ class KvIndex {
       if (!s.live) continue;
       if (workers_.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
-      std::vector<std::uint32_t> stack{s.sentinel};
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> stack{{s.sentinel, detail::kv_npos}};
       while (!stack.empty()) {
-        const std::uint32_t h = stack.back();
+        const auto [h, up] = stack.back();  // a hold and its parent hold
         stack.pop_back();
         ++holds_seen;
         const detail::KvHold& x = holds_[h];
-        if (x.slot != slot) return false;
+        if (holds_.is_free(h)) return false;
         if (h != s.sentinel) {
           ++blocks;
           if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
-          if (tree_.nodes().parent(x.node) != holds_[x.parent].node) return false;
-          if (s.names.find(x.block_hash, 0) != h) return false;
+          if (tree_.nodes().parent(x.node) != holds_[up].node) return false;
+          if (find_name(s, x.block_hash) != h) return false;
           ++seen_count[x.node];
+        } else if (x.node != 0U || x.link != detail::kv_npos) {
+          return false;
         }
-        std::uint32_t prev_sib = detail::kv_npos;
+        // The first child links to its parent, every later one to its
+        // previous sibling.
+        std::uint32_t expect = h | detail::kv_hold_parent_bit;
         for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
-          if (holds_[c].parent != h || holds_[c].prev != prev_sib) return false;
-          prev_sib = c;
-          stack.push_back(c);
+          if (holds_[c].link != expect) return false;
+          expect = c;
+          stack.emplace_back(c, h);
         }
       }
       if (blocks != s.blocks) return false;
     }
     if (holds_seen != holds_.live()) return false;
     std::size_t names = 0;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+    for (std::uint32_t s = 0; s < workers_.size(); ++s) {
       names += workers_[s].names.size();
+      if (!workers_[s].names.check()) return false;
+    }
     if (names + workers_.workers() != holds_.live()) return false;
     std::size_t live_nodes = 0;
     for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
@@ -626,7 +629,7 @@ class KvIndex {
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
     workers_.make_room(slot);
-    workers_.open(slot, worker, holds_.allocate(0, 0, slot, detail::kv_npos));
+    workers_.open(slot, worker, holds_.allocate(0, 0, detail::kv_npos));
     return slot;
   }
 
@@ -645,10 +648,8 @@ class KvIndex {
     Slot& src = workers_[tmp];
     holds_.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
-    holds_[sentinel].slot = into;
     detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
       tree_.nodes().move_bit(holds_[h].node, tmp, into);
-      holds_[h].slot = into;
     });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
@@ -717,7 +718,7 @@ class KvIndex {
     auto& names = workers_[slot].names;
     std::uint32_t cur_hold = workers_[slot].sentinel;
     if (parent_hash) {
-      cur_hold = names.find(*parent_hash, 0);
+      cur_hold = find_name(workers_[slot], *parent_hash);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
     std::uint32_t cur_node = holds_[cur_hold].node;
@@ -726,7 +727,7 @@ class KvIndex {
     // chunk are issued up front and their cache misses overlap.
     constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
-    std::uint64_t name_hashes[chunk];
+    std::uint32_t name_fps[chunk];
     std::uint32_t found[chunk];
     std::uint64_t path = tree_.nodes().path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
@@ -735,18 +736,12 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
         tree_.prefetch_edge(path);
-        name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
-        names.prefetch_hashed(name_hashes[j]);
+        name_fps[j] = detail::kv_name_fingerprint(blocks[base + j].block_hash);
+        names.prefetch(name_fps[j]);
       }
       // Nodes that already exist (a prefix other workers hold) are found in a
       // first pass so that their rows are on the way before they are written.
-      std::size_t walked = 0;
-      for (std::uint32_t at = cur_node; walked < m; ++walked) {
-        at = tree_.find_child(paths[walked], at);
-        if (at == detail::kv_npos) break;
-        found[walked] = at;
-        tree_.nodes().prefetch(at);
-      }
+      const std::size_t walked = tree_.walk(paths, m, cur_node, found);
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
         // Past the walk the parent is new (or the walk's first miss), so the
@@ -754,11 +749,12 @@ class KvIndex {
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
-          child = tree_.add_child(paths[j], b.tokens_hash, cur_node);
+          child = tree_.add_child(paths[j], cur_node);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
-        const auto name = names.probe_hashed(name_hashes[j], b.block_hash, 0);
+        const auto name = names.probe(
+            name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
         if (name.value != detail::kv_npos) {
           if (holds_[name.value].node == child) {  // re-store of a held block
             ++r.blocks_already_held;
@@ -767,8 +763,8 @@ class KvIndex {
             continue;
           }
         } else if (fresh_node || !tree_.nodes().test(child, slot)) {
-          const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-          names.insert_at(name, b.block_hash, 0, h);
+          const std::uint32_t h = holds_.allocate(b.block_hash, child, cur_hold);
+          names.insert_at(name, name_fps[j], h);
           tree_.nodes().set(child, slot);
           ++workers_[slot].blocks;
           ++added;
@@ -778,7 +774,7 @@ class KvIndex {
         }
         // Conflict: the name is held elsewhere, or the position under another name.
         if (fresh_node) free_node(child);
-        undo_chain(cur_hold, added);
+        undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
         return KvEventStatus::block_conflict;
       }
@@ -790,10 +786,10 @@ class KvIndex {
   // Undoes the `added` holds of a store. After the first new hold every later
   // one is new too (a worker holding a node holds its parent), so they form a
   // chain ending at `h`.
-  void undo_chain(std::uint32_t h, std::size_t added) noexcept {
+  void undo_chain(std::uint32_t slot, std::uint32_t h, std::size_t added) noexcept {
     for (std::size_t i = 0; i < added; ++i) {
-      const std::uint32_t parent = holds_[h].parent;
-      release_hold(h, name_hash(holds_[h].block_hash));
+      const std::uint32_t parent = holds_.parent(h);  // O(1): a new hold is a first child
+      release_hold(slot, h, name_fp(holds_[h].block_hash));
       h = parent;
     }
   }
@@ -805,17 +801,22 @@ class KvIndex {
     auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
-    std::uint64_t name_hashes[chunk];
+    std::uint32_t name_fps[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
-        name_hashes[j] = names.hash_of(block_hashes[base + j], 0);
-        names.prefetch_hashed(name_hashes[j]);
+        name_fps[j] = detail::kv_name_fingerprint(block_hashes[base + j]);
+        names.prefetch(name_fps[j]);
       }
+      // Candidates by fingerprint first, so the holds that confirm them load
+      // together.
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.find_hashed(name_hashes[j], block_hashes[base + j], 0);
+        hs[j] = names.first(name_fps[j]);
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos && holds_[hs[j]].block_hash != block_hashes[base + j])
+          hs[j] = find_name(workers_[slot], block_hashes[base + j]);
       for (std::size_t j = 0; j < m; ++j)
         if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
       for (std::size_t j = 0; j < m; ++j)
@@ -830,7 +831,7 @@ class KvIndex {
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree_hashed(h, name_hashes[j]) - 1U;
+        r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
     }
   }
@@ -841,37 +842,44 @@ class KvIndex {
     const std::uint32_t sentinel = workers_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(holds_[sentinel].first_child, shrink);
+      n += remove_subtree(slot, holds_[sentinel].first_child, shrink);
     return n;
   }
 
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
-    return remove_subtree_hashed(top, name_hash(holds_[top].block_hash), shrink);
+  std::size_t remove_subtree(std::uint32_t slot, std::uint32_t top, bool shrink = true) noexcept {
+    return remove_subtree_fp(slot, top, name_fp(holds_[top].block_hash), shrink);
   }
 
-  // As above, with `top_name_hash` the name-table hash of `top`'s block hash
-  // (a removal has it from its lookup).
-  std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
-                                    bool shrink = true) noexcept {
+  // As above, with `top_fp` the name fingerprint of `top`'s block hash (a
+  // removal has it from its lookup).
+  std::size_t remove_subtree_fp(std::uint32_t slot, std::uint32_t top, std::uint32_t top_fp,
+                                bool shrink = true) noexcept {
     return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
-      release_hold(h, is_top ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
+      release_hold(slot, h, is_top ? top_fp : name_fp(holds_[h].block_hash), shrink);
     });
   }
 
-  [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
-    return detail::KvNameHash::hash(block_hash, 0);
+  [[nodiscard]] static constexpr std::uint32_t name_fp(std::uint64_t block_hash) noexcept {
+    return detail::kv_name_fingerprint(block_hash);
   }
 
-  // Releases a childless hold: its name, its holder bit, and the node when no
-  // worker holds it any more. `hash`: name_hash of its block hash.
-  void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
+  // The hold of `s` named `block_hash`, or kv_npos.
+  [[nodiscard]] std::uint32_t find_name(const Slot& s, std::uint64_t block_hash) const noexcept {
+    return s.names.find(name_fp(block_hash),
+                        [&](std::uint32_t h) { return holds_[h].block_hash == block_hash; });
+  }
+
+  // Releases a childless hold of `slot`: its name, its holder bit, and the
+  // node when no worker holds it any more. `fp`: name_fp of its block hash.
+  void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
+                    bool shrink = true) noexcept {
     const detail::KvHold& x = holds_[h];
-    Slot& s = workers_[x.slot];
-    s.names.erase_hashed(hash, x.block_hash, 0, shrink);
+    Slot& s = workers_[slot];
+    s.names.erase(fp, h, shrink);
     --s.blocks;
-    if (tree_.nodes().reset_bit(x.node, x.slot, shrink) == 0U) free_node(x.node, shrink);
+    if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 

@@ -1014,28 +1014,159 @@ class KvHolderSets {
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/detail/kv_index_pages.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+// promptcache: detail/kv_index_pages.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The paged arrays behind the node and hold pools of kv_index.hpp. A vector
+// that doubles its capacity leaves up to half of its bytes unused (and needs
+// old + new during each reallocation); with millions of rows that headroom
+// was a large part of the index's memory. Pages of a fixed number of elements
+// bound the unused part to one page, never move elements (so growing copies
+// nothing), and cost one extra load from a small, cache-resident page table
+// per access.
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace promptcache::detail {
 
+/// An append-only array of trivially copyable `T` in pages of 2^PageBits
+/// elements. Elements never move; capacity grows one page at a time.
+template <class T, unsigned PageBits = 12>
+class KvPagedArray {
+ public:
+  /// Elements per page.
+  static constexpr std::size_t page_size = std::size_t{1} << PageBits;
+
+  /// An empty array; owns no memory. O(1).
+  KvPagedArray() noexcept = default;
+  /// A deep copy. O(size).
+  KvPagedArray(const KvPagedArray& other) : size_(0) {
+    pages_.reserve(other.pages_.size());
+    for (const auto& p : other.pages_) {
+      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
+      std::copy_n(p.get(), page_size, pages_.back().get());
+    }
+    size_ = other.size_;
+  }
+  /// Takes over `other`'s pages; `other` is left empty. O(1).
+  KvPagedArray(KvPagedArray&& other) noexcept
+      : pages_(std::move(other.pages_)), size_(std::exchange(other.size_, 0U)) {}
+  /// Copy-and-swap assignment (strong guarantee). O(size of both).
+  KvPagedArray& operator=(const KvPagedArray& other) {
+    if (this != &other) {
+      KvPagedArray copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s pages; `other` is left empty. O(pages of this).
+  KvPagedArray& operator=(KvPagedArray&& other) noexcept {
+    if (this != &other) {
+      KvPagedArray taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+  ~KvPagedArray() = default;
+
+  /// Element `i` (below size()). O(1).
+  [[nodiscard]] T& operator[](std::size_t i) noexcept {
+    return pages_[i >> PageBits][i & (page_size - 1U)];
+  }
+  /// Element `i` (below size()). O(1).
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept {
+    return pages_[i >> PageBits][i & (page_size - 1U)];
+  }
+
+  /// Elements appended. O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True when nothing was appended. O(1).
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0U; }
+  /// Elements that fit without allocating (whole pages). O(1).
+  [[nodiscard]] std::size_t capacity() const noexcept { return pages_.size() * page_size; }
+
+  /// Allocates pages until `n` elements fit, so the next push_back calls up
+  /// to that size cannot throw. On std::bad_alloc the contents are unchanged
+  /// (pages already added stay as capacity). O(new pages).
+  void reserve(std::size_t n) {
+    if (n <= capacity()) return;
+    const std::size_t pages = (n + page_size - 1U) >> PageBits;
+    pages_.reserve(pages);
+    while (pages_.size() < pages)
+      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
+  }
+
+  /// Appends `v`; allocates a page when the last one is full. Amortized O(1).
+  void push_back(const T& v) {
+    if (size_ == capacity()) reserve(size_ + 1U);
+    (*this)[size_] = v;
+    ++size_;
+  }
+
+  /// Drops every element and releases every page. O(pages).
+  void clear() noexcept {
+    std::vector<std::unique_ptr<T[]>>().swap(pages_);
+    size_ = 0;
+  }
+
+  /// Bytes held: the pages and the page table. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return pages_.size() * page_size * sizeof(T) + pages_.capacity() * sizeof(std::unique_ptr<T[]>);
+  }
+
+  /// Exchanges the contents with `other`. O(1).
+  void swap(KvPagedArray& other) noexcept {
+    pages_.swap(other.pages_);
+    std::swap(size_, other.size_);
+  }
+
+ private:
+  std::vector<std::unique_ptr<T[]>> pages_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+// ---- end promptcache/detail/kv_index_pages.hpp ----
+
+namespace promptcache::detail {
+
+/// Marks a hold's `link` as naming its parent (it is the first child) rather
+/// than its previous sibling.
+inline constexpr std::uint32_t kv_hold_parent_bit = std::uint32_t{1} << 31U;
+
 /// One worker slot's hold on one node, named by the worker's block hash. The
 /// holds of a slot form a tree mirroring the part of the node tree it holds
 /// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
-/// only that worker's descendants, not every child of a shared node.
+/// only that worker's descendants, not every child of a shared node. 24 bytes:
+/// the slot is not stored (every caller knows it), and the parent is stored
+/// only in the first child of each sibling list (`link`), which is the child
+/// that leaf-first removals and new chains use.
 struct KvHold {
   std::uint64_t block_hash = 0;         ///< the worker's name for the block
-  std::uint32_t node = 0;               ///< the tree node held
-  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
-  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t node = 0;               ///< the tree node held; kv_npos when freed
   std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
   std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
-  std::uint32_t prev = kv_npos;         ///< previous sibling
+  std::uint32_t link = kv_npos;         ///< previous sibling, or parent | kv_hold_parent_bit
+                                        ///< for a first child; kv_npos for a sentinel
 };
 
-/// Pool of holds with a free list and intrusive sibling lists.
+/// Pool of holds (in pages, so no per-hold headroom) with a free list and
+/// intrusive sibling lists. At most 2^31 - 2 holds (the link's top bit is a
+/// flag).
 class KvHoldStore {
  public:
-  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
+  /// Hold `h`; the reference is invalidated by release() of the last hold. O(1).
   [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
   /// Hold `h`. O(1).
   [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
@@ -1049,22 +1180,29 @@ class KvHoldStore {
 #endif
   }
 
+  /// The parent of hold `h` (kv_npos for a sentinel): O(1) for a first
+  /// child, else O(earlier siblings), found through the first one.
+  [[nodiscard]] std::uint32_t parent(std::uint32_t h) const noexcept {
+    std::uint32_t l = holds_[h].link;
+    while (l != kv_npos && (l & kv_hold_parent_bit) == 0U)
+      l = holds_[l].link;
+    return l == kv_npos ? kv_npos : l & ~kv_hold_parent_bit;
+  }
+
   /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error when the indices would not
-  /// fit in 32 bits.
+  /// throw). Strong guarantee; std::length_error past 2^31 - 2 holds.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     if (extra - free_count_ > max_holds - holds_.size())
       throw std::length_error("kv index: too many blocks");
-    const std::size_t need = holds_.size() + extra - free_count_;
-    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+    holds_.reserve(holds_.size() + extra - free_count_);
   }
 
   /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
   /// Always inlined: it runs once per stored block (other compilers ignore
   /// the gnu:: attribute).
   [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
-                                                std::uint32_t slot, std::uint32_t parent) {
+                                                std::uint32_t parent) {
     std::uint32_t h;
     if (free_head_ != kv_npos) {
       h = free_head_;
@@ -1075,36 +1213,37 @@ class KvHoldStore {
       h = append();
     }
     KvHold& x = holds_[h];
-    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
+    x = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
     if (parent != kv_npos) {
       KvHold& p = holds_[parent];
+      x.link = parent | kv_hold_parent_bit;
       x.next = p.first_child;
-      if (x.next != kv_npos) holds_[x.next].prev = h;
+      if (x.next != kv_npos) holds_[x.next].link = h;
       p.first_child = h;
     }
     ++live_;
     return h;
   }
 
-  /// Unlinks hold `h` (which must have no children) and frees it.
+  /// Unlinks hold `h` (which must have no children) and frees it. O(1).
   void release(std::uint32_t h) noexcept {
     KvHold& x = holds_[h];
-    if (x.parent != kv_npos) {
-      if (x.prev == kv_npos)
-        holds_[x.parent].first_child = x.next;
+    if (x.link != kv_npos) {
+      if ((x.link & kv_hold_parent_bit) != 0U)
+        holds_[x.link & ~kv_hold_parent_bit].first_child = x.next;
       else
-        holds_[x.prev].next = x.next;
-      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
+        holds_[x.link].next = x.next;
+      if (x.next != kv_npos) holds_[x.next].link = x.link;  // takes over the parent or sibling
     }
     x.next = free_head_;
-    x.slot = kv_npos;  // marks it free (see is_free)
-    x.parent = kv_npos;
+    x.node = kv_npos;  // marks it free (see is_free)
+    x.link = kv_npos;
     x.first_child = kv_npos;
     free_head_ = h;
     ++free_count_;
     --live_;
     if (live_ == 0U) {
-      std::vector<KvHold>().swap(holds_);
+      holds_.clear();
       free_head_ = kv_npos;
       free_count_ = 0;
     }
@@ -1113,7 +1252,7 @@ class KvHoldStore {
   /// True when hold `h` (an index below the pool size) was released and not
   /// reused since. O(1).
   [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
-    return holds_[h].slot == kv_npos;
+    return holds_[h].node == kv_npos;
   }
 
   /// Holds in use (sentinels included). O(1).
@@ -1122,21 +1261,21 @@ class KvHoldStore {
   }
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return holds_.capacity() * sizeof(KvHold);
+    return holds_.memory_bytes();
   }
 
  private:
-  static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+  static constexpr std::size_t max_holds = kv_hold_parent_bit - 1U;  // indices below 2^31 - 1
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append() {
     if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
     const auto h = static_cast<std::uint32_t>(holds_.size());
-    holds_.emplace_back();
+    holds_.push_back(KvHold{});
     return h;
   }
 
-  std::vector<KvHold> holds_;
+  KvPagedArray<KvHold> holds_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;
   std::size_t live_ = 0;
@@ -1153,8 +1292,9 @@ std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Re
   for (;;) {
     while (holds[h].first_child != kv_npos)
       h = holds[h].first_child;
-    const std::uint32_t up = holds[h].parent;
     const bool last = h == top;
+    // Below `top` every hold reached is a first child: its parent is O(1).
+    const std::uint32_t up = last ? kv_npos : holds.parent(h);
     release(h, last);
     ++n;
     if (last) return n;
@@ -1163,7 +1303,8 @@ std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Re
 }
 
 /// Calls f(h) for every hold below `root` (not `root` itself), parents before
-/// children, without a stack (parent links). O(descendants).
+/// children, without a stack (parent links; climbing from a last sibling walks
+/// back over its siblings once). O(descendants).
 template <class F>
 void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f) {
   std::uint32_t h = holds[root].first_child;
@@ -1174,31 +1315,31 @@ void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f)
       continue;
     }
     while (h != root && holds[h].next == kv_npos)
-      h = holds[h].parent;
+      h = holds.parent(h);
     h = h == root ? kv_npos : holds[h].next;
   }
 }
 
 /// Splits the holds below `root` into chains that follow first children:
-/// calls start(h) at the first hold of each chain (its parent is the chain's
-/// parent), then step(h) for each hold of the chain, the first included.
+/// calls start(h, parent) at the first hold h of each chain, then step(h) for
+/// each hold of the chain, the first included.
 /// Siblings start later chains. O(descendants), O(width) extra memory.
 template <class Start, class Step>
 void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&& start,
                             Step&& step) {
-  std::vector<std::uint32_t> starts;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> starts;  // (hold, its parent)
   for (std::uint32_t c = holds[root].first_child; c != kv_npos; c = holds[c].next)
-    starts.push_back(c);
+    starts.emplace_back(c, root);
   while (!starts.empty()) {
-    std::uint32_t h = starts.back();
+    std::uint32_t h = starts.back().first;
+    start(h, starts.back().second);
     starts.pop_back();
-    start(h);
     while (h != kv_npos) {
       step(h);
       const std::uint32_t first = holds[h].first_child;
       if (first != kv_npos)
         for (std::uint32_t c = holds[first].next; c != kv_npos; c = holds[c].next)
-          starts.push_back(c);
+          starts.emplace_back(c, h);
       h = first;
     }
   }
@@ -1218,7 +1359,7 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 // child by the child's path hash. Nodes live in a pool that hands out 32-bit
 // indices from a vector with a free list instead of pointers: freed slots are
 // reused without calling the allocator, rows are half the size of pointers
-// plus headers, and nothing dangles when the vector grows.
+// plus headers, and nothing dangles when the pool grows.
 
 #include <algorithm>
 #include <cstddef>
@@ -1226,16 +1367,318 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 #include <stdexcept>
 #include <vector>
 
+// ---- begin promptcache/detail/kv_index_fingerprints.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_FINGERPRINTS_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_FINGERPRINTS_HPP
+// promptcache: detail/kv_index_fingerprints.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The compact hash table behind the edge and block-name lookups of
+// kv_index.hpp. Both map a 64-bit key to a 32-bit pool index whose element
+// already stores the full key (a node row its path hash, a hold its block
+// hash), so a slot need not repeat the key: it keeps a 32-bit fingerprint of
+// the key's hash and the index (8 bytes), and a match is confirmed against
+// the element. The slot of an entry follows from its fingerprint alone, so
+// growing, shrinking and deleting never read the elements; the capacity is
+// not a power of two (home = fingerprint * capacity / 2^32), so the load of a
+// large table stays between 0.53 and 0.8 as it grows, instead of the 0.25 to
+// 0.5 of power-of-two sizes.
+// At such loads plain linear probing scans long runs for absent keys, so each
+// run is kept sorted by home slot (then fingerprint), as in Robin Hood
+// hashing: a lookup stops at the first entry that sorts after its key, and a
+// deletion shifts back only the displaced entries that follow it.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
 namespace promptcache::detail {
 
-/// Tree nodes, stored as rows of four 64-bit words so that one node's hashes,
-/// count and holder set share half a cache line (32 bytes, whatever the number
-/// of worker slots):
-///   [0] path hash (identifies the root-to-node path, keys the edge table)
-///   [1] tokens hash of the node's block
-///   [2] parent index (low 32 bits) | holder count (high 32 bits)
-///   [3] holder word: the holder slots themselves, or where they are in the
-///       holder-set arena (see KvHolderSets)
+/// Open-addressing table (ordered linear probing, backward-shift deletion, no
+/// tombstones) of (32-bit fingerprint, 32-bit value) entries, 8 bytes each.
+/// Several entries may share a fingerprint: lookups take a predicate that
+/// confirms a candidate value. Values must not be kv_npos (it marks empty
+/// slots). Grows by half above load 4/5 (doubles below 4,096 slots) and
+/// shrinks (to load 3/5) below 2/5.
+class KvFingerprintTable {
+ public:
+  /// One slot.
+  struct Entry {
+    std::uint32_t fp;     ///< Fingerprint of the key.
+    std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
+  };
+
+  /// Where a probe ended: the confirmed value and its slot, or kv_npos and
+  /// the slot where the key would be inserted.
+  struct Probe {
+    std::size_t pos;      ///< Slot index (valid until the table next changes).
+    std::uint32_t value;  ///< The confirmed value, or kv_npos.
+  };
+
+  /// The fingerprint of a well-mixed 64-bit hash: its high half. O(1).
+  [[nodiscard]] static constexpr std::uint32_t fingerprint(std::uint64_t hash) noexcept {
+    return static_cast<std::uint32_t>(hash >> 32U);
+  }
+
+  /// Hints the CPU to load the first slot a lookup of `fp` reads. O(1).
+  void prefetch(std::uint32_t fp) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (cap_ != 0U) __builtin_prefetch(&slots_[home(fp)]);
+#else
+    (void)fp;
+#endif
+  }
+
+  /// The first value stored under `fp`, unconfirmed, or kv_npos when no
+  /// entry has that fingerprint (then no key with it is present). Lets a
+  /// caller prefetch the element before confirming. O(1) expected.
+  [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
+    if (cap_ == 0U) return kv_npos;
+    bool wrapped = false;
+    for (std::size_t i = home(fp);;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos || e.fp == fp) return e.value;
+      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return kv_npos;
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+  }
+
+  /// The value under `fp` for which is_key(value) holds, or kv_npos. O(1)
+  /// expected (is_key runs on fingerprint matches only).
+  template <class IsKey>
+  [[nodiscard]] std::uint32_t find(std::uint32_t fp, IsKey&& is_key) const {
+    return cap_ == 0U ? kv_npos : probe(fp, is_key).value;
+  }
+
+  /// Like find, also returning the slot; the table must have slots (any
+  /// reserve_extra or insert made them). O(1) expected.
+  template <class IsKey>
+  [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
+    bool wrapped = false;
+    for (std::size_t i = home(fp);;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return Probe{i, kv_npos};
+      if (e.fp == fp) {
+        if (is_key(e.value)) return Probe{i, e.value};
+      } else if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) {
+        return Probe{i, kv_npos};
+      }
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+  }
+
+  /// Inserts (fp, value) at the empty slot of a probe that ended there,
+  /// saving insert()'s second probe. The table must be unchanged since the
+  /// probe and have room reserved (reserve_extra), so this cannot rehash.
+  /// O(rest of the run): later entries of the run shift up by one slot.
+  void insert_at(const Probe& p, std::uint32_t fp, std::uint32_t value) noexcept {
+    put(p.pos, Entry{fp, value});
+    ++size_;
+  }
+
+  /// Inserts (fp, value); the caller knows the key is absent. Amortized
+  /// O(1); may rehash (invalidates probes only).
+  void insert(std::uint32_t fp, std::uint32_t value) {
+    reserve_extra(1);
+    place(Entry{fp, value});
+    ++size_;
+  }
+
+  /// Makes the next `extra` inserts rehash-free (so they cannot throw).
+  /// Strong guarantee; std::length_error beyond 2^31 entries.
+  void reserve_extra(std::size_t extra) {
+    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
+    const std::size_t need = size_ + extra;
+    if (need * 5U <= cap_ * 4U) return;
+    // Small arrays double (rehashing is what costs there, not the bytes).
+    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
+    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+  }
+
+  /// Removes the entry (fp, value) (value identifies it; fp finds its probe
+  /// run); false when absent. Shifts back the displaced entries that follow
+  /// it. Below load 2/5 the array shrinks (it is released when empty), unless
+  /// `shrink` is false (then earlier reserve_extra guarantees still hold).
+  /// Amortized O(1).
+  bool erase(std::uint32_t fp, std::uint32_t value, bool shrink = true) noexcept {
+    if (cap_ == 0U) return false;
+    std::size_t i = home(fp);
+    for (bool wrapped = false;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.value == value && e.fp == fp) break;
+      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return false;
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+    // Backward shift: the run is sorted, so the entries that may move into
+    // the hole are exactly those up to the first one at its home slot.
+    for (std::size_t j = next(i);; j = next(j)) {
+      const Entry& e = slots_[j];
+      if (e.value == kv_npos || home(e.fp) == j) break;
+      slots_[i] = e;
+      i = j;
+    }
+    slots_[i].value = kv_npos;
+    --size_;
+    if (shrink && size_ * 5U < cap_ * 2U) shrink_to_load();
+    return true;
+  }
+
+  /// Shrinks the array to load 3/5 if the load is below 2/5 (releases it
+  /// when empty). Keeps the current array when a smaller one cannot be
+  /// allocated. O(capacity).
+  void shrink_to_load() noexcept {
+    if (size_ == 0U) {
+      clear();
+      return;
+    }
+    if (cap_ <= min_capacity || size_ * 5U >= cap_ * 2U) return;
+    try {
+      rehash(std::max(size_ * 5U / 3U + 1U, min_capacity));
+    } catch (...) {  // shrinking is an optimisation
+    }
+  }
+
+  /// Number of entries. O(1).
+  [[nodiscard]] std::size_t size() const noexcept {
+    return size_;
+  }
+  /// Number of slots. O(1).
+  [[nodiscard]] std::size_t capacity() const noexcept {
+    return cap_;
+  }
+  /// Bytes held by the slot array. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(Entry);
+  }
+  /// Drops every entry and releases the slot array. O(1).
+  void clear() noexcept {
+    std::vector<Entry>().swap(slots_);
+    size_ = 0;
+    cap_ = 0;
+  }
+
+  /// Checks that every run is sorted by home slot, then fingerprint, that
+  /// every entry is found by a lookup of its fingerprint, and that the count
+  /// matches. O(capacity * run length); for tests.
+  [[nodiscard]] bool check() const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < cap_; ++i) {
+      if (slots_[i].value == kv_npos) continue;
+      ++n;
+      const std::size_t j = next(i);
+      if (slots_[j].value != kv_npos) {  // the next entry of the run sorts after this one
+        // Home slots counted from slot i: the entry at i sits distance(home, i)
+        // after its home, the one at j distance(home, j) after its own.
+        const std::size_t back_i = distance(home(slots_[i].fp), i);
+        const std::size_t back_j = distance(home(slots_[j].fp), j);
+        if (back_j > back_i + 1U) return false;  // j's home lies before i's
+        if (back_j == back_i + 1U && slots_[j].fp < slots_[i].fp) return false;
+      }
+      const std::uint32_t v = slots_[i].value;
+      if (probe(slots_[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
+    }
+    return n == size_;
+  }
+
+ private:
+  static constexpr std::size_t min_capacity = 16;
+  static constexpr std::size_t small_capacity = 4096;  // 32 KiB
+  static constexpr std::size_t max_entries = std::size_t{1} << 31U;
+
+  // Fixed-point scaling of the fingerprint onto [0, capacity): keeps entries
+  // ordered by fingerprint and needs no power-of-two capacity.
+  [[nodiscard]] std::size_t home(std::uint32_t fp) const noexcept {
+    return static_cast<std::size_t>((std::uint64_t{fp} * cap_) >> 32U);
+  }
+  [[nodiscard]] std::size_t next(std::size_t i) const noexcept {
+    return i + 1U == cap_ ? 0U : i + 1U;
+  }
+  [[nodiscard]] std::size_t distance(std::size_t from, std::size_t to) const noexcept {
+    return to >= from ? to - from : to + cap_ - from;
+  }
+
+  // True when entry `e` at slot `i` sorts after a key with fingerprint `fp`
+  // (e.fp != fp) whose probe reached `i`; `wrapped`: the probe passed the end
+  // of the array. Runs are sorted by home slot counted from the run's start,
+  // so an entry whose home lies past `i` came around the end and sorts first.
+  [[nodiscard]] bool after(const Entry& e, std::size_t i, std::uint32_t fp,
+                           bool wrapped) const noexcept {
+    if (!wrapped) return e.fp > fp && home(e.fp) <= i;
+    return e.fp > fp || home(e.fp) <= i;
+  }
+
+  // Writes `entry` at `i`, shifting the rest of the run up by one slot.
+  void put(std::size_t i, Entry entry) noexcept {
+    while (slots_[i].value != kv_npos) {
+      std::swap(entry, slots_[i]);
+      i = next(i);
+    }
+    slots_[i] = entry;
+  }
+
+  void place(const Entry& entry) noexcept {
+    put(probe(entry.fp, [](std::uint32_t) { return false; }).pos, entry);
+  }
+
+  void rehash(std::size_t new_capacity) {
+    std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
+    old.swap(slots_);
+    cap_ = new_capacity;
+    for (const Entry& e : old)
+      if (e.value != kv_npos) place(e);
+  }
+
+  std::vector<Entry> slots_;
+  std::size_t size_ = 0;
+  std::size_t cap_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_FINGERPRINTS_HPP
+// ---- end promptcache/detail/kv_index_fingerprints.hpp ----
+
+namespace promptcache::detail {
+
+/// Inverse of kv_mix64 (each step of the finalizer is invertible: the
+/// xor-shifts by 33 >= 32 bits undo themselves, the multipliers are odd).
+[[nodiscard]] constexpr std::uint64_t kv_unmix64(std::uint64_t k) noexcept {
+  // Newton's iteration for the inverse of an odd number modulo 2^64: each
+  // step doubles the number of correct low bits (3 -> 96).
+  constexpr auto inverse = [](std::uint64_t a) {
+    std::uint64_t x = a;
+    for (int i = 0; i < 5; ++i)
+      x *= 2U - a * x;
+    return x;
+  };
+  k ^= k >> 33U;
+  k *= inverse(0xc4ceb9fe1a85ec53ULL);
+  k ^= k >> 33U;
+  k *= inverse(0xff51afd7ed558ccdULL);
+  k ^= k >> 33U;
+  return k;
+}
+
+/// Tree nodes, stored as 24-byte rows in pages:
+///   path     path hash (identifies the root-to-node path; the edge table
+///            keeps only a fingerprint of it and confirms here)
+///   links    parent index (low 32 bits) | holder count (high 32 bits)
+///   holders  the holder slots themselves, or where they are in the
+///            holder-set arena (see KvHolderSets)
+/// The block's tokens hash is not stored: the path hash is a bijection of it
+/// for a fixed parent, so it is recovered from the two path hashes.
 /// Node 0 is the root; it is never freed and its holder fields are unused.
 /// While no other node exists there are no rows at all (the root's only field
 /// in use, its path hash, is a constant), so an empty store owns no memory and
@@ -1259,48 +1702,60 @@ class KvNodeStore {
 
   /// Path hash of node `n` (its key in the edge table). O(1).
   [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
-    return n == 0U ? root_path_hash : row(n)[0];
+    return n == 0U ? root_path_hash : rows_[n].path;
   }
-  /// Tokens hash of node `n`'s block. O(1).
-  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Tokens hash of node `n`'s block (n != 0), recovered from its path hash
+  /// and its parent's. O(1).
+  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept {
+    return kv_unmix64(rows_[n].path) ^ path_hash(parent(n));
+  }
   /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
+    return static_cast<std::uint32_t>(rows_[n].links & 0xffffffffULL);
   }
   /// Number of slots holding node `n`; 0 for a free node. O(1).
   [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
+    return static_cast<std::uint32_t>(rows_[n].links >> 32U);
+  }
+  /// True when `n` is the child of `parent_node` with path hash `path`. O(1).
+  [[nodiscard]] bool is_child(std::uint32_t n, std::uint64_t path,
+                              std::uint32_t parent_node) const noexcept {
+    const Row& r = rows_[n];
+    return r.path == path && static_cast<std::uint32_t>(r.links & 0xffffffffULL) == parent_node;
   }
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
-    holders_.view(row(n)[3], count(n), v);
+    holders_.view(rows_[n].holders, count(n), v);
   }
 
   /// True when `slot` holds node `n`. O(log holders).
   [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
-    return holders_.contains(row(n)[3], count(n), slot);
+    return holders_.contains(rows_[n].holders, count(n), slot);
   }
   /// Marks `slot` (below the width set by ensure_slots) as a holder of `n`; it
   /// must not be one. Cannot throw after reserve_holders. O(holders).
   void set(std::uint32_t n, std::uint32_t slot) {
-    std::uint64_t* r = row(n);
-    holders_.insert(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot);
-    r[2] += std::uint64_t{1} << 32U;
+    Row& r = rows_[n];
+    holders_.insert(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot);
+    r.links += std::uint64_t{1} << 32U;
   }
   /// Removes holder `slot` of `n` (it must be one); returns the new count.
   /// Never allocates. O(holders).
   std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
-    std::uint64_t* r = row(n);
-    holders_.erase(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot, shrink);
-    r[2] -= std::uint64_t{1} << 32U;
-    return static_cast<std::uint32_t>(r[2] >> 32U);
+    Row& r = rows_[n];
+    holders_.erase(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot, shrink);
+    r.links -= std::uint64_t{1} << 32U;
+    return static_cast<std::uint32_t>(r.links >> 32U);
   }
 
   /// Hints the CPU to load node `n`'s row. O(1).
   void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(row(n));
+    // A 24-byte row may straddle two cache lines.
+    const auto* p = reinterpret_cast<const char*>(&rows_[n]);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + sizeof(Row) - 1U);
 #else
     (void)n;
 #endif
@@ -1314,8 +1769,7 @@ class KvNodeStore {
     // The first node also brings the root's row.
     const std::size_t have = std::max<std::size_t>(rows(), 1U);
     if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
-    const std::size_t need = (have + extra - free_count_) * stride;
-    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+    rows_.reserve(have + extra - free_count_);
   }
 
   /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
@@ -1325,7 +1779,7 @@ class KvNodeStore {
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
   /// it noexcept.
-  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
+  std::uint32_t allocate(std::uint64_t path, std::uint32_t parent_node) {
     std::uint32_t n;
     if (free_head_ != kv_npos) {
       n = free_head_;
@@ -1336,11 +1790,7 @@ class KvNodeStore {
     } else {
       n = append_row();
     }
-    std::uint64_t* r = row(n);
-    r[0] = path;
-    r[1] = tokens;
-    r[2] = parent_node;
-    r[3] = KvHolderSets::empty_word;
+    rows_[n] = Row{path, parent_node, KvHolderSets::empty_word};
     ++live_;
     return n;
   }
@@ -1349,7 +1799,7 @@ class KvNodeStore {
   /// the storage itself is released, so an emptied index gives memory back,
   /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
   void release(std::uint32_t n, bool shrink = true) noexcept {
-    row(n)[2] = free_head_;
+    rows_[n].links = free_head_;
     free_head_ = n;
     ++free_count_;
     --live_;
@@ -1360,7 +1810,7 @@ class KvNodeStore {
   void shrink_if_empty() noexcept {
     holders_.release_if_empty();
     if (live_ != 0U) return;
-    std::vector<std::uint64_t>().swap(words_);
+    rows_.clear();
     free_head_ = kv_npos;
     free_count_ = 0;
   }
@@ -1379,19 +1829,18 @@ class KvNodeStore {
     if (k == holders_.bitset_class()) return;
     std::size_t bitsets = 0;
     for (std::size_t n = 1; n < rows(); ++n)
-      if (KvHolderSets::is_bitset_set(words_[n * stride + 3U],
-                                      count(static_cast<std::uint32_t>(n))))
+      if (KvHolderSets::is_bitset_set(rows_[n].holders, count(static_cast<std::uint32_t>(n))))
         ++bitsets;
     holders_.reserve_rewidth(bitsets, k);
     for (std::size_t n = 1; n < rows(); ++n)
-      holders_.rewidth(words_[n * stride + 3U], count(static_cast<std::uint32_t>(n)), k);
+      holders_.rewidth(rows_[n].holders, count(static_cast<std::uint32_t>(n)), k);
     holders_.end_rewidth(k);
   }
 
   /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
   /// the count is unchanged. Never allocates.
   void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
-    holders_.replace(row(n)[3], count(n), from, to);
+    holders_.replace(rows_[n].holders, count(n), from, to);
   }
 
   /// Live nodes, the root excluded. O(1).
@@ -1400,11 +1849,11 @@ class KvNodeStore {
   }
   /// Rows allocated (live + free + root). O(1).
   [[nodiscard]] std::size_t rows() const noexcept {
-    return words_.size() / stride;
+    return rows_.size();
   }
   /// Bytes held, holder sets included. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return words_.capacity() * 8U + holders_.memory_bytes();
+    return rows_.memory_bytes() + holders_.memory_bytes();
   }
   /// Bytes held by spilled holder sets. O(1).
   [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
@@ -1416,33 +1865,25 @@ class KvNodeStore {
   }
 
  private:
-  static constexpr std::size_t stride = 4;
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
     if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
-    if (words_.empty()) {  // the root's row first; its parent is "none"
-      words_.assign(stride, 0U);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
-      words_[3] = KvHolderSets::empty_word;
-    }
+    if (rows_.empty())  // the root's row first; its parent is "none"
+      rows_.push_back(Row{root_path_hash, kv_npos, KvHolderSets::empty_word});
     const auto n = static_cast<std::uint32_t>(rows());
-    // allocate() writes the row; push_back is cheaper than resize's fill.
-    for (std::size_t w = 0; w < stride; ++w)
-      words_.push_back(0U);
+    rows_.push_back(Row{});  // allocate() writes it
     return n;
   }
 
-  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride;
-  }
-  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride;
-  }
+  struct Row {
+    std::uint64_t path = 0;
+    std::uint64_t links = 0;
+    std::uint64_t holders = 0;
+  };
 
-  std::vector<std::uint64_t> words_;
+  KvPagedArray<Row> rows_;
   KvHolderSets holders_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;
@@ -1452,7 +1893,9 @@ class KvNodeStore {
 /// The tree: the node pool and the edge table (path hash, parent) -> child.
 /// A child's key is its path hash, a hash of the tokens hashes on the path
 /// from the root, so a walk computes every key of a query up front and
-/// prefetches the edge slots before it needs them.
+/// prefetches the edge slots before it needs them. The edge table keeps a
+/// fingerprint of the path hash and the child's index; the child's row
+/// confirms the full key.
 class KvTree {
  public:
   /// Path hash of the root.
@@ -1471,10 +1914,39 @@ class KvTree {
 
   /// The child of `parent` with path hash `path`, or kv_npos. O(1) expected.
   [[nodiscard]] std::uint32_t find_child(std::uint64_t path, std::uint32_t parent) const noexcept {
-    return edges_.find(path, parent);
+    return edges_.find(KvFingerprintTable::fingerprint(path),
+                       [&](std::uint32_t n) { return nodes_.is_child(n, path, parent); });
   }
   /// Hints the CPU to load the edge slot of `path`. O(1).
-  void prefetch_edge(std::uint64_t path) const noexcept { edges_.prefetch(path, 0); }
+  void prefetch_edge(std::uint64_t path) const noexcept {
+    edges_.prefetch(KvFingerprintTable::fingerprint(path));
+  }
+
+  /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
+  /// sets found[j] to the node at depth j + 1 and returns how many exist.
+  /// Candidates come from the fingerprints alone (no probe waits for a row),
+  /// their rows are prefetched together, and then each is confirmed; a
+  /// fingerprint that matched another node falls back to a full lookup.
+  /// O(m) expected.
+  std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
+                   std::uint32_t* found) const noexcept {
+    std::size_t c = 0;
+    for (; c < m; ++c) {
+      const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
+      if (n == kv_npos) break;  // no entry with that fingerprint: no such child
+      found[c] = n;
+      nodes_.prefetch(n);
+    }
+    std::uint32_t at = from;
+    for (std::size_t j = 0; j < c; ++j) {
+      if (!nodes_.is_child(found[j], paths[j], at)) {
+        found[j] = find_child(paths[j], at);
+        if (found[j] == kv_npos) return j;
+      }
+      at = found[j];
+    }
+    return c;
+  }
 
   /// Makes the next `blocks` add_child() and holder additions allocation-free
   /// (so they cannot throw). Strong guarantee.
@@ -1484,18 +1956,18 @@ class KvTree {
     edges_.reserve_extra(blocks);
   }
 
-  /// A new child of `parent` (no holders) with path hash `path` (absent) and
-  /// tokens hash `tokens`. Cannot throw after reserve().
-  std::uint32_t add_child(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent) {
-    const std::uint32_t child = nodes_.allocate(path, tokens, parent);
-    edges_.insert(path, parent, child);
+  /// A new child of `parent` (no holders) with path hash `path` (absent).
+  /// Cannot throw after reserve().
+  std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
+    const std::uint32_t child = nodes_.allocate(path, parent);
+    edges_.insert(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
 
   /// Frees node `n` (no holders). With `shrink` false the pools and the edge
   /// table keep their capacity (earlier reservations hold).
   void remove_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    edges_.erase(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
     nodes_.release(n, shrink);
   }
 
@@ -1505,20 +1977,20 @@ class KvTree {
     edges_.shrink_to_load();
   }
 
-  /// Checks the tree's own invariants: every live node is found by its edge,
-  /// its path hash follows from its parent's and its tokens hash, and the edge
-  /// table holds the live nodes only. O(nodes).
+  /// Checks the tree's own invariants: every live node is found by its edge
+  /// and its tokens hash round-trips through its path hash, and the edge table
+  /// holds the live nodes only, each reachable from its home slot. O(nodes).
   [[nodiscard]] bool check() const {
     std::size_t live = 0;
     for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
       if (nodes_.count(n) == 0U) continue;
       ++live;
-      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
+      if (find_child(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
       if (nodes_.path_hash(n) !=
           child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
         return false;
     }
-    return live == nodes_.live() && edges_.size() == live;
+    return live == nodes_.live() && edges_.size() == live && edges_.check();
   }
 
   /// Bytes held. O(1).
@@ -1534,12 +2006,8 @@ class KvTree {
   }
 
  private:
-  struct EdgeHash {
-    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
-  };
-
   KvNodeStore nodes_;
-  KvPackedTable<EdgeHash> edges_;
+  KvFingerprintTable edges_;
 };
 
 }  // namespace promptcache::detail
@@ -1564,19 +2032,18 @@ class KvTree {
 
 namespace promptcache::detail {
 
-/// Name-table hash of a worker's block hash.
-struct KvNameHash {
-  /// Folded multiply of the block hash (the tag is unused). O(1).
-  static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-    return kv_fold_hash(key);
-  }
-};
+/// Name-table fingerprint of a worker's block hash (engines' block hashes
+/// need not be well mixed, so they are hashed first). O(1).
+[[nodiscard]] constexpr std::uint32_t kv_name_fingerprint(std::uint64_t block_hash) noexcept {
+  return KvFingerprintTable::fingerprint(kv_fold_hash(block_hash));
+}
 
 /// One worker rank. Its block names get a table of their own: an event
-/// touches one worker only, so its lookups stay in a small, warm table.
+/// touches one worker only, so its lookups stay in a small, warm table. The
+/// table maps name fingerprints to holds; the hold confirms the block hash.
 template <class Worker>
 struct KvWorkerSlot {
-  KvPackedTable<KvNameHash> names;   ///< block hash -> hold
+  KvFingerprintTable names;          ///< block hash (fingerprint) -> hold
   Worker worker{};                   ///< the rank
   CursorState<> cursor;              ///< its event stream position
   std::uint32_t sentinel = kv_npos;  ///< root of its hold tree (a hold on node 0)
@@ -1828,12 +2295,14 @@ struct KvIndexCounters {
 /// The KV-event-fed radix index. Costs below: B = blocks in the call, H =
 /// holders of a node the call touches (adding or dropping a holder costs
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
-/// descendants a removal drops. Memory: a tree node takes a 32-byte row plus
-/// its slot in the edge table (16 bytes at load 1/4..1/2), whatever the number
+/// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
+/// its 8-byte slot in the edge table (at load 0.53..0.8), whatever the number
 /// of worker ranks: up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
-/// pair takes a 32-byte hold plus its slot in the worker's name table.
+/// pair takes a 24-byte hold plus its 8-byte slot in the worker's name table.
+/// Rows and holds are allocated in pages, so their unused capacity is at most
+/// one page each.
 /// Everything is held in index-addressed pools, so an index is an ordinary
 /// copyable value. Freed nodes, holds and holder sets go to free lists that
 /// the next stores reuse; the pools themselves shrink only when they empty, so
@@ -1895,7 +2364,7 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^32 - 2 nodes, blocks or workers) nothing changed,
+  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
   /// not even under reset_and_apply; only a Stored event or a new worker's
   /// first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
@@ -2047,11 +2516,10 @@ class KvIndex {
     kv_event::Stored* ev = nullptr;
     detail::kv_for_each_hold_chain(
         holds_, sentinel,
-        [&](std::uint32_t h) {
+        [&](std::uint32_t, std::uint32_t parent) {
           out.push_back(KvEvent{out.size(), kv_event::Stored{}});
           ev = &std::get<kv_event::Stored>(out.back().data);
-          const std::uint32_t p = holds_[h].parent;
-          if (p != sentinel) ev->parent_hash = holds_[p].block_hash;
+          if (parent != sentinel) ev->parent_hash = holds_[parent].block_hash;
         },
         [&](std::uint32_t h) {
           ev->blocks.push_back(
@@ -2083,6 +2551,7 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
+    std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
     for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
@@ -2093,21 +2562,15 @@ class KvIndex {
         paths[j] = path;
         tree_.prefetch_edge(path);
       }
-      std::size_t got = 0;
-      for (; got < m; ++got) {
-        const std::uint32_t child = tree_.find_child(paths[got], cur);
-        if (child == detail::kv_npos) break;
-        tree_.nodes().prefetch(child);
-        found[got] = child;
-        cur = child;
-      }
+      const std::size_t got = tree_.walk(paths, m, cur, found);
+      if (got != 0U) cur = found[got - 1U];
       bool stop = got < m;
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
         const std::uint32_t c = tree_.nodes().count(child);
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < tree_.nodes().count(prev)) {
+        if (prev != detail::kv_npos && c < prev_count) {
           detail::KvHolderSets::View had;
           detail::KvHolderSets::View has;
           tree_.nodes().holders(prev, had);
@@ -2117,6 +2580,7 @@ class KvIndex {
           });
         }
         prev = child;
+        prev_count = c;
         ++depth;
         if (early_exit && c == 1U) {
           stop = true;
@@ -2188,33 +2652,39 @@ class KvIndex {
       if (!s.live) continue;
       if (workers_.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
-      std::vector<std::uint32_t> stack{s.sentinel};
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> stack{{s.sentinel, detail::kv_npos}};
       while (!stack.empty()) {
-        const std::uint32_t h = stack.back();
+        const auto [h, up] = stack.back();  // a hold and its parent hold
         stack.pop_back();
         ++holds_seen;
         const detail::KvHold& x = holds_[h];
-        if (x.slot != slot) return false;
+        if (holds_.is_free(h)) return false;
         if (h != s.sentinel) {
           ++blocks;
           if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
-          if (tree_.nodes().parent(x.node) != holds_[x.parent].node) return false;
-          if (s.names.find(x.block_hash, 0) != h) return false;
+          if (tree_.nodes().parent(x.node) != holds_[up].node) return false;
+          if (find_name(s, x.block_hash) != h) return false;
           ++seen_count[x.node];
+        } else if (x.node != 0U || x.link != detail::kv_npos) {
+          return false;
         }
-        std::uint32_t prev_sib = detail::kv_npos;
+        // The first child links to its parent, every later one to its
+        // previous sibling.
+        std::uint32_t expect = h | detail::kv_hold_parent_bit;
         for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
-          if (holds_[c].parent != h || holds_[c].prev != prev_sib) return false;
-          prev_sib = c;
-          stack.push_back(c);
+          if (holds_[c].link != expect) return false;
+          expect = c;
+          stack.emplace_back(c, h);
         }
       }
       if (blocks != s.blocks) return false;
     }
     if (holds_seen != holds_.live()) return false;
     std::size_t names = 0;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
+    for (std::uint32_t s = 0; s < workers_.size(); ++s) {
       names += workers_[s].names.size();
+      if (!workers_[s].names.check()) return false;
+    }
     if (names + workers_.workers() != holds_.live()) return false;
     std::size_t live_nodes = 0;
     for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
@@ -2275,7 +2745,7 @@ class KvIndex {
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
     workers_.make_room(slot);
-    workers_.open(slot, worker, holds_.allocate(0, 0, slot, detail::kv_npos));
+    workers_.open(slot, worker, holds_.allocate(0, 0, detail::kv_npos));
     return slot;
   }
 
@@ -2294,10 +2764,8 @@ class KvIndex {
     Slot& src = workers_[tmp];
     holds_.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
-    holds_[sentinel].slot = into;
     detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
       tree_.nodes().move_bit(holds_[h].node, tmp, into);
-      holds_[h].slot = into;
     });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
@@ -2366,7 +2834,7 @@ class KvIndex {
     auto& names = workers_[slot].names;
     std::uint32_t cur_hold = workers_[slot].sentinel;
     if (parent_hash) {
-      cur_hold = names.find(*parent_hash, 0);
+      cur_hold = find_name(workers_[slot], *parent_hash);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
     std::uint32_t cur_node = holds_[cur_hold].node;
@@ -2375,7 +2843,7 @@ class KvIndex {
     // chunk are issued up front and their cache misses overlap.
     constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
-    std::uint64_t name_hashes[chunk];
+    std::uint32_t name_fps[chunk];
     std::uint32_t found[chunk];
     std::uint64_t path = tree_.nodes().path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
@@ -2384,18 +2852,12 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
         tree_.prefetch_edge(path);
-        name_hashes[j] = names.hash_of(blocks[base + j].block_hash, 0);
-        names.prefetch_hashed(name_hashes[j]);
+        name_fps[j] = detail::kv_name_fingerprint(blocks[base + j].block_hash);
+        names.prefetch(name_fps[j]);
       }
       // Nodes that already exist (a prefix other workers hold) are found in a
       // first pass so that their rows are on the way before they are written.
-      std::size_t walked = 0;
-      for (std::uint32_t at = cur_node; walked < m; ++walked) {
-        at = tree_.find_child(paths[walked], at);
-        if (at == detail::kv_npos) break;
-        found[walked] = at;
-        tree_.nodes().prefetch(at);
-      }
+      const std::size_t walked = tree_.walk(paths, m, cur_node, found);
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
         // Past the walk the parent is new (or the walk's first miss), so the
@@ -2403,11 +2865,12 @@ class KvIndex {
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {
-          child = tree_.add_child(paths[j], b.tokens_hash, cur_node);
+          child = tree_.add_child(paths[j], cur_node);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
-        const auto name = names.probe_hashed(name_hashes[j], b.block_hash, 0);
+        const auto name = names.probe(
+            name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
         if (name.value != detail::kv_npos) {
           if (holds_[name.value].node == child) {  // re-store of a held block
             ++r.blocks_already_held;
@@ -2416,8 +2879,8 @@ class KvIndex {
             continue;
           }
         } else if (fresh_node || !tree_.nodes().test(child, slot)) {
-          const std::uint32_t h = holds_.allocate(b.block_hash, child, slot, cur_hold);
-          names.insert_at(name, b.block_hash, 0, h);
+          const std::uint32_t h = holds_.allocate(b.block_hash, child, cur_hold);
+          names.insert_at(name, name_fps[j], h);
           tree_.nodes().set(child, slot);
           ++workers_[slot].blocks;
           ++added;
@@ -2427,7 +2890,7 @@ class KvIndex {
         }
         // Conflict: the name is held elsewhere, or the position under another name.
         if (fresh_node) free_node(child);
-        undo_chain(cur_hold, added);
+        undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
         return KvEventStatus::block_conflict;
       }
@@ -2439,10 +2902,10 @@ class KvIndex {
   // Undoes the `added` holds of a store. After the first new hold every later
   // one is new too (a worker holding a node holds its parent), so they form a
   // chain ending at `h`.
-  void undo_chain(std::uint32_t h, std::size_t added) noexcept {
+  void undo_chain(std::uint32_t slot, std::uint32_t h, std::size_t added) noexcept {
     for (std::size_t i = 0; i < added; ++i) {
-      const std::uint32_t parent = holds_[h].parent;
-      release_hold(h, name_hash(holds_[h].block_hash));
+      const std::uint32_t parent = holds_.parent(h);  // O(1): a new hold is a first child
+      release_hold(slot, h, name_fp(holds_[h].block_hash));
       h = parent;
     }
   }
@@ -2454,17 +2917,22 @@ class KvIndex {
     auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
-    std::uint64_t name_hashes[chunk];
+    std::uint32_t name_fps[chunk];
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
-        name_hashes[j] = names.hash_of(block_hashes[base + j], 0);
-        names.prefetch_hashed(name_hashes[j]);
+        name_fps[j] = detail::kv_name_fingerprint(block_hashes[base + j]);
+        names.prefetch(name_fps[j]);
       }
+      // Candidates by fingerprint first, so the holds that confirm them load
+      // together.
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.find_hashed(name_hashes[j], block_hashes[base + j], 0);
+        hs[j] = names.first(name_fps[j]);
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != detail::kv_npos && holds_[hs[j]].block_hash != block_hashes[base + j])
+          hs[j] = find_name(workers_[slot], block_hashes[base + j]);
       for (std::size_t j = 0; j < m; ++j)
         if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
       for (std::size_t j = 0; j < m; ++j)
@@ -2479,7 +2947,7 @@ class KvIndex {
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree_hashed(h, name_hashes[j]) - 1U;
+        r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
     }
   }
@@ -2490,37 +2958,44 @@ class KvIndex {
     const std::uint32_t sentinel = workers_[slot].sentinel;
     std::size_t n = 0;
     while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(holds_[sentinel].first_child, shrink);
+      n += remove_subtree(slot, holds_[sentinel].first_child, shrink);
     return n;
   }
 
   // Releases hold `top` and all its descendants, leaves first, without
   // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t top, bool shrink = true) noexcept {
-    return remove_subtree_hashed(top, name_hash(holds_[top].block_hash), shrink);
+  std::size_t remove_subtree(std::uint32_t slot, std::uint32_t top, bool shrink = true) noexcept {
+    return remove_subtree_fp(slot, top, name_fp(holds_[top].block_hash), shrink);
   }
 
-  // As above, with `top_name_hash` the name-table hash of `top`'s block hash
-  // (a removal has it from its lookup).
-  std::size_t remove_subtree_hashed(std::uint32_t top, std::uint64_t top_name_hash,
-                                    bool shrink = true) noexcept {
+  // As above, with `top_fp` the name fingerprint of `top`'s block hash (a
+  // removal has it from its lookup).
+  std::size_t remove_subtree_fp(std::uint32_t slot, std::uint32_t top, std::uint32_t top_fp,
+                                bool shrink = true) noexcept {
     return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
-      release_hold(h, is_top ? top_name_hash : name_hash(holds_[h].block_hash), shrink);
+      release_hold(slot, h, is_top ? top_fp : name_fp(holds_[h].block_hash), shrink);
     });
   }
 
-  [[nodiscard]] static constexpr std::uint64_t name_hash(std::uint64_t block_hash) noexcept {
-    return detail::KvNameHash::hash(block_hash, 0);
+  [[nodiscard]] static constexpr std::uint32_t name_fp(std::uint64_t block_hash) noexcept {
+    return detail::kv_name_fingerprint(block_hash);
   }
 
-  // Releases a childless hold: its name, its holder bit, and the node when no
-  // worker holds it any more. `hash`: name_hash of its block hash.
-  void release_hold(std::uint32_t h, std::uint64_t hash, bool shrink = true) noexcept {
+  // The hold of `s` named `block_hash`, or kv_npos.
+  [[nodiscard]] std::uint32_t find_name(const Slot& s, std::uint64_t block_hash) const noexcept {
+    return s.names.find(name_fp(block_hash),
+                        [&](std::uint32_t h) { return holds_[h].block_hash == block_hash; });
+  }
+
+  // Releases a childless hold of `slot`: its name, its holder bit, and the
+  // node when no worker holds it any more. `fp`: name_fp of its block hash.
+  void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
+                    bool shrink = true) noexcept {
     const detail::KvHold& x = holds_[h];
-    Slot& s = workers_[x.slot];
-    s.names.erase_hashed(hash, x.block_hash, 0, shrink);
+    Slot& s = workers_[slot];
+    s.names.erase(fp, h, shrink);
     --s.blocks;
-    if (tree_.nodes().reset_bit(x.node, x.slot, shrink) == 0U) free_node(x.node, shrink);
+    if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
   }
 

@@ -12,30 +12,40 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+#include "promptcache/detail/kv_index_pages.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 
 namespace promptcache::detail {
 
+/// Marks a hold's `link` as naming its parent (it is the first child) rather
+/// than its previous sibling.
+inline constexpr std::uint32_t kv_hold_parent_bit = std::uint32_t{1} << 31U;
+
 /// One worker slot's hold on one node, named by the worker's block hash. The
 /// holds of a slot form a tree mirroring the part of the node tree it holds
 /// (rooted at a per-slot sentinel hold on node 0), so removing a block visits
-/// only that worker's descendants, not every child of a shared node.
+/// only that worker's descendants, not every child of a shared node. 24 bytes:
+/// the slot is not stored (every caller knows it), and the parent is stored
+/// only in the first child of each sibling list (`link`), which is the child
+/// that leaf-first removals and new chains use.
 struct KvHold {
   std::uint64_t block_hash = 0;         ///< the worker's name for the block
-  std::uint32_t node = 0;               ///< the tree node held
-  std::uint32_t slot = 0;               ///< the worker slot holding it; kv_npos when freed
-  std::uint32_t parent = kv_npos;       ///< the slot's hold on the parent node
+  std::uint32_t node = 0;               ///< the tree node held; kv_npos when freed
   std::uint32_t first_child = kv_npos;  ///< first hold of the slot on a child node
   std::uint32_t next = kv_npos;         ///< next sibling; next free hold when freed
-  std::uint32_t prev = kv_npos;         ///< previous sibling
+  std::uint32_t link = kv_npos;         ///< previous sibling, or parent | kv_hold_parent_bit
+                                        ///< for a first child; kv_npos for a sentinel
 };
 
-/// Pool of holds with a free list and intrusive sibling lists.
+/// Pool of holds (in pages, so no per-hold headroom) with a free list and
+/// intrusive sibling lists. At most 2^31 - 2 holds (the link's top bit is a
+/// flag).
 class KvHoldStore {
  public:
-  /// Hold `h`; the reference is invalidated by allocate() and release(). O(1).
+  /// Hold `h`; the reference is invalidated by release() of the last hold. O(1).
   [[nodiscard]] KvHold& operator[](std::uint32_t h) noexcept { return holds_[h]; }
   /// Hold `h`. O(1).
   [[nodiscard]] const KvHold& operator[](std::uint32_t h) const noexcept { return holds_[h]; }
@@ -49,22 +59,29 @@ class KvHoldStore {
 #endif
   }
 
+  /// The parent of hold `h` (kv_npos for a sentinel): O(1) for a first
+  /// child, else O(earlier siblings), found through the first one.
+  [[nodiscard]] std::uint32_t parent(std::uint32_t h) const noexcept {
+    std::uint32_t l = holds_[h].link;
+    while (l != kv_npos && (l & kv_hold_parent_bit) == 0U)
+      l = holds_[l].link;
+    return l == kv_npos ? kv_npos : l & ~kv_hold_parent_bit;
+  }
+
   /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error when the indices would not
-  /// fit in 32 bits.
+  /// throw). Strong guarantee; std::length_error past 2^31 - 2 holds.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     if (extra - free_count_ > max_holds - holds_.size())
       throw std::length_error("kv index: too many blocks");
-    const std::size_t need = holds_.size() + extra - free_count_;
-    if (need > holds_.capacity()) holds_.reserve(std::max(need, holds_.capacity() * 2U));
+    holds_.reserve(holds_.size() + extra - free_count_);
   }
 
   /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
   /// Always inlined: it runs once per stored block (other compilers ignore
   /// the gnu:: attribute).
   [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
-                                                std::uint32_t slot, std::uint32_t parent) {
+                                                std::uint32_t parent) {
     std::uint32_t h;
     if (free_head_ != kv_npos) {
       h = free_head_;
@@ -75,36 +92,37 @@ class KvHoldStore {
       h = append();
     }
     KvHold& x = holds_[h];
-    x = KvHold{block_hash, node, slot, parent, kv_npos, kv_npos, kv_npos};
+    x = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
     if (parent != kv_npos) {
       KvHold& p = holds_[parent];
+      x.link = parent | kv_hold_parent_bit;
       x.next = p.first_child;
-      if (x.next != kv_npos) holds_[x.next].prev = h;
+      if (x.next != kv_npos) holds_[x.next].link = h;
       p.first_child = h;
     }
     ++live_;
     return h;
   }
 
-  /// Unlinks hold `h` (which must have no children) and frees it.
+  /// Unlinks hold `h` (which must have no children) and frees it. O(1).
   void release(std::uint32_t h) noexcept {
     KvHold& x = holds_[h];
-    if (x.parent != kv_npos) {
-      if (x.prev == kv_npos)
-        holds_[x.parent].first_child = x.next;
+    if (x.link != kv_npos) {
+      if ((x.link & kv_hold_parent_bit) != 0U)
+        holds_[x.link & ~kv_hold_parent_bit].first_child = x.next;
       else
-        holds_[x.prev].next = x.next;
-      if (x.next != kv_npos) holds_[x.next].prev = x.prev;
+        holds_[x.link].next = x.next;
+      if (x.next != kv_npos) holds_[x.next].link = x.link;  // takes over the parent or sibling
     }
     x.next = free_head_;
-    x.slot = kv_npos;  // marks it free (see is_free)
-    x.parent = kv_npos;
+    x.node = kv_npos;  // marks it free (see is_free)
+    x.link = kv_npos;
     x.first_child = kv_npos;
     free_head_ = h;
     ++free_count_;
     --live_;
     if (live_ == 0U) {
-      std::vector<KvHold>().swap(holds_);
+      holds_.clear();
       free_head_ = kv_npos;
       free_count_ = 0;
     }
@@ -113,7 +131,7 @@ class KvHoldStore {
   /// True when hold `h` (an index below the pool size) was released and not
   /// reused since. O(1).
   [[nodiscard]] bool is_free(std::uint32_t h) const noexcept {
-    return holds_[h].slot == kv_npos;
+    return holds_[h].node == kv_npos;
   }
 
   /// Holds in use (sentinels included). O(1).
@@ -122,21 +140,21 @@ class KvHoldStore {
   }
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return holds_.capacity() * sizeof(KvHold);
+    return holds_.memory_bytes();
   }
 
  private:
-  static constexpr std::size_t max_holds = kv_npos - 1U;  // indices below kv_npos - 1
+  static constexpr std::size_t max_holds = kv_hold_parent_bit - 1U;  // indices below 2^31 - 1
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append() {
     if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
     const auto h = static_cast<std::uint32_t>(holds_.size());
-    holds_.emplace_back();
+    holds_.push_back(KvHold{});
     return h;
   }
 
-  std::vector<KvHold> holds_;
+  KvPagedArray<KvHold> holds_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;
   std::size_t live_ = 0;
@@ -153,8 +171,9 @@ std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Re
   for (;;) {
     while (holds[h].first_child != kv_npos)
       h = holds[h].first_child;
-    const std::uint32_t up = holds[h].parent;
     const bool last = h == top;
+    // Below `top` every hold reached is a first child: its parent is O(1).
+    const std::uint32_t up = last ? kv_npos : holds.parent(h);
     release(h, last);
     ++n;
     if (last) return n;
@@ -163,7 +182,8 @@ std::size_t kv_drop_hold_subtree(const KvHoldStore& holds, std::uint32_t top, Re
 }
 
 /// Calls f(h) for every hold below `root` (not `root` itself), parents before
-/// children, without a stack (parent links). O(descendants).
+/// children, without a stack (parent links; climbing from a last sibling walks
+/// back over its siblings once). O(descendants).
 template <class F>
 void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f) {
   std::uint32_t h = holds[root].first_child;
@@ -174,31 +194,31 @@ void kv_for_each_hold_below(const KvHoldStore& holds, std::uint32_t root, F&& f)
       continue;
     }
     while (h != root && holds[h].next == kv_npos)
-      h = holds[h].parent;
+      h = holds.parent(h);
     h = h == root ? kv_npos : holds[h].next;
   }
 }
 
 /// Splits the holds below `root` into chains that follow first children:
-/// calls start(h) at the first hold of each chain (its parent is the chain's
-/// parent), then step(h) for each hold of the chain, the first included.
+/// calls start(h, parent) at the first hold h of each chain, then step(h) for
+/// each hold of the chain, the first included.
 /// Siblings start later chains. O(descendants), O(width) extra memory.
 template <class Start, class Step>
 void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&& start,
                             Step&& step) {
-  std::vector<std::uint32_t> starts;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> starts;  // (hold, its parent)
   for (std::uint32_t c = holds[root].first_child; c != kv_npos; c = holds[c].next)
-    starts.push_back(c);
+    starts.emplace_back(c, root);
   while (!starts.empty()) {
-    std::uint32_t h = starts.back();
+    std::uint32_t h = starts.back().first;
+    start(h, starts.back().second);
     starts.pop_back();
-    start(h);
     while (h != kv_npos) {
       step(h);
       const std::uint32_t first = holds[h].first_child;
       if (first != kv_npos)
         for (std::uint32_t c = holds[first].next; c != kv_npos; c = holds[c].next)
-          starts.push_back(c);
+          starts.emplace_back(c, h);
       h = first;
     }
   }

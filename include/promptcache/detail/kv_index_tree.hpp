@@ -6,7 +6,7 @@
 // child by the child's path hash. Nodes live in a pool that hands out 32-bit
 // indices from a vector with a free list instead of pointers: freed slots are
 // reused without calling the allocator, rows are half the size of pointers
-// plus headers, and nothing dangles when the vector grows.
+// plus headers, and nothing dangles when the pool grows.
 #pragma once
 
 #include <algorithm>
@@ -15,19 +15,40 @@
 #include <stdexcept>
 #include <vector>
 
+#include "promptcache/detail/kv_index_fingerprints.hpp"
 #include "promptcache/detail/kv_index_holders.hpp"
+#include "promptcache/detail/kv_index_pages.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 
 namespace promptcache::detail {
 
-/// Tree nodes, stored as rows of four 64-bit words so that one node's hashes,
-/// count and holder set share half a cache line (32 bytes, whatever the number
-/// of worker slots):
-///   [0] path hash (identifies the root-to-node path, keys the edge table)
-///   [1] tokens hash of the node's block
-///   [2] parent index (low 32 bits) | holder count (high 32 bits)
-///   [3] holder word: the holder slots themselves, or where they are in the
-///       holder-set arena (see KvHolderSets)
+/// Inverse of kv_mix64 (each step of the finalizer is invertible: the
+/// xor-shifts by 33 >= 32 bits undo themselves, the multipliers are odd).
+[[nodiscard]] constexpr std::uint64_t kv_unmix64(std::uint64_t k) noexcept {
+  // Newton's iteration for the inverse of an odd number modulo 2^64: each
+  // step doubles the number of correct low bits (3 -> 96).
+  constexpr auto inverse = [](std::uint64_t a) {
+    std::uint64_t x = a;
+    for (int i = 0; i < 5; ++i)
+      x *= 2U - a * x;
+    return x;
+  };
+  k ^= k >> 33U;
+  k *= inverse(0xc4ceb9fe1a85ec53ULL);
+  k ^= k >> 33U;
+  k *= inverse(0xff51afd7ed558ccdULL);
+  k ^= k >> 33U;
+  return k;
+}
+
+/// Tree nodes, stored as 24-byte rows in pages:
+///   path     path hash (identifies the root-to-node path; the edge table
+///            keeps only a fingerprint of it and confirms here)
+///   links    parent index (low 32 bits) | holder count (high 32 bits)
+///   holders  the holder slots themselves, or where they are in the
+///            holder-set arena (see KvHolderSets)
+/// The block's tokens hash is not stored: the path hash is a bijection of it
+/// for a fixed parent, so it is recovered from the two path hashes.
 /// Node 0 is the root; it is never freed and its holder fields are unused.
 /// While no other node exists there are no rows at all (the root's only field
 /// in use, its path hash, is a constant), so an empty store owns no memory and
@@ -51,48 +72,60 @@ class KvNodeStore {
 
   /// Path hash of node `n` (its key in the edge table). O(1).
   [[nodiscard]] std::uint64_t path_hash(std::uint32_t n) const noexcept {
-    return n == 0U ? root_path_hash : row(n)[0];
+    return n == 0U ? root_path_hash : rows_[n].path;
   }
-  /// Tokens hash of node `n`'s block. O(1).
-  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept { return row(n)[1]; }
+  /// Tokens hash of node `n`'s block (n != 0), recovered from its path hash
+  /// and its parent's. O(1).
+  [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept {
+    return kv_unmix64(rows_[n].path) ^ path_hash(parent(n));
+  }
   /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] & 0xffffffffULL);
+    return static_cast<std::uint32_t>(rows_[n].links & 0xffffffffULL);
   }
   /// Number of slots holding node `n`; 0 for a free node. O(1).
   [[nodiscard]] std::uint32_t count(std::uint32_t n) const noexcept {
-    return static_cast<std::uint32_t>(row(n)[2] >> 32U);
+    return static_cast<std::uint32_t>(rows_[n].links >> 32U);
+  }
+  /// True when `n` is the child of `parent_node` with path hash `path`. O(1).
+  [[nodiscard]] bool is_child(std::uint32_t n, std::uint64_t path,
+                              std::uint32_t parent_node) const noexcept {
+    const Row& r = rows_[n];
+    return r.path == path && static_cast<std::uint32_t>(r.links & 0xffffffffULL) == parent_node;
   }
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
-    holders_.view(row(n)[3], count(n), v);
+    holders_.view(rows_[n].holders, count(n), v);
   }
 
   /// True when `slot` holds node `n`. O(log holders).
   [[nodiscard]] bool test(std::uint32_t n, std::uint32_t slot) const noexcept {
-    return holders_.contains(row(n)[3], count(n), slot);
+    return holders_.contains(rows_[n].holders, count(n), slot);
   }
   /// Marks `slot` (below the width set by ensure_slots) as a holder of `n`; it
   /// must not be one. Cannot throw after reserve_holders. O(holders).
   void set(std::uint32_t n, std::uint32_t slot) {
-    std::uint64_t* r = row(n);
-    holders_.insert(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot);
-    r[2] += std::uint64_t{1} << 32U;
+    Row& r = rows_[n];
+    holders_.insert(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot);
+    r.links += std::uint64_t{1} << 32U;
   }
   /// Removes holder `slot` of `n` (it must be one); returns the new count.
   /// Never allocates. O(holders).
   std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
-    std::uint64_t* r = row(n);
-    holders_.erase(r[3], static_cast<std::uint32_t>(r[2] >> 32U), slot, shrink);
-    r[2] -= std::uint64_t{1} << 32U;
-    return static_cast<std::uint32_t>(r[2] >> 32U);
+    Row& r = rows_[n];
+    holders_.erase(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot, shrink);
+    r.links -= std::uint64_t{1} << 32U;
+    return static_cast<std::uint32_t>(r.links >> 32U);
   }
 
   /// Hints the CPU to load node `n`'s row. O(1).
   void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(row(n));
+    // A 24-byte row may straddle two cache lines.
+    const auto* p = reinterpret_cast<const char*>(&rows_[n]);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + sizeof(Row) - 1U);
 #else
     (void)n;
 #endif
@@ -106,8 +139,7 @@ class KvNodeStore {
     // The first node also brings the root's row.
     const std::size_t have = std::max<std::size_t>(rows(), 1U);
     if (extra - free_count_ > max_rows - have) throw std::length_error("kv index: too many nodes");
-    const std::size_t need = (have + extra - free_count_) * stride;
-    if (need > words_.capacity()) words_.reserve(std::max(need, words_.capacity() * 2U));
+    rows_.reserve(have + extra - free_count_);
   }
 
   /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
@@ -117,7 +149,7 @@ class KvNodeStore {
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
   /// it noexcept.
-  std::uint32_t allocate(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent_node) {
+  std::uint32_t allocate(std::uint64_t path, std::uint32_t parent_node) {
     std::uint32_t n;
     if (free_head_ != kv_npos) {
       n = free_head_;
@@ -128,11 +160,7 @@ class KvNodeStore {
     } else {
       n = append_row();
     }
-    std::uint64_t* r = row(n);
-    r[0] = path;
-    r[1] = tokens;
-    r[2] = parent_node;
-    r[3] = KvHolderSets::empty_word;
+    rows_[n] = Row{path, parent_node, KvHolderSets::empty_word};
     ++live_;
     return n;
   }
@@ -141,7 +169,7 @@ class KvNodeStore {
   /// the storage itself is released, so an emptied index gives memory back,
   /// unless `shrink` is false (then earlier reserve_extra guarantees hold).
   void release(std::uint32_t n, bool shrink = true) noexcept {
-    row(n)[2] = free_head_;
+    rows_[n].links = free_head_;
     free_head_ = n;
     ++free_count_;
     --live_;
@@ -152,7 +180,7 @@ class KvNodeStore {
   void shrink_if_empty() noexcept {
     holders_.release_if_empty();
     if (live_ != 0U) return;
-    std::vector<std::uint64_t>().swap(words_);
+    rows_.clear();
     free_head_ = kv_npos;
     free_count_ = 0;
   }
@@ -171,19 +199,18 @@ class KvNodeStore {
     if (k == holders_.bitset_class()) return;
     std::size_t bitsets = 0;
     for (std::size_t n = 1; n < rows(); ++n)
-      if (KvHolderSets::is_bitset_set(words_[n * stride + 3U],
-                                      count(static_cast<std::uint32_t>(n))))
+      if (KvHolderSets::is_bitset_set(rows_[n].holders, count(static_cast<std::uint32_t>(n))))
         ++bitsets;
     holders_.reserve_rewidth(bitsets, k);
     for (std::size_t n = 1; n < rows(); ++n)
-      holders_.rewidth(words_[n * stride + 3U], count(static_cast<std::uint32_t>(n)), k);
+      holders_.rewidth(rows_[n].holders, count(static_cast<std::uint32_t>(n)), k);
     holders_.end_rewidth(k);
   }
 
   /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
   /// the count is unchanged. Never allocates.
   void move_bit(std::uint32_t n, std::uint32_t from, std::uint32_t to) noexcept {
-    holders_.replace(row(n)[3], count(n), from, to);
+    holders_.replace(rows_[n].holders, count(n), from, to);
   }
 
   /// Live nodes, the root excluded. O(1).
@@ -192,11 +219,11 @@ class KvNodeStore {
   }
   /// Rows allocated (live + free + root). O(1).
   [[nodiscard]] std::size_t rows() const noexcept {
-    return words_.size() / stride;
+    return rows_.size();
   }
   /// Bytes held, holder sets included. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return words_.capacity() * 8U + holders_.memory_bytes();
+    return rows_.memory_bytes() + holders_.memory_bytes();
   }
   /// Bytes held by spilled holder sets. O(1).
   [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
@@ -208,33 +235,25 @@ class KvNodeStore {
   }
 
  private:
-  static constexpr std::size_t stride = 4;
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
     if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
-    if (words_.empty()) {  // the root's row first; its parent is "none"
-      words_.assign(stride, 0U);
-      words_[0] = root_path_hash;
-      words_[2] = kv_npos;
-      words_[3] = KvHolderSets::empty_word;
-    }
+    if (rows_.empty())  // the root's row first; its parent is "none"
+      rows_.push_back(Row{root_path_hash, kv_npos, KvHolderSets::empty_word});
     const auto n = static_cast<std::uint32_t>(rows());
-    // allocate() writes the row; push_back is cheaper than resize's fill.
-    for (std::size_t w = 0; w < stride; ++w)
-      words_.push_back(0U);
+    rows_.push_back(Row{});  // allocate() writes it
     return n;
   }
 
-  [[nodiscard]] const std::uint64_t* row(std::uint32_t n) const noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride;
-  }
-  [[nodiscard]] std::uint64_t* row(std::uint32_t n) noexcept {
-    return words_.data() + static_cast<std::size_t>(n) * stride;
-  }
+  struct Row {
+    std::uint64_t path = 0;
+    std::uint64_t links = 0;
+    std::uint64_t holders = 0;
+  };
 
-  std::vector<std::uint64_t> words_;
+  KvPagedArray<Row> rows_;
   KvHolderSets holders_;
   std::uint32_t free_head_ = kv_npos;
   std::size_t free_count_ = 0;
@@ -244,7 +263,9 @@ class KvNodeStore {
 /// The tree: the node pool and the edge table (path hash, parent) -> child.
 /// A child's key is its path hash, a hash of the tokens hashes on the path
 /// from the root, so a walk computes every key of a query up front and
-/// prefetches the edge slots before it needs them.
+/// prefetches the edge slots before it needs them. The edge table keeps a
+/// fingerprint of the path hash and the child's index; the child's row
+/// confirms the full key.
 class KvTree {
  public:
   /// Path hash of the root.
@@ -263,10 +284,39 @@ class KvTree {
 
   /// The child of `parent` with path hash `path`, or kv_npos. O(1) expected.
   [[nodiscard]] std::uint32_t find_child(std::uint64_t path, std::uint32_t parent) const noexcept {
-    return edges_.find(path, parent);
+    return edges_.find(KvFingerprintTable::fingerprint(path),
+                       [&](std::uint32_t n) { return nodes_.is_child(n, path, parent); });
   }
   /// Hints the CPU to load the edge slot of `path`. O(1).
-  void prefetch_edge(std::uint64_t path) const noexcept { edges_.prefetch(path, 0); }
+  void prefetch_edge(std::uint64_t path) const noexcept {
+    edges_.prefetch(KvFingerprintTable::fingerprint(path));
+  }
+
+  /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
+  /// sets found[j] to the node at depth j + 1 and returns how many exist.
+  /// Candidates come from the fingerprints alone (no probe waits for a row),
+  /// their rows are prefetched together, and then each is confirmed; a
+  /// fingerprint that matched another node falls back to a full lookup.
+  /// O(m) expected.
+  std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
+                   std::uint32_t* found) const noexcept {
+    std::size_t c = 0;
+    for (; c < m; ++c) {
+      const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
+      if (n == kv_npos) break;  // no entry with that fingerprint: no such child
+      found[c] = n;
+      nodes_.prefetch(n);
+    }
+    std::uint32_t at = from;
+    for (std::size_t j = 0; j < c; ++j) {
+      if (!nodes_.is_child(found[j], paths[j], at)) {
+        found[j] = find_child(paths[j], at);
+        if (found[j] == kv_npos) return j;
+      }
+      at = found[j];
+    }
+    return c;
+  }
 
   /// Makes the next `blocks` add_child() and holder additions allocation-free
   /// (so they cannot throw). Strong guarantee.
@@ -276,18 +326,18 @@ class KvTree {
     edges_.reserve_extra(blocks);
   }
 
-  /// A new child of `parent` (no holders) with path hash `path` (absent) and
-  /// tokens hash `tokens`. Cannot throw after reserve().
-  std::uint32_t add_child(std::uint64_t path, std::uint64_t tokens, std::uint32_t parent) {
-    const std::uint32_t child = nodes_.allocate(path, tokens, parent);
-    edges_.insert(path, parent, child);
+  /// A new child of `parent` (no holders) with path hash `path` (absent).
+  /// Cannot throw after reserve().
+  std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
+    const std::uint32_t child = nodes_.allocate(path, parent);
+    edges_.insert(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
 
   /// Frees node `n` (no holders). With `shrink` false the pools and the edge
   /// table keep their capacity (earlier reservations hold).
   void remove_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(nodes_.path_hash(n), nodes_.parent(n), shrink);
+    edges_.erase(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
     nodes_.release(n, shrink);
   }
 
@@ -297,20 +347,20 @@ class KvTree {
     edges_.shrink_to_load();
   }
 
-  /// Checks the tree's own invariants: every live node is found by its edge,
-  /// its path hash follows from its parent's and its tokens hash, and the edge
-  /// table holds the live nodes only. O(nodes).
+  /// Checks the tree's own invariants: every live node is found by its edge
+  /// and its tokens hash round-trips through its path hash, and the edge table
+  /// holds the live nodes only, each reachable from its home slot. O(nodes).
   [[nodiscard]] bool check() const {
     std::size_t live = 0;
     for (std::uint32_t n = 1; n < nodes_.rows(); ++n) {
       if (nodes_.count(n) == 0U) continue;
       ++live;
-      if (edges_.find(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
+      if (find_child(nodes_.path_hash(n), nodes_.parent(n)) != n) return false;
       if (nodes_.path_hash(n) !=
           child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
         return false;
     }
-    return live == nodes_.live() && edges_.size() == live;
+    return live == nodes_.live() && edges_.size() == live && edges_.check();
   }
 
   /// Bytes held. O(1).
@@ -326,12 +376,8 @@ class KvTree {
   }
 
  private:
-  struct EdgeHash {
-    static constexpr std::uint64_t hash(std::uint64_t path, std::uint32_t) noexcept { return path; }
-  };
-
   KvNodeStore nodes_;
-  KvPackedTable<EdgeHash> edges_;
+  KvFingerprintTable edges_;
 };
 
 }  // namespace promptcache::detail

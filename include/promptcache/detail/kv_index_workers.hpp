@@ -14,23 +14,23 @@
 #include <vector>
 
 #include "promptcache/cursor.hpp"
+#include "promptcache/detail/kv_index_fingerprints.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 
 namespace promptcache::detail {
 
-/// Name-table hash of a worker's block hash.
-struct KvNameHash {
-  /// Folded multiply of the block hash (the tag is unused). O(1).
-  static constexpr std::uint64_t hash(std::uint64_t key, std::uint32_t) noexcept {
-    return kv_fold_hash(key);
-  }
-};
+/// Name-table fingerprint of a worker's block hash (engines' block hashes
+/// need not be well mixed, so they are hashed first). O(1).
+[[nodiscard]] constexpr std::uint32_t kv_name_fingerprint(std::uint64_t block_hash) noexcept {
+  return KvFingerprintTable::fingerprint(kv_fold_hash(block_hash));
+}
 
 /// One worker rank. Its block names get a table of their own: an event
-/// touches one worker only, so its lookups stay in a small, warm table.
+/// touches one worker only, so its lookups stay in a small, warm table. The
+/// table maps name fingerprints to holds; the hold confirms the block hash.
 template <class Worker>
 struct KvWorkerSlot {
-  KvPackedTable<KvNameHash> names;   ///< block hash -> hold
+  KvFingerprintTable names;          ///< block hash (fingerprint) -> hold
   Worker worker{};                   ///< the rank
   CursorState<> cursor;              ///< its event stream position
   std::uint32_t sentinel = kv_npos;  ///< root of its hold tree (a hold on node 0)

@@ -1,0 +1,280 @@
+// promptcache: detail/kv_index_fingerprints.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The compact hash table behind the edge and block-name lookups of
+// kv_index.hpp. Both map a 64-bit key to a 32-bit pool index whose element
+// already stores the full key (a node row its path hash, a hold its block
+// hash), so a slot need not repeat the key: it keeps a 32-bit fingerprint of
+// the key's hash and the index (8 bytes), and a match is confirmed against
+// the element. The slot of an entry follows from its fingerprint alone, so
+// growing, shrinking and deleting never read the elements; the capacity is
+// not a power of two (home = fingerprint * capacity / 2^32), so the load of a
+// large table stays between 0.53 and 0.8 as it grows, instead of the 0.25 to
+// 0.5 of power-of-two sizes.
+// At such loads plain linear probing scans long runs for absent keys, so each
+// run is kept sorted by home slot (then fingerprint), as in Robin Hood
+// hashing: a lookup stops at the first entry that sorts after its key, and a
+// deletion shifts back only the displaced entries that follow it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "promptcache/detail/kv_index_table.hpp"
+
+namespace promptcache::detail {
+
+/// Open-addressing table (ordered linear probing, backward-shift deletion, no
+/// tombstones) of (32-bit fingerprint, 32-bit value) entries, 8 bytes each.
+/// Several entries may share a fingerprint: lookups take a predicate that
+/// confirms a candidate value. Values must not be kv_npos (it marks empty
+/// slots). Grows by half above load 4/5 (doubles below 4,096 slots) and
+/// shrinks (to load 3/5) below 2/5.
+class KvFingerprintTable {
+ public:
+  /// One slot.
+  struct Entry {
+    std::uint32_t fp;     ///< Fingerprint of the key.
+    std::uint32_t value;  ///< The mapped value; kv_npos marks an empty slot.
+  };
+
+  /// Where a probe ended: the confirmed value and its slot, or kv_npos and
+  /// the slot where the key would be inserted.
+  struct Probe {
+    std::size_t pos;      ///< Slot index (valid until the table next changes).
+    std::uint32_t value;  ///< The confirmed value, or kv_npos.
+  };
+
+  /// The fingerprint of a well-mixed 64-bit hash: its high half. O(1).
+  [[nodiscard]] static constexpr std::uint32_t fingerprint(std::uint64_t hash) noexcept {
+    return static_cast<std::uint32_t>(hash >> 32U);
+  }
+
+  /// Hints the CPU to load the first slot a lookup of `fp` reads. O(1).
+  void prefetch(std::uint32_t fp) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (cap_ != 0U) __builtin_prefetch(&slots_[home(fp)]);
+#else
+    (void)fp;
+#endif
+  }
+
+  /// The first value stored under `fp`, unconfirmed, or kv_npos when no
+  /// entry has that fingerprint (then no key with it is present). Lets a
+  /// caller prefetch the element before confirming. O(1) expected.
+  [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
+    if (cap_ == 0U) return kv_npos;
+    bool wrapped = false;
+    for (std::size_t i = home(fp);;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos || e.fp == fp) return e.value;
+      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return kv_npos;
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+  }
+
+  /// The value under `fp` for which is_key(value) holds, or kv_npos. O(1)
+  /// expected (is_key runs on fingerprint matches only).
+  template <class IsKey>
+  [[nodiscard]] std::uint32_t find(std::uint32_t fp, IsKey&& is_key) const {
+    return cap_ == 0U ? kv_npos : probe(fp, is_key).value;
+  }
+
+  /// Like find, also returning the slot; the table must have slots (any
+  /// reserve_extra or insert made them). O(1) expected.
+  template <class IsKey>
+  [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
+    bool wrapped = false;
+    for (std::size_t i = home(fp);;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return Probe{i, kv_npos};
+      if (e.fp == fp) {
+        if (is_key(e.value)) return Probe{i, e.value};
+      } else if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) {
+        return Probe{i, kv_npos};
+      }
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+  }
+
+  /// Inserts (fp, value) at the empty slot of a probe that ended there,
+  /// saving insert()'s second probe. The table must be unchanged since the
+  /// probe and have room reserved (reserve_extra), so this cannot rehash.
+  /// O(rest of the run): later entries of the run shift up by one slot.
+  void insert_at(const Probe& p, std::uint32_t fp, std::uint32_t value) noexcept {
+    put(p.pos, Entry{fp, value});
+    ++size_;
+  }
+
+  /// Inserts (fp, value); the caller knows the key is absent. Amortized
+  /// O(1); may rehash (invalidates probes only).
+  void insert(std::uint32_t fp, std::uint32_t value) {
+    reserve_extra(1);
+    place(Entry{fp, value});
+    ++size_;
+  }
+
+  /// Makes the next `extra` inserts rehash-free (so they cannot throw).
+  /// Strong guarantee; std::length_error beyond 2^31 entries.
+  void reserve_extra(std::size_t extra) {
+    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
+    const std::size_t need = size_ + extra;
+    if (need * 5U <= cap_ * 4U) return;
+    // Small arrays double (rehashing is what costs there, not the bytes).
+    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
+    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+  }
+
+  /// Removes the entry (fp, value) (value identifies it; fp finds its probe
+  /// run); false when absent. Shifts back the displaced entries that follow
+  /// it. Below load 2/5 the array shrinks (it is released when empty), unless
+  /// `shrink` is false (then earlier reserve_extra guarantees still hold).
+  /// Amortized O(1).
+  bool erase(std::uint32_t fp, std::uint32_t value, bool shrink = true) noexcept {
+    if (cap_ == 0U) return false;
+    std::size_t i = home(fp);
+    for (bool wrapped = false;;) {
+      const Entry& e = slots_[i];
+      if (e.value == kv_npos) return false;
+      if (e.value == value && e.fp == fp) break;
+      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return false;
+      if (++i == cap_) {
+        i = 0;
+        wrapped = true;
+      }
+    }
+    // Backward shift: the run is sorted, so the entries that may move into
+    // the hole are exactly those up to the first one at its home slot.
+    for (std::size_t j = next(i);; j = next(j)) {
+      const Entry& e = slots_[j];
+      if (e.value == kv_npos || home(e.fp) == j) break;
+      slots_[i] = e;
+      i = j;
+    }
+    slots_[i].value = kv_npos;
+    --size_;
+    if (shrink && size_ * 5U < cap_ * 2U) shrink_to_load();
+    return true;
+  }
+
+  /// Shrinks the array to load 3/5 if the load is below 2/5 (releases it
+  /// when empty). Keeps the current array when a smaller one cannot be
+  /// allocated. O(capacity).
+  void shrink_to_load() noexcept {
+    if (size_ == 0U) {
+      clear();
+      return;
+    }
+    if (cap_ <= min_capacity || size_ * 5U >= cap_ * 2U) return;
+    try {
+      rehash(std::max(size_ * 5U / 3U + 1U, min_capacity));
+    } catch (...) {  // shrinking is an optimisation
+    }
+  }
+
+  /// Number of entries. O(1).
+  [[nodiscard]] std::size_t size() const noexcept {
+    return size_;
+  }
+  /// Number of slots. O(1).
+  [[nodiscard]] std::size_t capacity() const noexcept {
+    return cap_;
+  }
+  /// Bytes held by the slot array. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(Entry);
+  }
+  /// Drops every entry and releases the slot array. O(1).
+  void clear() noexcept {
+    std::vector<Entry>().swap(slots_);
+    size_ = 0;
+    cap_ = 0;
+  }
+
+  /// Checks that every run is sorted by home slot, then fingerprint, that
+  /// every entry is found by a lookup of its fingerprint, and that the count
+  /// matches. O(capacity * run length); for tests.
+  [[nodiscard]] bool check() const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < cap_; ++i) {
+      if (slots_[i].value == kv_npos) continue;
+      ++n;
+      const std::size_t j = next(i);
+      if (slots_[j].value != kv_npos) {  // the next entry of the run sorts after this one
+        // Home slots counted from slot i: the entry at i sits distance(home, i)
+        // after its home, the one at j distance(home, j) after its own.
+        const std::size_t back_i = distance(home(slots_[i].fp), i);
+        const std::size_t back_j = distance(home(slots_[j].fp), j);
+        if (back_j > back_i + 1U) return false;  // j's home lies before i's
+        if (back_j == back_i + 1U && slots_[j].fp < slots_[i].fp) return false;
+      }
+      const std::uint32_t v = slots_[i].value;
+      if (probe(slots_[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
+    }
+    return n == size_;
+  }
+
+ private:
+  static constexpr std::size_t min_capacity = 16;
+  static constexpr std::size_t small_capacity = 4096;  // 32 KiB
+  static constexpr std::size_t max_entries = std::size_t{1} << 31U;
+
+  // Fixed-point scaling of the fingerprint onto [0, capacity): keeps entries
+  // ordered by fingerprint and needs no power-of-two capacity.
+  [[nodiscard]] std::size_t home(std::uint32_t fp) const noexcept {
+    return static_cast<std::size_t>((std::uint64_t{fp} * cap_) >> 32U);
+  }
+  [[nodiscard]] std::size_t next(std::size_t i) const noexcept {
+    return i + 1U == cap_ ? 0U : i + 1U;
+  }
+  [[nodiscard]] std::size_t distance(std::size_t from, std::size_t to) const noexcept {
+    return to >= from ? to - from : to + cap_ - from;
+  }
+
+  // True when entry `e` at slot `i` sorts after a key with fingerprint `fp`
+  // (e.fp != fp) whose probe reached `i`; `wrapped`: the probe passed the end
+  // of the array. Runs are sorted by home slot counted from the run's start,
+  // so an entry whose home lies past `i` came around the end and sorts first.
+  [[nodiscard]] bool after(const Entry& e, std::size_t i, std::uint32_t fp,
+                           bool wrapped) const noexcept {
+    if (!wrapped) return e.fp > fp && home(e.fp) <= i;
+    return e.fp > fp || home(e.fp) <= i;
+  }
+
+  // Writes `entry` at `i`, shifting the rest of the run up by one slot.
+  void put(std::size_t i, Entry entry) noexcept {
+    while (slots_[i].value != kv_npos) {
+      std::swap(entry, slots_[i]);
+      i = next(i);
+    }
+    slots_[i] = entry;
+  }
+
+  void place(const Entry& entry) noexcept {
+    put(probe(entry.fp, [](std::uint32_t) { return false; }).pos, entry);
+  }
+
+  void rehash(std::size_t new_capacity) {
+    std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
+    old.swap(slots_);
+    cap_ = new_capacity;
+    for (const Entry& e : old)
+      if (e.value != kv_npos) place(e);
+  }
+
+  std::vector<Entry> slots_;
+  std::size_t size_ = 0;
+  std::size_t cap_ = 0;
+};
+
+}  // namespace promptcache::detail
