@@ -226,6 +226,37 @@ TEST_CASE("an error inside an event names the event", "[kv_event_wire]") {
   CHECK(st.event == 1);
 }
 
+TEST_CASE("empty strings decode: an empty tag is unknown, an empty LoRA name is no LoRA",
+          "[kv_event_wire]") {
+  // msgpack-cxx hands a zero-length string to the parser's visitor without a data pointer.
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> p(buf);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(2);
+  p.pack_array(1);
+  p.pack(std::string());
+  p.pack_array(8);
+  p.pack(std::string("BlockStored"));
+  p.pack_array(1);
+  p.pack(7U);
+  p.pack_nil();
+  p.pack_array(1);
+  p.pack(5U);
+  p.pack(1U);
+  p.pack_nil();
+  p.pack_nil();
+  p.pack(std::string());
+  KvWireBatch out;
+  const KvWireStatus st = KvEventWireDecoder().decode(buf.data(), buf.size(), out);
+  REQUIRE(st.ok());
+  CHECK(out.unknown_events == 1);
+  REQUIRE(out.events.size() == 1);
+  const std::vector<std::uint32_t> tokens{5};
+  const auto local = promptcache::local_block_hashes(tokens, 1);
+  CHECK(std::get<kv_event::Stored>(out.events[0]).blocks == std::vector<KvBlock>{{7, local.at(0)}});
+}
+
 TEST_CASE("byte-string hashes are named by their last 8 bytes, big-endian", "[kv_event_wire]") {
   std::vector<unsigned char> b32(32);
   for (std::size_t i = 0; i < b32.size(); ++i)

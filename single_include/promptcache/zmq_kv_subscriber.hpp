@@ -3770,7 +3770,8 @@ class MpTapeBuilder : public msgpack::null_visitor {
 
  private:
   std::uint64_t offset(const char* p) const noexcept {
-    return static_cast<std::uint64_t>(p - base_);
+    // Zero-length strings, byte strings and extensions arrive without a pointer.
+    return p == nullptr ? 0U : static_cast<std::uint64_t>(p - base_);
   }
   bool leaf(MpKind kind, std::uint64_t bits, std::uint32_t size) {
     MpNode n;

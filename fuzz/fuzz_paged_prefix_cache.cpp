@@ -1,0 +1,443 @@
+// Fuzz harness for PagedPrefixCache. The input chooses the page size (1 included),
+// one of the shipped eviction policies, whether an event sink is attached, a few
+// documents (shared prefixes, a three-token alphabet, the largest token id) and
+// then a sequence of operations on four namespaces (the largest id included):
+// match (both overloads) and peek of truncated, mutated and extended documents;
+// insert with cached, fresh, foreign and too few page ids and extreme priorities;
+// lock and unlock (below zero included) of kept handles; evict (with and without a
+// callback, up to SIZE_MAX pages); erase_namespace; clear; configure_namespace
+// with seeds that collide with other namespaces' defaults; a move round trip.
+// Every answer is compared with the naive model of tests/support/paged_model.hpp,
+// so are the counters and handle states; check_invariants() runs after every
+// operation, and with a sink a KvIndex fed only by the published events must
+// answer what the cache matches (find_matches == match().matched / page_size).
+#include <fuzzer/FuzzedDataProvider.h>
+#include <promptcache/paged_prefix_cache.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fuzz_support.hpp"
+#include "support/paged_model.hpp"
+
+namespace {
+
+using paged_model::Model;
+using paged_model::ModelHandle;
+using paged_model::PageId;
+using paged_model::Pol;
+using paged_model::Tokens;
+using promptcache::KvEvent;
+using promptcache::KvIndex;
+using promptcache::KvWorker;
+using promptcache::PagedPrefixCache;
+using promptcache::PagedPrefixHandle;
+namespace eviction = promptcache::eviction;
+
+constexpr std::uint64_t u64max = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint32_t tokmax = std::numeric_limits<std::uint32_t>::max();
+// Namespace 2 starts configured with a LoRA name; the largest id has a default seed.
+constexpr std::uint64_t namespaces[] = {0, 1, 2, u64max};
+// Above this many cached pages the harness evicts: keeps the model's scans cheap.
+constexpr std::size_t max_pages = 256;
+
+fuzz::OperationReport report{"fuzz_paged_prefix_cache"};
+
+template <class Policy>
+class Harness {
+ public:
+  using Cache = PagedPrefixCache<PageId, Policy>;
+
+  Harness(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink)
+      : in_(in),
+        ps_(page_size),
+        sink_(sink),
+        cache_(page_size, Policy{},
+               sink ? typename Cache::event_sink([this](const KvEvent& e) { events_.push_back(e); })
+                    : typename Cache::event_sink{}),
+        model_(page_size, pol) {
+    cache_.configure_namespace(2, "adapter", "");
+    const std::size_t n_docs = in_.ConsumeIntegralInRange<std::size_t>(1, 8);
+    for (std::size_t d = 0; d < n_docs; ++d) {
+      Tokens t;
+      if (d > 0 && in_.ConsumeBool()) {
+        const Tokens& base = docs_[pick(docs_.size())];
+        t.assign(base.begin(), base.begin() + static_cast<long>(pick(base.size() + 1)));
+      }
+      for (std::size_t i = 1 + pick(8 * ps_); i > 0; --i)
+        t.push_back(token());
+      docs_.push_back(std::move(t));
+    }
+  }
+
+  void step() {
+    const std::uint64_t ns = namespaces[pick(4)];
+    Tokens probe;
+    if (model_.cached() > max_pages) {
+      evict(model_.cached() / 2);
+    } else {
+      const int action = in_.ConsumeIntegralInRange<int>(0, 31);
+      if (action < 8) {
+        probe = query();
+        match(probe, ns);
+      } else if (action < 10) {
+        probe = query();
+        FUZZ_CHECK(cache_.peek(probe, ns) == model_.peek(probe, ns));
+      } else if (action < 16) {
+        probe = query();
+        insert(probe, ns);
+      } else if (action < 19) {
+        lock();
+      } else if (action < 22) {
+        unlock();
+      } else if (action < 26) {
+        const std::size_t n =
+            in_.ConsumeIntegralInRange<int>(0, 15) == 0 ? SIZE_MAX : pick(6 + 4 * ps_);
+        evict(n);
+      } else if (action == 26) {
+        erase_namespace(ns);
+      } else if (action == 27) {
+        clear();
+      } else if (action == 28) {
+        configure(ns);
+      } else if (action == 29) {
+        move_round_trip();
+      } else {
+        probe = query();
+        const auto m = cache_.memory();
+        FUZZ_CHECK(m.token_bytes >= cache_.cached_pages() * ps_ * sizeof(std::uint32_t));
+        FUZZ_CHECK(cache_.namespace_count() <= 4);
+      }
+    }
+    check(probe, ns);
+  }
+
+  void finish() {
+    // Release every lock still held through a kept handle (locks taken through handles
+    // dropped since stay), then clear: everything goes unless a lock is left.
+    for (const Held& h : held_)
+      while (!h.model.prefix.empty() && model_.unlock(h.model))
+        FUZZ_CHECK(cache_.unlock(h.real));
+    FUZZ_CHECK(cache_.locked_pages() == model_.locked());
+    clear();
+    if (model_.locked() == 0) {
+      FUZZ_CHECK(cache_.cached_pages() == 0);
+      FUZZ_CHECK(cache_.node_count() == 0);
+    }
+    check({}, 0);
+  }
+
+ private:
+  struct Held {
+    PagedPrefixHandle real;
+    ModelHandle model;
+  };
+
+  std::size_t pick(std::size_t n) { return in_.ConsumeIntegralInRange<std::size_t>(0, n - 1); }
+
+  std::uint32_t token() {
+    const auto b = in_.ConsumeIntegral<std::uint8_t>();
+    return b == 0xFF ? tokmax : static_cast<std::uint32_t>(b % 3U);
+  }
+
+  // A document, truncated, maybe with one token changed, maybe extended.
+  Tokens query() {
+    Tokens t = docs_[pick(docs_.size())];
+    t.resize(pick(t.size() + 1));
+    const int how = in_.ConsumeIntegralInRange<int>(0, 7);
+    if (!t.empty() && (how & 1) != 0) t[pick(t.size())] ^= 1U;
+    if ((how & 2) != 0)
+      for (std::size_t i = pick(3 * ps_); i > 0; --i)
+        t.push_back(token());
+    return t;
+  }
+
+  void keep(const PagedPrefixHandle& real, const ModelHandle& model) {
+    if (held_.size() < 16 && in_.ConsumeBool()) held_.push_back({real, model});
+  }
+
+  void match(const Tokens& t, std::uint64_t ns) {
+    const auto m = model_.match(t, ns);
+    ++lookups_;
+    if (in_.ConsumeBool()) {
+      const auto r = cache_.match(t, ns);
+      FUZZ_CHECK(r.matched == m.matched);
+      FUZZ_CHECK(r.pages == m.pages);
+      FUZZ_CHECK(cache_.valid(r.handle));
+      FUZZ_CHECK(r.handle.empty() == (m.matched == 0));
+      keep(r.handle, m.handle);
+    } else {
+      pages_.assign(pick(4), 7U);  // stale contents the call must clear
+      const auto r = cache_.match(t, ns, pages_);
+      FUZZ_CHECK(r.matched == m.matched);
+      FUZZ_CHECK(pages_ == m.pages);
+      FUZZ_CHECK(cache_.valid(r.handle));
+      keep(r.handle, m.handle);
+    }
+  }
+
+  void insert(const Tokens& t, std::uint64_t ns) {
+    // Cached ids for what matches (mostly), fresh ids after; sometimes an id the engine
+    // used before, or too few ids.
+    const std::vector<PageId> known = model_.match(t, ns).pages;
+    FUZZ_CHECK(cache_.match(t, ns).pages == known);
+    ++lookups_;
+    const std::size_t q = t.size() / ps_;
+    std::vector<PageId> ids;
+    const int shape = in_.ConsumeIntegralInRange<int>(0, 15);
+    std::size_t n = q + (shape == 1 ? 1U + pick(2) : 0U);
+    if (shape == 0 && q > 0) n = pick(q);  // too few
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i < known.size() && in_.ConsumeIntegralInRange<int>(0, 3) != 0)
+        ids.push_back(known[i]);
+      else if (next_id_ > 1 && in_.ConsumeIntegralInRange<int>(0, 7) == 0)
+        ids.push_back(static_cast<PageId>(1U + pick(next_id_ - 1U)));
+      else
+        ids.push_back(next_id_++);
+    }
+    std::int64_t prio = static_cast<std::int64_t>(pick(3));
+    if (in_.ConsumeIntegralInRange<int>(0, 15) == 0)
+      prio = in_.ConsumeBool() ? std::numeric_limits<std::int64_t>::min()
+                               : std::numeric_limits<std::int64_t>::max();
+    const std::size_t before = events_.size();
+    std::optional<typename Cache::InsertResult> r;
+    try {
+      r = cache_.insert(t, ids, ns, prio);
+    } catch (const std::invalid_argument&) {
+      // Too few ids, or a new namespace whose default seed another one took.
+      FUZZ_CHECK(ids.size() < q || (model_.cached_in(ns) == 0 && seed_taken(ns)));
+      FUZZ_CHECK(events_.size() == before);
+      return;
+    }
+    FUZZ_CHECK(ids.size() >= q);
+    ++inserts_;
+    const auto e = model_.insert(t, ids, ns, prio);
+    FUZZ_CHECK(r->cached_pages == e.cached);
+    FUZZ_CHECK(r->inserted_pages == e.inserted);
+    FUZZ_CHECK(r->duplicates == e.duplicates);
+    FUZZ_CHECK(r->handle.empty() == (q == 0));
+    FUZZ_CHECK(events_.size() == before + (sink_ && e.inserted > 0 ? 1U : 0U));
+    inserted_ += e.inserted;
+    duplicates_ += e.duplicates.size();
+    if (!r->handle.empty()) keep(r->handle, e.handle);
+  }
+
+  // True when another of the namespaces has the seed `ns` would take.
+  bool seed_taken(std::uint64_t ns) const {
+    for (const std::uint64_t o : namespaces)
+      if (o != ns && cache_.namespace_seed(o) == cache_.namespace_seed(ns)) return true;
+    return false;
+  }
+
+  void lock() {
+    if (held_.empty()) return;
+    const Held& h = held_[pick(held_.size())];
+    FUZZ_CHECK(cache_.lock(h.real) == model_.lock(h.model));
+  }
+
+  void unlock() {
+    if (held_.empty()) return;
+    const std::size_t i = pick(held_.size());
+    FUZZ_CHECK(cache_.unlock(held_[i].real) == model_.unlock(held_[i].model));
+    if (in_.ConsumeIntegralInRange<int>(0, 2) == 0)
+      held_.erase(held_.begin() + static_cast<long>(i));
+  }
+
+  void evict(std::size_t n) {
+    const std::size_t before = events_.size();
+    const std::vector<PageId> want = model_.evict(n);
+    FUZZ_CHECK(model_.ties() == 0);
+    if (in_.ConsumeBool()) {
+      got_.clear();
+      const std::size_t k = cache_.evict(n, [&](PageId p) { got_.push_back(p); });
+      FUZZ_CHECK(got_ == want);
+      FUZZ_CHECK(k == want.size());
+    } else {
+      FUZZ_CHECK(cache_.evict(n) == want.size());
+    }
+    FUZZ_CHECK(events_.size() == before + (sink_ && !want.empty() ? 1U : 0U));
+    evicted_ += want.size();
+  }
+
+  void erase_namespace(std::uint64_t ns) {
+    std::multiset<PageId> got;
+    const bool ok = cache_.erase_namespace(ns, [&](PageId p) { got.insert(p); });
+    const auto want = model_.drop(ns);
+    FUZZ_CHECK(ok == want.has_value());
+    if (ok) {
+      FUZZ_CHECK(got == *want);
+      erased_ += want->size();
+      // The configuration went with the namespace: its default seed is back.
+      FUZZ_CHECK(cache_.namespace_seed(ns) == default_seed(ns));
+    } else {
+      FUZZ_CHECK(got.empty());
+    }
+  }
+
+  void clear() {
+    std::multiset<PageId> got;
+    const bool ok = cache_.clear([&](PageId p) { got.insert(p); });
+    const auto want = model_.drop(std::nullopt);
+    FUZZ_CHECK(ok == want.has_value());
+    if (ok) {
+      FUZZ_CHECK(got == *want);
+      cleared_ += want->size();
+    } else {
+      FUZZ_CHECK(got.empty());
+    }
+  }
+
+  static std::uint64_t default_seed(std::uint64_t ns) {
+    return ns == 0 ? promptcache::block_hash_seed()
+                   : promptcache::block_hash_seed({}, std::to_string(ns));
+  }
+
+  // Seeds that collide with other namespaces' defaults ("1", "2" as salts) included.
+  void configure(std::uint64_t ns) {
+    static constexpr std::string_view loras[] = {"", "adapter", "x"};
+    static constexpr std::string_view salts[] = {"", "1", "2", "18446744073709551615", "s"};
+    const std::string_view lora = loras[pick(3)];
+    const std::string_view salt = salts[pick(5)];
+    const std::uint64_t seed = promptcache::block_hash_seed(lora, salt);
+    const std::uint64_t old = cache_.namespace_seed(ns);
+    try {
+      cache_.configure_namespace(ns, lora, salt);
+    } catch (const std::invalid_argument&) {
+      // Pages pin the seed; or another namespace has it.
+      FUZZ_CHECK((seed != old && model_.cached_in(ns) > 0) || seed_of_other(ns, seed));
+      FUZZ_CHECK(cache_.namespace_seed(ns) == old);
+      return;
+    }
+    FUZZ_CHECK(seed == old || model_.cached_in(ns) == 0);
+    FUZZ_CHECK(cache_.namespace_seed(ns) == seed);
+  }
+
+  bool seed_of_other(std::uint64_t ns, std::uint64_t seed) const {
+    for (const std::uint64_t o : namespaces)
+      if (o != ns && cache_.namespace_seed(o) == seed) return true;
+    return false;
+  }
+
+  // Moving the cache keeps every handle valid.
+  void move_round_trip() {
+    Cache tmp(std::move(cache_));
+    cache_ = std::move(tmp);
+  }
+
+  bool mirror_ok(const Tokens& t, std::uint64_t ns) {
+    // A namespace the cache does not know yet may have a default seed another one was
+    // configured with: its inserts are refused, and the index answers for the other.
+    if (seed_taken(ns) && model_.cached_in(ns) == 0) return cache_.peek(t, ns) == 0;
+    promptcache::BlockHashOptions o;
+    o.seed = cache_.namespace_seed(ns);
+    const auto hashes = promptcache::local_block_hashes(t, ps_, o);
+    const auto m = index_.find_matches(hashes);
+    const std::size_t routed = m.empty() ? 0 : m.at(0).blocks;
+    return routed * ps_ == cache_.peek(t, ns);
+  }
+
+  void check(const Tokens& probe, std::uint64_t ns) {
+    FUZZ_CHECK(cache_.cached_pages() == model_.cached());
+    FUZZ_CHECK(cache_.locked_pages() == model_.locked());
+    FUZZ_CHECK(cache_.evictable_pages() == model_.cached() - model_.locked());
+    for (const Held& h : held_) {
+      FUZZ_CHECK(cache_.valid(h.real) == model_.valid(h.model));
+      FUZZ_CHECK(cache_.lock_count(h.real) == model_.own(h.model));
+    }
+    const auto& s = cache_.stats();
+    FUZZ_CHECK(s.lookups == lookups_);
+    FUZZ_CHECK(s.inserts == inserts_);
+    FUZZ_CHECK(s.inserted_pages == inserted_);
+    FUZZ_CHECK(s.duplicate_pages == duplicates_);
+    FUZZ_CHECK(s.evicted_pages == evicted_);
+    FUZZ_CHECK(s.erased_pages == erased_);
+    FUZZ_CHECK(s.cleared_pages == cleared_);
+    FUZZ_CHECK(s.cached_pages == model_.cached());
+    FUZZ_CHECK(cache_.check_invariants());
+    FUZZ_CHECK(cache_.publishes_events() == sink_);
+    if (!sink_) {
+      FUZZ_CHECK(events_.empty());
+      return;
+    }
+    // The mirror: a KvIndex fed only by the events answers what the cache matches.
+    for (const KvEvent& e : events_) {
+      FUZZ_CHECK(e.event_id == applied_);
+      ++applied_;
+      FUZZ_CHECK(index_.apply(worker_, e).ok());
+    }
+    events_.clear();
+    FUZZ_CHECK(cache_.next_event_id() == applied_);
+    FUZZ_CHECK(s.events == applied_);
+    FUZZ_CHECK(index_.block_count(worker_) == cache_.cached_pages());
+    FUZZ_CHECK(mirror_ok(probe, ns));
+    const Tokens& d = docs_[pick(docs_.size())];
+    FUZZ_CHECK(mirror_ok(d, namespaces[pick(4)]));
+  }
+
+  FuzzedDataProvider& in_;
+  std::size_t ps_;
+  bool sink_;
+  std::vector<KvEvent> events_;
+  Cache cache_;
+  Model model_;
+  KvIndex index_;
+  const KvWorker worker_{7, 0};
+  std::vector<Tokens> docs_;
+  std::vector<Held> held_;
+  std::vector<PageId> pages_, got_;
+  PageId next_id_ = 1;
+  std::uint64_t applied_ = 0;
+  std::uint64_t lookups_ = 0, inserts_ = 0, inserted_ = 0, duplicates_ = 0;
+  std::uint64_t evicted_ = 0, erased_ = 0, cleared_ = 0;
+};
+
+template <class Policy>
+void run(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink) {
+  Harness<Policy> h(in, page_size, pol, sink);
+  while (in.remaining_bytes() > 0) {
+    ++fuzz::operations();
+    h.step();
+  }
+  h.finish();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  static constexpr std::size_t page_sizes[] = {1, 1, 2, 3, 4, 8, 16, 1};
+  const std::size_t ps = page_sizes[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
+  const bool sink = in.ConsumeIntegralInRange<int>(0, 7) != 0;
+  switch (in.ConsumeIntegralInRange<int>(0, 6)) {
+    case 0:
+      run<eviction::Lru>(in, ps, Pol::lru, sink);
+      break;
+    case 1:
+      run<eviction::Lfu>(in, ps, Pol::lfu, sink);
+      break;
+    case 2:
+      run<eviction::Fifo>(in, ps, Pol::fifo, sink);
+      break;
+    case 3:
+      run<eviction::Priority>(in, ps, Pol::priority, sink);
+      break;
+    case 4:
+      run<eviction::Slru>(in, ps, Pol::slru, sink);
+      break;
+    case 5:
+      run<eviction::Mru>(in, ps, Pol::mru, sink);
+      break;
+    default:
+      run<eviction::Filo>(in, ps, Pol::filo, sink);
+      break;
+  }
+  return 0;
+}
