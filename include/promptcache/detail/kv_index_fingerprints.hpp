@@ -68,15 +68,18 @@ class KvFingerprintTable {
   /// caller prefetch the element before confirming. O(1) expected.
   [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
     if (cap_ == 0U) return kv_npos;
-    bool wrapped = false;
-    for (std::size_t i = home(fp);;) {
-      const Entry& e = slots_[i];
+    // Up to the end of the array (the query path's common case) the probe
+    // needs no wrap-around state.
+    const Entry* s = slots_.data();
+    for (std::size_t i = home(fp); i < cap_; ++i) {
+      const Entry e = s[i];
       if (e.value == kv_npos || e.fp == fp) return e.value;
-      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return kv_npos;
-      if (++i == cap_) {
-        i = 0;
-        wrapped = true;
-      }
+      if (e.fp > fp && home(e.fp) <= i) return kv_npos;  // after(e, i, fp, false)
+    }
+    for (std::size_t i = 0;; ++i) {  // a run that wraps: the entries before home(fp)
+      const Entry e = s[i];
+      if (e.value == kv_npos || e.fp == fp) return e.value;
+      if (after(e, i, fp, true)) return kv_npos;
     }
   }
 
