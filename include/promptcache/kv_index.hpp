@@ -430,28 +430,35 @@ class KvIndex {
                     std::vector<KvWorkerMatch>& out) const {
     out.clear();
     constexpr std::size_t chunk = 32;
-    std::uint64_t paths[chunk];
+    std::uint64_t paths[2][chunk];
     std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
     std::uint64_t path = detail::KvTree::root_path_hash;
+    // Path hashes depend on the query only, so the edge probes of a chunk are
+    // issued one chunk ahead: their misses overlap the walk of the previous one.
+    const auto issue = [&](std::size_t base, std::uint64_t* dst) {
+      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
+        dst[j] = path;
+        tree_.prefetch_edge(path);
+      }
+      return m;
+    };
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
-    for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
-      // The path hashes depend on the query only, so every edge probe of the
-      // chunk can be issued before the walk needs it.
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
-        paths[j] = path;
-        tree_.prefetch_edge(path);
-      }
-      const std::size_t got = tree_.walk(paths, m, cur, found);
-      if (got != 0U) cur = found[got - 1U];
+    std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
+    for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
+      const std::size_t got = tree_.walk(paths[k], m, cur, found, counts);
       bool stop = got < m;
+      // The next chunk's probes go out before this chunk's holder accounting.
+      if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
+      if (got != 0U) cur = found[got - 1U];
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
-        const std::uint32_t c = tree_.nodes().count(child);
+        const std::uint32_t c = counts[j];
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < prev_count) {

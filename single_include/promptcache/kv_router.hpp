@@ -1371,15 +1371,18 @@ class KvFingerprintTable {
   /// caller prefetch the element before confirming. O(1) expected.
   [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
     if (cap_ == 0U) return kv_npos;
-    bool wrapped = false;
-    for (std::size_t i = home(fp);;) {
-      const Entry& e = slots_[i];
+    // Up to the end of the array (the query path's common case) the probe
+    // needs no wrap-around state.
+    const Entry* s = slots_.data();
+    for (std::size_t i = home(fp); i < cap_; ++i) {
+      const Entry e = s[i];
       if (e.value == kv_npos || e.fp == fp) return e.value;
-      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return kv_npos;
-      if (++i == cap_) {
-        i = 0;
-        wrapped = true;
-      }
+      if (e.fp > fp && home(e.fp) <= i) return kv_npos;  // after(e, i, fp, false)
+    }
+    for (std::size_t i = 0;; ++i) {  // a run that wraps: the entries before home(fp)
+      const Entry e = s[i];
+      if (e.value == kv_npos || e.fp == fp) return e.value;
+      if (after(e, i, fp, true)) return kv_npos;
     }
   }
 
@@ -1394,18 +1397,24 @@ class KvFingerprintTable {
   /// reserve_extra or insert made them). O(1) expected.
   template <class IsKey>
   [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
-    bool wrapped = false;
-    for (std::size_t i = home(fp);;) {
-      const Entry& e = slots_[i];
+    // As in first(): no wrap-around state until the probe passes the end.
+    const Entry* s = slots_.data();
+    for (std::size_t i = home(fp); i < cap_; ++i) {
+      const Entry e = s[i];
       if (e.value == kv_npos) return Probe{i, kv_npos};
       if (e.fp == fp) {
         if (is_key(e.value)) return Probe{i, e.value};
-      } else if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) {
+      } else if (e.fp > fp && home(e.fp) <= i) {  // after(e, i, fp, false)
         return Probe{i, kv_npos};
       }
-      if (++i == cap_) {
-        i = 0;
-        wrapped = true;
+    }
+    for (std::size_t i = 0;; ++i) {
+      const Entry e = s[i];
+      if (e.value == kv_npos) return Probe{i, kv_npos};
+      if (e.fp == fp) {
+        if (is_key(e.value)) return Probe{i, e.value};
+      } else if (after(e, i, fp, true)) {
+        return Probe{i, kv_npos};
       }
     }
   }
@@ -1657,6 +1666,17 @@ class KvNodeStore {
     const Row& r = rows_[n];
     return r.path == path && static_cast<std::uint32_t>(r.links & 0xffffffffULL) == parent_node;
   }
+  /// The holder count of `n` when it is the child of `parent_node` with path
+  /// hash `path`, else 0 (a live node has at least one holder). Reads the row
+  /// once, for walks that need both. O(1).
+  [[nodiscard]] std::uint32_t child_count(std::uint32_t n, std::uint64_t path,
+                                          std::uint32_t parent_node) const noexcept {
+    const Row& r = rows_[n];
+    const std::uint64_t links = r.links;
+    if (r.path != path || static_cast<std::uint32_t>(links & 0xffffffffULL) != parent_node)
+      return 0;
+    return static_cast<std::uint32_t>(links >> 32U);
+  }
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
@@ -1857,13 +1877,14 @@ class KvTree {
   }
 
   /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
-  /// sets found[j] to the node at depth j + 1 and returns how many exist.
+  /// sets found[j] to the node at depth j + 1 and, when `counts` is not null,
+  /// counts[j] to its holder count; returns how many exist.
   /// Candidates come from the fingerprints alone (no probe waits for a row),
   /// their rows are prefetched together, and then each is confirmed; a
   /// fingerprint that matched another node falls back to a full lookup.
   /// O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
-                   std::uint32_t* found) const noexcept {
+                   std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
     std::size_t c = 0;
     for (; c < m; ++c) {
       const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
@@ -1873,10 +1894,14 @@ class KvTree {
     }
     std::uint32_t at = from;
     for (std::size_t j = 0; j < c; ++j) {
-      if (!nodes_.is_child(found[j], paths[j], at)) {
+      // One read of the row confirms the key and yields the count.
+      std::uint32_t k = nodes_.child_count(found[j], paths[j], at);
+      if (k == 0U) {
         found[j] = find_child(paths[j], at);
         if (found[j] == kv_npos) return j;
+        k = nodes_.count(found[j]);
       }
+      if (counts != nullptr) counts[j] = k;
       at = found[j];
     }
     return c;
@@ -2480,28 +2505,35 @@ class KvIndex {
                     std::vector<KvWorkerMatch>& out) const {
     out.clear();
     constexpr std::size_t chunk = 32;
-    std::uint64_t paths[chunk];
+    std::uint64_t paths[2][chunk];
     std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
     std::uint64_t path = detail::KvTree::root_path_hash;
+    // Path hashes depend on the query only, so the edge probes of a chunk are
+    // issued one chunk ahead: their misses overlap the walk of the previous one.
+    const auto issue = [&](std::size_t base, std::uint64_t* dst) {
+      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
+        dst[j] = path;
+        tree_.prefetch_edge(path);
+      }
+      return m;
+    };
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
-    for (std::size_t base = 0; base < tokens_hashes.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
-      // The path hashes depend on the query only, so every edge probe of the
-      // chunk can be issued before the walk needs it.
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
-        paths[j] = path;
-        tree_.prefetch_edge(path);
-      }
-      const std::size_t got = tree_.walk(paths, m, cur, found);
-      if (got != 0U) cur = found[got - 1U];
+    std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
+    for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
+      const std::size_t got = tree_.walk(paths[k], m, cur, found, counts);
       bool stop = got < m;
+      // The next chunk's probes go out before this chunk's holder accounting.
+      if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
+      if (got != 0U) cur = found[got - 1U];
       for (std::size_t j = 0; j < got; ++j) {
         const std::uint32_t child = found[j];
-        const std::uint32_t c = tree_.nodes().count(child);
+        const std::uint32_t c = counts[j];
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < prev_count) {

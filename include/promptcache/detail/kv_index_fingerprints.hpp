@@ -68,15 +68,18 @@ class KvFingerprintTable {
   /// caller prefetch the element before confirming. O(1) expected.
   [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
     if (cap_ == 0U) return kv_npos;
-    bool wrapped = false;
-    for (std::size_t i = home(fp);;) {
-      const Entry& e = slots_[i];
+    // Up to the end of the array (the query path's common case) the probe
+    // needs no wrap-around state.
+    const Entry* s = slots_.data();
+    for (std::size_t i = home(fp); i < cap_; ++i) {
+      const Entry e = s[i];
       if (e.value == kv_npos || e.fp == fp) return e.value;
-      if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return kv_npos;
-      if (++i == cap_) {
-        i = 0;
-        wrapped = true;
-      }
+      if (e.fp > fp && home(e.fp) <= i) return kv_npos;  // after(e, i, fp, false)
+    }
+    for (std::size_t i = 0;; ++i) {  // a run that wraps: the entries before home(fp)
+      const Entry e = s[i];
+      if (e.value == kv_npos || e.fp == fp) return e.value;
+      if (after(e, i, fp, true)) return kv_npos;
     }
   }
 
@@ -91,18 +94,24 @@ class KvFingerprintTable {
   /// reserve_extra or insert made them). O(1) expected.
   template <class IsKey>
   [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
-    bool wrapped = false;
-    for (std::size_t i = home(fp);;) {
-      const Entry& e = slots_[i];
+    // As in first(): no wrap-around state until the probe passes the end.
+    const Entry* s = slots_.data();
+    for (std::size_t i = home(fp); i < cap_; ++i) {
+      const Entry e = s[i];
       if (e.value == kv_npos) return Probe{i, kv_npos};
       if (e.fp == fp) {
         if (is_key(e.value)) return Probe{i, e.value};
-      } else if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) {
+      } else if (e.fp > fp && home(e.fp) <= i) {  // after(e, i, fp, false)
         return Probe{i, kv_npos};
       }
-      if (++i == cap_) {
-        i = 0;
-        wrapped = true;
+    }
+    for (std::size_t i = 0;; ++i) {
+      const Entry e = s[i];
+      if (e.value == kv_npos) return Probe{i, kv_npos};
+      if (e.fp == fp) {
+        if (is_key(e.value)) return Probe{i, e.value};
+      } else if (after(e, i, fp, true)) {
+        return Probe{i, kv_npos};
       }
     }
   }

@@ -93,6 +93,17 @@ class KvNodeStore {
     const Row& r = rows_[n];
     return r.path == path && static_cast<std::uint32_t>(r.links & 0xffffffffULL) == parent_node;
   }
+  /// The holder count of `n` when it is the child of `parent_node` with path
+  /// hash `path`, else 0 (a live node has at least one holder). Reads the row
+  /// once, for walks that need both. O(1).
+  [[nodiscard]] std::uint32_t child_count(std::uint32_t n, std::uint64_t path,
+                                          std::uint32_t parent_node) const noexcept {
+    const Row& r = rows_[n];
+    const std::uint64_t links = r.links;
+    if (r.path != path || static_cast<std::uint32_t>(links & 0xffffffffULL) != parent_node)
+      return 0;
+    return static_cast<std::uint32_t>(links >> 32U);
+  }
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
@@ -293,13 +304,14 @@ class KvTree {
   }
 
   /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
-  /// sets found[j] to the node at depth j + 1 and returns how many exist.
+  /// sets found[j] to the node at depth j + 1 and, when `counts` is not null,
+  /// counts[j] to its holder count; returns how many exist.
   /// Candidates come from the fingerprints alone (no probe waits for a row),
   /// their rows are prefetched together, and then each is confirmed; a
   /// fingerprint that matched another node falls back to a full lookup.
   /// O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
-                   std::uint32_t* found) const noexcept {
+                   std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
     std::size_t c = 0;
     for (; c < m; ++c) {
       const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
@@ -309,10 +321,14 @@ class KvTree {
     }
     std::uint32_t at = from;
     for (std::size_t j = 0; j < c; ++j) {
-      if (!nodes_.is_child(found[j], paths[j], at)) {
+      // One read of the row confirms the key and yields the count.
+      std::uint32_t k = nodes_.child_count(found[j], paths[j], at);
+      if (k == 0U) {
         found[j] = find_child(paths[j], at);
         if (found[j] == kv_npos) return j;
+        k = nodes_.count(found[j]);
       }
+      if (counts != nullptr) counts[j] = k;
       at = found[j];
     }
     return c;
