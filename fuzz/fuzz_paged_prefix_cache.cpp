@@ -1,5 +1,6 @@
 // Fuzz harness for PagedPrefixCache. The input chooses the page size (1 included),
-// one of the shipped eviction policies, whether an event sink is attached, a few
+// one of the shipped eviction policies (eviction::Adaptive with a capacity, ghost
+// factor and step from the input, zeros included), whether an event sink is attached, a few
 // documents (shared prefixes, a three-token alphabet, the largest token id) and
 // then a sequence of operations on four namespaces (the largest id included):
 // match (both overloads) and peek of truncated, mutated and extended documents;
@@ -8,7 +9,8 @@
 // callback, up to SIZE_MAX pages); erase_namespace; clear; configure_namespace
 // with seeds that collide with other namespaces' defaults; a move round trip.
 // Every answer is compared with the naive model of tests/support/paged_model.hpp,
-// so are the counters and handle states; check_invariants() runs after every
+// so are the counters, handle states and (Adaptive) the target and ghost list
+// sizes; check_invariants() runs after every
 // operation, and with a sink a KvIndex fed only by the published events must
 // answer what the cache matches (find_matches == match().matched / page_size).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -22,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,7 @@
 
 namespace {
 
+using paged_model::Arc;
 using paged_model::Model;
 using paged_model::ModelHandle;
 using paged_model::PageId;
@@ -56,14 +60,14 @@ class Harness {
  public:
   using Cache = PagedPrefixCache<PageId, Policy>;
 
-  Harness(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink)
+  Harness(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink, Policy policy, Arc arc)
       : in_(in),
         ps_(page_size),
         sink_(sink),
-        cache_(page_size, Policy{},
+        cache_(page_size, std::move(policy),
                sink ? typename Cache::event_sink([this](const KvEvent& e) { events_.push_back(e); })
                     : typename Cache::event_sink{}),
-        model_(page_size, pol) {
+        model_(page_size, pol, arc) {
     cache_.configure_namespace(2, "adapter", "");
     const std::size_t n_docs = in_.ConsumeIntegralInRange<std::size_t>(1, 8);
     for (std::size_t d = 0; d < n_docs; ++d) {
@@ -362,6 +366,12 @@ class Harness {
     FUZZ_CHECK(s.cleared_pages == cleared_);
     FUZZ_CHECK(s.cached_pages == model_.cached());
     FUZZ_CHECK(cache_.check_invariants());
+    if constexpr (std::is_same_v<Policy, eviction::Adaptive>) {
+      // Both sides run the same arithmetic in the same order: the targets are equal.
+      FUZZ_CHECK(cache_.policy().target() == model_.target());
+      FUZZ_CHECK(cache_.policy().ghosts_once() == model_.ghosts(1));
+      FUZZ_CHECK(cache_.policy().ghosts_reused() == model_.ghosts(2));
+    }
     FUZZ_CHECK(cache_.publishes_events() == sink_);
     if (!sink_) {
       FUZZ_CHECK(events_.empty());
@@ -400,8 +410,9 @@ class Harness {
 };
 
 template <class Policy>
-void run(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink) {
-  Harness<Policy> h(in, page_size, pol, sink);
+void run(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink,
+         Policy policy = Policy{}, Arc arc = {}) {
+  Harness<Policy> h(in, page_size, pol, sink, std::move(policy), arc);
   while (in.remaining_bytes() > 0) {
     ++fuzz::operations();
     h.step();
@@ -416,7 +427,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static constexpr std::size_t page_sizes[] = {1, 1, 2, 3, 4, 8, 16, 1};
   const std::size_t ps = page_sizes[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
   const bool sink = in.ConsumeIntegralInRange<int>(0, 7) != 0;
-  switch (in.ConsumeIntegralInRange<int>(0, 6)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
     case 0:
       run<eviction::Lru>(in, ps, Pol::lru, sink);
       break;
@@ -435,9 +446,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 5:
       run<eviction::Mru>(in, ps, Pol::mru, sink);
       break;
-    default:
+    case 6:
       run<eviction::Filo>(in, ps, Pol::filo, sink);
       break;
+    default: {
+      // Capacities from 0 (no history) to a few times what the harness caches, so the
+      // target reaches both bounds; factors and steps from 0 to the largest step allowed.
+      static constexpr double factors[] = {0.0, 0.25, 0.5, 1.0, 1.0, 2.0, 8.0, 8.0};
+      static constexpr double steps[] = {0.0, 0.125, 0.5, 1.0, 1.0, 3.0, 1000.0, 1e9};
+      const std::size_t cap = in.ConsumeIntegralInRange<std::size_t>(0, 7) == 0
+                                  ? in.ConsumeIntegralInRange<std::size_t>(0, 1024)
+                                  : in.ConsumeIntegralInRange<std::size_t>(0, 24);
+      const double factor = factors[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
+      const double step = steps[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
+      run<eviction::Adaptive>(in, ps, Pol::adaptive, sink, eviction::Adaptive(cap, factor, step),
+                              Arc{cap, factor, step});
+      break;
+    }
   }
   return 0;
 }

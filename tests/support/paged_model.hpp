@@ -91,6 +91,8 @@ class Model {
         ghost_limit_(static_cast<std::size_t>(arc.ghost_factor * double(arc.capacity))) {}
 
   [[nodiscard]] double target() const { return p_; }
+  // Live ghosts evicted while used once (tag 1) or after reuse (tag 2).
+  [[nodiscard]] std::size_t ghosts(int tag) const { return ghosts_tagged(tag); }
 
   struct Match {
     std::size_t matched = 0;
