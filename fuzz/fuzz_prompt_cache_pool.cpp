@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 #include "fuzz_support.hpp"
@@ -37,61 +36,10 @@ using ModelOptions = pool_model::Pool::Options;
 
 fuzz::OperationReport report{"fuzz_prompt_cache_pool"};
 
-template <class Tok>
-Tok palette(std::uint32_t i) {
-  using L = std::numeric_limits<Tok>;
-  if constexpr (std::is_signed_v<Tok>) {
-    switch (i) {
-      case 0:
-        return Tok{0};
-      case 1:
-        return L::min();
-      case 2:
-        return Tok{-1};
-      case 3:
-        return L::max();
-      default:
-        return static_cast<Tok>(i);
-    }
-  } else {
-    return i == 3 ? L::max() : static_cast<Tok>(i);
-  }
-}
-
-template <class P, class Tok>
-void check_same(const P& pool, const Model<Tok>& model) {
-  FUZZ_CHECK(pool.size() == model.entries().size());
-  FUZZ_CHECK(pool.empty() == model.entries().empty());
-  FUZZ_CHECK(pool.bytes() == model.total_bytes());
-  const auto ps = pool.stats();
-  const auto& ms = model.stats;
-  FUZZ_CHECK(ps.lookups == ms.lookups);
-  FUZZ_CHECK(ps.hits == ms.hits);
-  FUZZ_CHECK(ps.query_tokens == ms.query_tokens);
-  FUZZ_CHECK(ps.matched_tokens == ms.matched_tokens);
-  FUZZ_CHECK(ps.inserted == ms.inserted);
-  FUZZ_CHECK(ps.extended == ms.extended);
-  FUZZ_CHECK(ps.updated == ms.updated);
-  FUZZ_CHECK(ps.rejected_empty == ms.rejected_empty);
-  FUZZ_CHECK(ps.rejected_too_short == ms.rejected_too_short);
-  FUZZ_CHECK(ps.rejected_too_large == ms.rejected_too_large);
-  FUZZ_CHECK(ps.evicted_lru == ms.evicted_lru);
-  FUZZ_CHECK(ps.evicted_ttl == ms.evicted_ttl);
-  FUZZ_CHECK(ps.evicted_bytes == ms.evicted_bytes);
-  FUZZ_CHECK(ps.evicted_explicit == ms.evicted_explicit);
-  FUZZ_CHECK(ps.superseded == ms.superseded);
-  FUZZ_CHECK(ps.entries == model.entries().size());
-  FUZZ_CHECK(ps.pinned_entries == model.pinned_count());
-  FUZZ_CHECK(ps.bytes == model.total_bytes());
-  for (const auto& e : model.entries()) {
-    const auto got = pool.find_exact(e.ids, e.ns);
-    FUZZ_CHECK(got != nullptr);
-    FUZZ_CHECK(got->ids == e.ids);
-    FUZZ_CHECK(got->caches.size() == 1);
-    FUZZ_CHECK(got->caches[0].tag == e.tag);
-    FUZZ_CHECK(pool.is_pinned(e.ids, e.ns) == e.pinned);
-  }
-}
+// The shared comparisons abort on a divergence, naming the failed comparison.
+constexpr auto check = [](bool ok, const char* what, const char* file, int line) {
+  if (!ok) fuzz::fail(what, file, line);
+};
 
 template <class Tok, class P>
 void run(FuzzedDataProvider& in, const ModelOptions& mo) {
@@ -111,7 +59,7 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
   const std::uint32_t alphabet = in.ConsumeIntegralInRange<std::uint32_t>(2, 6);
 
   auto token = [&]() {
-    return palette<Tok>(in.ConsumeIntegralInRange<std::uint32_t>(0, alphabet));
+    return pool_model::palette<Tok>(in.ConsumeIntegralInRange<std::uint32_t>(0, alphabet));
   };
   auto fresh_ids = [&]() {
     Ids v(in.ConsumeIntegralInRange<std::size_t>(0, 12));
@@ -199,17 +147,7 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
       const Ids q = pick_ids();
       const ns_t ns = pick_ns();
       const auto got = pool.find_longest_prefix(q, ns);
-      const auto want = model.lookup(q, ns);
-      FUZZ_CHECK(got.has_value() == want.has_value());
-      if (got) {
-        FUZZ_CHECK(got->entry->caches[0].tag == want->tag);
-        FUZZ_CHECK(got->matched == want->matched);
-        FUZZ_CHECK(got->entry->ids == want->ids);
-        FUZZ_CHECK(got->trim() == want->ids.size() - want->matched);
-        FUZZ_CHECK(got->matched <= q.size());
-        FUZZ_CHECK(std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(got->matched),
-                              got->entry->ids.begin()));
-      }
+      pool_model::compare_lookup(got, model.lookup(q, ns), q, check);
     } else if (op < 15) {  // time passes
       const std::int64_t dt = in.ConsumeIntegralInRange<std::int64_t>(0, 60);
       clock.advance(ManualClock::duration(dt));
@@ -262,7 +200,7 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
         }
       }
     }
-    check_same(pool, model);
+    pool_model::compare_state(pool, model, check);
     // check_invariants() (throws std::logic_error) walks every node and entry: after every
     // operation while the pool is small, every 8th beyond, and at the end of the input.
     if (pool.size() <= 8 || ++steps % 8 == 0) pool.check_invariants();

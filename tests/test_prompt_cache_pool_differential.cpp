@@ -12,7 +12,6 @@
 #include <limits>
 #include <optional>
 #include <random>
-#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -24,36 +23,11 @@ using namespace pool_model;  // NOLINT: the model and its pool types
 using promptcache::ManualClock;
 using promptcache::MatchMode;
 
-template <class Tok>
-void check_same(const PoolT<Tok>& pool, const Model<Tok>& model) {
-  REQUIRE(pool.size() == model.entries().size());
-  REQUIRE(pool.bytes() == model.total_bytes());
-  const auto ps = pool.stats();
-  const auto& ms = model.stats;
-  REQUIRE(ps.lookups == ms.lookups);
-  REQUIRE(ps.hits == ms.hits);
-  REQUIRE(ps.query_tokens == ms.query_tokens);
-  REQUIRE(ps.matched_tokens == ms.matched_tokens);
-  REQUIRE(ps.inserted == ms.inserted);
-  REQUIRE(ps.extended == ms.extended);
-  REQUIRE(ps.updated == ms.updated);
-  REQUIRE(ps.rejected_empty == ms.rejected_empty);
-  REQUIRE(ps.rejected_too_short == ms.rejected_too_short);
-  REQUIRE(ps.rejected_too_large == ms.rejected_too_large);
-  REQUIRE(ps.evicted_lru == ms.evicted_lru);
-  REQUIRE(ps.evicted_ttl == ms.evicted_ttl);
-  REQUIRE(ps.evicted_bytes == ms.evicted_bytes);
-  REQUIRE(ps.evicted_explicit == ms.evicted_explicit);
-  REQUIRE(ps.superseded == ms.superseded);
-  REQUIRE(ps.pinned_entries == model.pinned_count());
-  for (const auto& e : model.entries()) {
-    auto got = pool.find_exact(e.ids, e.ns);
-    REQUIRE(got);
-    REQUIRE(got->caches.size() == 1);
-    REQUIRE(got->caches[0].tag == e.tag);
-    REQUIRE(pool.is_pinned(e.ids, e.ns) == e.pinned);
-  }
-}
+// Catch2's REQUIRE for the shared comparisons, with the failed comparison's text.
+constexpr auto require = [](bool ok, const char* what, const char* file, int line) {
+  INFO(file << ":" << line << ": " << what);
+  REQUIRE(ok);
+};
 
 struct Config {
   const char* name;
@@ -72,30 +46,6 @@ struct Config {
   std::uint32_t extra_lookup_pct = 0;
   int invariants_every = 16;  // steps between check_invariants() calls
 };
-
-// The token values a run draws from: small values first, then (for signed types) negative
-// ones and both extremes, so ids at the type's limits meet in shared prefixes.
-template <class Tok>
-Tok palette(std::uint32_t i) {
-  using L = std::numeric_limits<Tok>;
-  if constexpr (std::is_signed_v<Tok>) {
-    switch (i) {
-      case 0:
-        return Tok{0};
-      case 1:
-        return L::min();
-      case 2:
-        return Tok{-1};
-      case 3:
-        return L::max();
-      default:
-        return static_cast<Tok>(i % 2 == 0 ? L::min() + static_cast<Tok>(i / 2)
-                                           : static_cast<Tok>(i / 2));
-    }
-  } else {
-    return static_cast<Tok>(i);
-  }
-}
 
 // Options are a nested type per token type; copy them field by field.
 template <class Tok>
@@ -194,20 +144,8 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     } else if (op < 80) {
       const Ids q = derived();
       const ns_t ns = pick_ns();
-      auto got = pool.find_longest_prefix(q, ns);
-      auto want = model.lookup(q, ns);
-      REQUIRE(got.has_value() == want.has_value());
-      if (got) {
-        CHECK(got->entry->caches[0].tag == want->tag);
-        CHECK(got->matched == want->matched);
-        CHECK(got->entry->ids == want->ids);
-        CHECK(got->trim() == want->ids.size() - want->matched);
-        // Independently of the model: the entry really shares `matched` tokens with the query.
-        REQUIRE(got->matched <= q.size());
-        REQUIRE(got->matched <= got->entry->ids.size());
-        CHECK(std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(got->matched),
-                         got->entry->ids.begin()));
-      }
+      const auto got = pool.find_longest_prefix(q, ns);
+      compare_lookup(got, model.lookup(q, ns), q, require);
     } else if (op < 88) {
       const std::int64_t dt = rnd(30);
       clock.advance(ManualClock::duration(dt));
@@ -235,7 +173,7 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
       const ns_t ns = pick_ns();
       REQUIRE(pool.erase_namespace(ns) == model.erase_namespace(ns));
     }
-    check_same(pool, model);
+    compare_state(pool, model, require);
     if (step % cfg.invariants_every == 0) pool.check_invariants();
   }
   pool.check_invariants();

@@ -1,7 +1,9 @@
 // A linear-scan reference model of PromptCachePool, written from the documented rules
 // (obviously correct, O(entries x length)). The randomized differential test and the
 // fuzz harness drive the pool and this model with the same operations and compare
-// every observable result.
+// every observable result with compare_state() and compare_lookup() below, which
+// report each comparison to a callback (Catch2's REQUIRE in the test, an abort in
+// the harness), from the same token values (palette()).
 #pragma once
 
 #include <promptcache/manual_clock.hpp>
@@ -10,7 +12,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace pool_model {
@@ -270,5 +275,93 @@ class Model {
   std::vector<E> es_;
   std::uint64_t seq_ = 0;
 };
+
+// The token values runs draw from, by index: small values first, then (for signed
+// types) both extremes, -1 and values counting up from the minimum, so ids at the type's
+// limits meet in shared prefixes; for unsigned types index 3 is the maximum.
+template <class Tok>
+Tok palette(std::uint32_t i) {
+  using L = std::numeric_limits<Tok>;
+  if constexpr (std::is_signed_v<Tok>) {
+    switch (i) {
+      case 0:
+        return Tok{0};
+      case 1:
+        return L::min();
+      case 2:
+        return Tok{-1};
+      case 3:
+        return L::max();
+      default:
+        return static_cast<Tok>(i % 2 == 0 ? L::min() + static_cast<Tok>(i / 2)
+                                           : static_cast<Tok>(i / 2));
+    }
+  } else {
+    return i == 3 ? L::max() : static_cast<Tok>(i);
+  }
+}
+
+// Calls check(ok, text, file, line) with each comparison and where it stands. A failed
+// check must not return (REQUIRE throws, the harness aborts): later checks rely on
+// earlier ones.
+#define POOL_MODEL_CHECK(cond) check(static_cast<bool>(cond), #cond, __FILE__, __LINE__)
+
+// Compares everything observable of `pool` (a PromptCachePool or a
+// SynchronizedPromptCachePool) with `model`: sizes, bytes, every counter, and each
+// stored entry's ids, tag and pin.
+template <class P, class Tok, class Check>
+void compare_state(const P& pool, const Model<Tok>& model, Check&& check) {
+  POOL_MODEL_CHECK(pool.size() == model.entries().size());
+  POOL_MODEL_CHECK(pool.empty() == model.entries().empty());
+  POOL_MODEL_CHECK(pool.bytes() == model.total_bytes());
+  const auto ps = pool.stats();
+  const auto& ms = model.stats;
+  POOL_MODEL_CHECK(ps.lookups == ms.lookups);
+  POOL_MODEL_CHECK(ps.hits == ms.hits);
+  POOL_MODEL_CHECK(ps.query_tokens == ms.query_tokens);
+  POOL_MODEL_CHECK(ps.matched_tokens == ms.matched_tokens);
+  POOL_MODEL_CHECK(ps.inserted == ms.inserted);
+  POOL_MODEL_CHECK(ps.extended == ms.extended);
+  POOL_MODEL_CHECK(ps.updated == ms.updated);
+  POOL_MODEL_CHECK(ps.rejected_empty == ms.rejected_empty);
+  POOL_MODEL_CHECK(ps.rejected_too_short == ms.rejected_too_short);
+  POOL_MODEL_CHECK(ps.rejected_too_large == ms.rejected_too_large);
+  POOL_MODEL_CHECK(ps.evicted_lru == ms.evicted_lru);
+  POOL_MODEL_CHECK(ps.evicted_ttl == ms.evicted_ttl);
+  POOL_MODEL_CHECK(ps.evicted_bytes == ms.evicted_bytes);
+  POOL_MODEL_CHECK(ps.evicted_explicit == ms.evicted_explicit);
+  POOL_MODEL_CHECK(ps.superseded == ms.superseded);
+  POOL_MODEL_CHECK(ps.entries == model.entries().size());
+  POOL_MODEL_CHECK(ps.pinned_entries == model.pinned_count());
+  POOL_MODEL_CHECK(ps.bytes == model.total_bytes());
+  for (const auto& e : model.entries()) {
+    const auto got = pool.find_exact(e.ids, e.ns);
+    POOL_MODEL_CHECK(got != nullptr);
+    POOL_MODEL_CHECK(got->ids == e.ids);
+    POOL_MODEL_CHECK(got->caches.size() == 1);
+    POOL_MODEL_CHECK(got->caches[0].tag == e.tag);
+    POOL_MODEL_CHECK(pool.is_pinned(e.ids, e.ns) == e.pinned);
+  }
+}
+
+// Compares the pool's answer `got` to find_longest_prefix(q) with the model's `want`,
+// and checks independently of the model that the entry really shares `matched`
+// tokens with the query.
+template <class Hit, class Tok, class Check>
+void compare_lookup(const std::optional<Hit>& got, const std::optional<ModelHit<Tok>>& want,
+                    const std::vector<Tok>& q, Check&& check) {
+  POOL_MODEL_CHECK(got.has_value() == want.has_value());
+  if (!got) return;
+  POOL_MODEL_CHECK(got->entry->caches[0].tag == want->tag);
+  POOL_MODEL_CHECK(got->matched == want->matched);
+  POOL_MODEL_CHECK(got->entry->ids == want->ids);
+  POOL_MODEL_CHECK(got->trim() == want->ids.size() - want->matched);
+  POOL_MODEL_CHECK(got->matched <= q.size());
+  POOL_MODEL_CHECK(got->matched <= got->entry->ids.size());
+  POOL_MODEL_CHECK(std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(got->matched),
+                              got->entry->ids.begin()));
+}
+
+#undef POOL_MODEL_CHECK
 
 }  // namespace pool_model
