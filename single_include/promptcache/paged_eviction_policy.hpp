@@ -320,6 +320,28 @@ concept PagedKeyClasses = requires(P& p, const P& cp, const typename P::meta_typ
 }
 &&(P::key_classes >= 1) && (P::key_classes <= 64);
 
+// The metadata of the policies that count hits (Lfu, Slru) and its updates, which
+// both share: they differ only in how they order it. As in SGLang, a hit is an
+// insert through the node (an engine inserts every request's tokens when it
+// finishes, so this counts the requests that used the prefix); match() only
+// refreshes the access time. A split copies the count to both halves.
+struct PagedHitMeta {
+  std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
+  std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
+
+  // insert() created the node: one hit, accessed now.
+  static constexpr PagedHitMeta created(const PagedPolicyContext& c) noexcept {
+    return {1, c.tick};
+  }
+  // match() walked the node: accessed now, not a hit.
+  constexpr void matched(const PagedPolicyContext& c) noexcept { last_access = c.tick; }
+  // insert() walked the node: a hit, accessed now.
+  constexpr void inserted(const PagedPolicyContext& c) noexcept {
+    ++hits;
+    last_access = c.tick;
+  }
+};
+
 }  // namespace detail
 
 /// Number of key classes (evictable heaps) of policy `P`: its `key_classes`, else 1.
@@ -379,11 +401,8 @@ struct Lru {
 /// finishes, so this counts the requests that used the prefix); match() only
 /// refreshes the access time. A split copies the count to both halves.
 struct Lfu {
-  /// Hit count and last access tick.
-  struct meta_type {
-    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
-    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
-  };
+  /// Hit count and last access tick (`hits`, `last_access`; the same type as Slru's).
+  using meta_type = detail::PagedHitMeta;
   /// (hits, last access), compared lexicographically.
   struct key_type {
     std::uint64_t hits = 0;         ///< Fewer hits are evicted first.
@@ -396,14 +415,11 @@ struct Lfu {
   static constexpr bool monotone_keys = true;  ///< Counts and ticks only grow.
 
   /// New node: one hit, accessed now. O(1).
-  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return meta_type::created(c); }
   /// Match: accessed now (not a hit, as in SGLang). O(1).
-  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.matched(c); }
   /// Insert through the node: a hit, accessed now. O(1).
-  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
-    ++m.hits;
-    m.last_access = c.tick;
-  }
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.inserted(c); }
   /// Nothing to remember. O(1).
   void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
   /// (hits, last access). O(1).
@@ -480,11 +496,8 @@ struct Slru {
   /// Hits needed to enter the protected segment.
   std::uint64_t protected_threshold = 2;
 
-  /// Hit count and last access tick.
-  struct meta_type {
-    std::uint64_t hits = 0;         ///< Inserts through the node (1 at creation).
-    std::uint64_t last_access = 0;  ///< Tick of the last match or insert.
-  };
+  /// Hit count and last access tick, updated as Lfu's (the same type).
+  using meta_type = detail::PagedHitMeta;
   /// (segment, last access), compared lexicographically.
   struct key_type {
     std::uint8_t segment = 0;       ///< 0 probationary, 1 protected.
@@ -497,14 +510,11 @@ struct Slru {
   static constexpr bool monotone_keys = true;  ///< Hits and ticks only grow.
 
   /// New node: one hit, accessed now. O(1).
-  meta_type on_create(const PagedPolicyContext& c) noexcept { return {1, c.tick}; }
+  meta_type on_create(const PagedPolicyContext& c) noexcept { return meta_type::created(c); }
   /// Match: accessed now. O(1).
-  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.last_access = c.tick; }
+  void on_match(meta_type& m, const PagedPolicyContext& c) noexcept { m.matched(c); }
   /// Insert through the node: a hit, accessed now. O(1).
-  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
-    ++m.hits;
-    m.last_access = c.tick;
-  }
+  void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept { m.inserted(c); }
   /// Nothing to remember. O(1).
   void on_evict(const meta_type&, const PagedPolicyContext&) noexcept {}
   /// (protected?, last access). O(1).
