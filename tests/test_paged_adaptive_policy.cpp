@@ -174,6 +174,46 @@ TEST_CASE("adaptive: bad parameters are refused") {
   CHECK(c.class_pages(1) == 1);  // still recognized
 }
 
+TEST_CASE("adaptive: factors and steps up to 10^9 are accepted, larger or non-finite ones not") {
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_AS(eviction::Adaptive(8, 2e9), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, 2.0, 2e9), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, 2.0, inf), std::invalid_argument);
+  CHECK_THROWS_AS(eviction::Adaptive(8, 2.0, std::nan("")), std::invalid_argument);
+  // Large factors are refused by the size of the history they ask for, not by the check.
+  CHECK_THROWS_AS(eviction::Adaptive(2, 1e9), std::length_error);
+  CHECK(eviction::Adaptive(0, 1e9).ghost_capacity() == 0);
+
+  // The largest step: one ghost moves the target to a bound at once.
+  Cache c(1, eviction::Adaptive(4, 2.0, 1e9));
+  c.insert(Tokens{1}, Pages{1});
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
+  c.insert(Tokens{1}, Pages{2});  // back from B1
+  CHECK(c.policy().target() == 4.0);
+  CHECK(c.match(Tokens{1}).matched == 1);
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+  CHECK(c.policy().ghosts_reused() == 1);
+  c.insert(Tokens{1}, Pages{3});  // back from B2
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("adaptive: a ghost factor of 0 keeps no history, as a capacity of 0 does") {
+  Cache c(1, eviction::Adaptive(8, 0.0, 1.0));
+  CHECK(c.policy().ghost_capacity() == 0);
+  c.insert(Tokens{1}, Pages{1});
+  CHECK(c.match(Tokens{1}).matched == 1);  // used again
+  c.insert(Tokens{2}, Pages{2});
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+  CHECK(c.policy().ghosts_once() + c.policy().ghosts_reused() == 0);
+  c.insert(Tokens{2}, Pages{3});  // not recognized: used once again, the target unmoved
+  CHECK(c.class_pages(0) == 1);
+  CHECK(c.policy().target() == 0.0);
+  // Pages used again are kept over pages used once, however old.
+  CHECK(evict(c, 2) == std::vector<std::uint32_t>{3, 1});
+  CHECK(c.check_invariants());
+}
+
 TEST_CASE("ghost history: keeps the newest G ghosts and forgets those that came back") {
   PagedGhostHistory g(2);
   CHECK(g.capacity() == 2);

@@ -205,6 +205,32 @@ TEST_CASE("paged cache: locked pages are never evicted; unlock below zero is ref
   (void)a;
 }
 
+TEST_CASE("paged cache: stale handles and evictions that free nothing change and publish nothing") {
+  Recorder rec;
+  PagedPrefixCache<> c(2, eviction::Lru{}, rec.sink());
+  auto gone = c.insert(seq(0, 4), ids(0, 2));
+  auto kept = c.insert(seq(10, 4), ids(10, 2));
+  REQUIRE(c.evict(2) == 2);  // the older prefix, whole
+  rec.events.clear();
+  CHECK_FALSE(c.valid(gone.handle));
+  CHECK_FALSE(c.lock(gone.handle));
+  CHECK_FALSE(c.unlock(gone.handle));
+  CHECK(c.lock_count(gone.handle) == 0);
+  CHECK(c.locked_pages() == 0);
+
+  // evict(0), and evict(n) while every page is locked: 0 pages, no callback, no event.
+  std::vector<std::uint32_t> freed;
+  CHECK(c.evict(0, [&](std::uint32_t p) { freed.push_back(p); }) == 0);
+  REQUIRE(c.lock(kept.handle));
+  CHECK(c.evict(5, [&](std::uint32_t p) { freed.push_back(p); }) == 0);
+  CHECK(freed.empty());
+  CHECK(rec.events.empty());
+  CHECK(c.cached_pages() == 2);
+  CHECK(c.stats().evicted_pages == 2);
+  CHECK(c.unlock(kept.handle));
+  CHECK(c.check_invariants());
+}
+
 TEST_CASE("paged cache: evict frees exactly n pages, tail first, in LRU order") {
   PagedPrefixCache<> c(1);
   c.insert(seq(0, 5), ids(0, 5));      // older
