@@ -502,6 +502,44 @@ TEST_CASE("paged cache: a policy defined outside the library plugs in") {
   CHECK(c.check_invariants());
 }
 
+namespace {
+
+// A policy with two key classes whose answers are out of range: leaves created at odd
+// ticks claim class 7, and choose_class always answers 9.
+struct OutOfRangeClasses {
+  static constexpr std::size_t key_classes = 2;
+  struct meta_type {
+    std::uint64_t created = 0;
+  };
+  using key_type = std::uint64_t;
+  static constexpr bool monotone_keys = true;
+
+  meta_type on_create(const promptcache::PagedPolicyContext& c) noexcept { return {c.tick}; }
+  void on_match(meta_type&, const promptcache::PagedPolicyContext&) noexcept {}
+  void on_insert_hit(meta_type&, const promptcache::PagedPolicyContext&) noexcept {}
+  void on_evict(const meta_type&, const promptcache::PagedPolicyContext&) noexcept {}
+  key_type key(const meta_type& m) const noexcept { return m.created; }
+  std::size_t key_class(const meta_type& m) const noexcept { return m.created % 2 == 0 ? 0 : 7; }
+  std::size_t choose_class(std::span<const std::size_t>) const noexcept { return 9; }
+};
+
+}  // namespace
+
+TEST_CASE("paged cache: a policy's out-of-range key class or choice counts as the last class") {
+  PagedPrefixCache<std::uint32_t, OutOfRangeClasses> c(1);
+  for (std::uint32_t t = 1; t <= 4; ++t)
+    c.insert(Tokens{t}, Pages{t});  // ticks 1 to 4: pages 1 and 3 claim class 7
+  CHECK(c.class_pages(0) == 2);
+  CHECK(c.class_pages(1) == 2);
+  CHECK(c.class_pages(7) == 0);
+  CHECK(c.check_invariants());
+  // The choice 9 is class 1: its oldest leaves first, then class 0's.
+  std::vector<std::uint32_t> freed;
+  CHECK(c.evict(4, [&](std::uint32_t p) { freed.push_back(p); }) == 4);
+  CHECK(freed == Pages{1, 3, 2, 4});
+  CHECK(c.check_invariants());
+}
+
 TEST_CASE("paged cache: a throwing sink leaves the cache consistent and the id consumed") {
   bool fail = true;
   PagedPrefixCache<> c(1, eviction::Lru{}, [&](const KvEvent&) {
