@@ -444,3 +444,25 @@ TEST_CASE("decoded batches apply to a KvIndex", "[kv_event_wire]") {
   CHECK(index.block_count(w) == 0);  // cleared at the end
   CHECK(index.check_invariants());
 }
+
+TEST_CASE("duplicate hashes and unknown parents decode; the index refuses them unchanged",
+          "[kv_event_wire]") {
+  // Neither is a wire error: the decoder passes both on, and KvIndex answers for them.
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_array(2);
+  p.pack(3.0);
+  p.pack_array(2);
+  pack_stored(p, Layout::array_array, 5, 5, false, {1, 2, 3, 4, 5, 6, 7, 8});  // 5 twice
+  pack_stored(p, Layout::array_array, 6, 7, true, {1, 2, 3, 4, 5, 6, 7, 8});   // parent 77
+  const KvWireBatch b = decode_ok(buf);
+  REQUIRE(b.events.size() == 2);
+  promptcache::KvIndex index;
+  const promptcache::KvWorker w{1, 0};
+  using S = promptcache::KvEventStatus;
+  CHECK(index.apply(w, promptcache::KvEvent{0, b.events[0]}).status == S::block_conflict);
+  CHECK(index.apply(w, promptcache::KvEvent{1, b.events[1]}).status == S::parent_not_found);
+  CHECK(index.block_count(w) == 0);
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+}
