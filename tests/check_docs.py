@@ -2,8 +2,9 @@
 """Checks the documentation: every relative link of README.md, CHANGELOG.md and
 docs/*.md points at a file that exists (and, with #anchor, at a heading of
 that file); every public header has its page docs/<header>.md, listed in the
-docs index and in the README's table of headers; and no file of the
-repository uses words that only make sense inside the team that wrote it.
+docs index and in the README's table of headers; every test that a row of
+docs/bad_input.md names exists; and no file of the repository uses words that
+only make sense inside the team that wrote it.
 
 Usage: tests/check_docs.py
 """
@@ -49,10 +50,62 @@ def check_links(md: pathlib.Path):
             fail(f"{md.relative_to(ROOT)}: no heading for #{anchor} in {path or md.name}")
 
 
+def test_cases(cache, name):
+    """The TEST_CASE names of tests/<name> (None when there is no such file)."""
+    if name not in cache:
+        path = ROOT / "tests" / name
+        cache[name] = (set(re.findall(r'TEST_CASE\(\s*"((?:[^"\\]|\\.)*)"',
+                                      path.read_text(encoding="utf-8")))
+                       if path.is_file() else None)
+    return cache[name]
+
+
+def check_bad_input_tests():
+    """Each row's last cell names tests as `file` › name; name; `file` › name ...
+    (test names may hold "; " themselves), a file outside tests/, or "none"."""
+    md = ROOT / "docs/bad_input.md"
+    cache = {}
+    for n, line in enumerate(md.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("| ") or line.startswith(("|---", "| operation |")):
+            continue
+        cell = line.rstrip().rstrip("|").rsplit(" | ", 1)[-1].strip()
+        if cell == "none":
+            continue
+        segs = cell.split("; ")
+        i, current = 0, None
+        while i < len(segs):
+            m = re.match(r"`([^`]+)` › (.*)$", segs[i])
+            if m:
+                current, first = m.group(1), m.group(2)
+            elif segs[i].startswith("`"):
+                other = re.match(r"`([^`]+)`", segs[i]).group(1)
+                if not (ROOT / other).exists():
+                    fail(f"docs/bad_input.md:{n}: no file {other}")
+                current, i = None, i + 1
+                continue
+            else:
+                first = segs[i]
+            cases = test_cases(cache, current) if current else None
+            if cases is None:
+                fail(f"docs/bad_input.md:{n}: no test file for '{segs[i]}'")
+                i += 1
+                continue
+            for j in range(i, len(segs)):
+                name = re.sub(r"\s*\(section[^)]*\)$", "", "; ".join([first] + segs[i + 1:j + 1]))
+                if name in cases:
+                    i = j + 1
+                    break
+            else:
+                fail(f"docs/bad_input.md:{n}: tests/{current} has no test case '{first}'")
+                i += 1
+
+
 def main():
     docs = sorted((ROOT / "docs").glob("*.md"))
     for md in [ROOT / "README.md", ROOT / "CHANGELOG.md", *docs]:
         check_links(md)
+
+    check_bad_input_tests()
 
     index = (ROOT / "docs/README.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
