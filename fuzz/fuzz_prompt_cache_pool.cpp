@@ -44,16 +44,8 @@ constexpr auto check = [](bool ok, const char* what, const char* file, int line)
 template <class Tok, class P>
 void run(FuzzedDataProvider& in, const ModelOptions& mo) {
   using Ids = std::vector<Tok>;
-  typename P::Options po;
-  po.max_entries = mo.max_entries;
-  po.ttl = mo.ttl;
-  po.min_cacheable_tokens = mo.min_cacheable_tokens;
-  po.match = mo.match;
-  po.keep_one_token = mo.keep_one_token;
-  po.min_match_tokens = mo.min_match_tokens;
-  po.max_bytes = mo.max_bytes;
   ManualClock clock;
-  P pool(po, clock);
+  P pool(pool_model::pool_options<P>(mo), clock);
   Model<Tok> model(mo);
   const int namespaces = in.ConsumeIntegralInRange<int>(1, 3);
   const std::uint32_t alphabet = in.ConsumeIntegralInRange<std::uint32_t>(2, 6);
@@ -98,19 +90,12 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
     return in.ConsumeIntegralInRange<int>(0, 4) == 0 ? fresh_ids() : derived();
   };
   auto pick_ns = [&]() {
-    return static_cast<ns_t>(in.ConsumeIntegralInRange<int>(0, namespaces - 1)) * ns_t{0x9E37};
+    return pool_model::namespace_id(
+        in.ConsumeIntegralInRange<std::uint32_t>(0, static_cast<std::uint32_t>(namespaces - 1)));
   };
   auto pick_ttl = [&]() -> std::int64_t {
-    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-      case 0:
-        return 0;
-      case 1:
-        return -5;
-      case 2:
-        return std::numeric_limits<std::int64_t>::max();
-      default:
-        return in.ConsumeIntegralInRange<std::int64_t>(1, 120);
-    }
+    const auto edge = pool_model::edge_ttl(in.ConsumeIntegralInRange<std::uint32_t>(0, 5));
+    return edge ? *edge : in.ConsumeIntegralInRange<std::int64_t>(1, 120);
   };
 
   int tag = 0;
@@ -172,7 +157,7 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
         case 0: {
           pool.clear();
           for (int i = 0; i < namespaces; ++i)
-            model.erase_namespace(static_cast<ns_t>(i) * ns_t{0x9E37});
+            model.erase_namespace(pool_model::namespace_id(static_cast<std::uint32_t>(i)));
           break;
         }
         case 1:

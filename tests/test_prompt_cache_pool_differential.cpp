@@ -47,27 +47,13 @@ struct Config {
   int invariants_every = 16;  // steps between check_invariants() calls
 };
 
-// Options are a nested type per token type; copy them field by field.
-template <class Tok>
-typename PoolT<Tok>::Options convert(const Pool::Options& o) {
-  typename PoolT<Tok>::Options r;
-  r.max_entries = o.max_entries;
-  r.ttl = o.ttl;
-  r.min_cacheable_tokens = o.min_cacheable_tokens;
-  r.match = o.match;
-  r.keep_one_token = o.keep_one_token;
-  r.min_match_tokens = o.min_match_tokens;
-  r.max_bytes = o.max_bytes;
-  return r;
-}
-
 template <class Tok = std::uint16_t>
 void run(const Config& cfg, std::uint32_t seed, int steps) {
   using Ids = std::vector<Tok>;
   using P = PoolT<Tok>;
   INFO("config " << cfg.name << " seed " << seed);
   ManualClock clock;
-  P pool(convert<Tok>(cfg.options), clock);
+  P pool(pool_options<P>(cfg.options), clock);
   Model<Tok> model(cfg.options);
   std::mt19937 rng(seed);
   auto rnd = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
@@ -101,21 +87,11 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     }
     return v;
   };
-  auto pick_ns = [&]() {
-    return static_cast<ns_t>(rnd(static_cast<std::uint32_t>(cfg.namespaces))) * ns_t{0x9E37};
-  };
-  // Per-entry TTLs: the usual ones, zero, negative and "never" (the duration's maximum).
+  auto pick_ns = [&]() { return namespace_id(rnd(static_cast<std::uint32_t>(cfg.namespaces))); };
+  // Per-entry TTLs: the usual ones and those at the edges.
   auto pick_ttl = [&]() -> std::int64_t {
-    switch (rnd(6)) {
-      case 0:
-        return 0;
-      case 1:
-        return -5;
-      case 2:
-        return std::numeric_limits<std::int64_t>::max();
-      default:
-        return static_cast<std::int64_t>(rnd(3)) * 40;
-    }
+    const auto edge = edge_ttl(rnd(6));
+    return edge ? *edge : static_cast<std::int64_t>(rnd(3)) * 40;
   };
   int tag = 0;
   for (int step = 0; step < steps; ++step) {
@@ -165,9 +141,8 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
     } else if (op < 99 || cfg.namespaces == 1) {
       if (rnd(20) == 0) {
         pool.clear();
-        model.erase_namespace(0);
-        for (int i = 1; i < cfg.namespaces; ++i)
-          model.erase_namespace(static_cast<ns_t>(i) * ns_t{0x9E37});
+        for (int i = 0; i < cfg.namespaces; ++i)
+          model.erase_namespace(namespace_id(static_cast<std::uint32_t>(i)));
       }
     } else {
       const ns_t ns = pick_ns();

@@ -276,6 +276,41 @@ class Model {
   std::uint64_t seq_ = 0;
 };
 
+// The model's options as those of pool type `P` (each pool and token type has its own
+// nested Options type), field by field.
+template <class P>
+typename P::Options pool_options(const Pool::Options& o) {
+  typename P::Options r;
+  r.max_entries = o.max_entries;
+  r.ttl = o.ttl;
+  r.min_cacheable_tokens = o.min_cacheable_tokens;
+  r.match = o.match;
+  r.keep_one_token = o.keep_one_token;
+  r.min_match_tokens = o.min_match_tokens;
+  r.max_bytes = o.max_bytes;
+  return r;
+}
+
+// The id of a run's namespace `i`: spread out, so that ids are not just 0, 1, 2.
+constexpr ns_t namespace_id(std::uint32_t i) {
+  return static_cast<ns_t>(i) * ns_t{0x9E37};
+}
+
+// Per-entry TTLs at the edges, by index: zero, negative and "never" (the duration's
+// maximum); nullopt from index 3 on, where a run picks an ordinary TTL.
+constexpr std::optional<std::int64_t> edge_ttl(std::uint32_t i) {
+  switch (i) {
+    case 0:
+      return 0;
+    case 1:
+      return -5;
+    case 2:
+      return std::numeric_limits<std::int64_t>::max();
+    default:
+      return std::nullopt;
+  }
+}
+
 // The token values runs draw from, by index: small values first, then (for signed
 // types) both extremes, -1 and values counting up from the minimum, so ids at the type's
 // limits meet in shared prefixes; for unsigned types index 3 is the maximum.
