@@ -838,7 +838,10 @@ class KvIndex {
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
+        if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
+          release_hold(slot, h, name_fps[j]);
+        else
+          r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
     }
   }

@@ -1436,7 +1436,9 @@ class KvHolderSets {
 
   /// Releases the arena when no set is spilled. O(1).
   void release_if_empty() noexcept {
-    if (blocks_ != 0U) return;
+    // Called on every node release: with no arena (so no free blocks either)
+    // there is nothing to reset.
+    if (blocks_ != 0U || units_.capacity() == 0U) return;
     std::vector<std::uint32_t>().swap(units_);
     free_ = no_free_blocks();
   }
@@ -1802,7 +1804,8 @@ class KvHoldStore {
   }
 
   /// Unlinks hold `h` (which must have no children) and frees it. O(1).
-  void release(std::uint32_t h) noexcept {
+  /// Always inlined: it runs once per removed block.
+  [[gnu::always_inline]] void release(std::uint32_t h) noexcept {
     KvHold& x = holds_[h];
     if (x.link != kv_npos) {
       if ((x.link & kv_hold_parent_bit) != 0U)
@@ -2218,12 +2221,40 @@ class KvFingerprintTable {
     put(probe(entry.fp, [](std::uint32_t) { return false; }).pos, entry);
   }
 
+  // Homes are monotonic in the fingerprint and runs are sorted, so the table
+  // read from the first entry at or after its home (skipping entries that
+  // wrapped around the end) lists the entries in fingerprint order. Placed
+  // in that order each entry goes to its new home or right after the
+  // previous one: one pass, no probing. Entries that would run past the end
+  // of the new array (only the last run) are placed by probing.
   void rehash(std::size_t new_capacity) {
     std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
     old.swap(slots_);
+    const std::size_t old_cap = cap_;
     cap_ = new_capacity;
-    for (const Entry& e : old)
-      if (e.value != kv_npos) place(e);
+    std::size_t start = 0;  // entries before it came around the end
+    while (start < old_cap && old[start].value != kv_npos &&
+           old_home(old[start].fp, old_cap) > start)
+      ++start;
+    Entry* s = slots_.data();
+    std::size_t at = 0;  // first slot the next entry may take
+    const auto emit = [&](const Entry& e) {
+      const std::size_t h = std::max(home(e.fp), at);
+      if (h < cap_) {
+        s[h] = e;
+        at = h + 1U;
+      } else {
+        place(e);
+      }
+    };
+    for (std::size_t i = start; i < old_cap; ++i)
+      if (old[i].value != kv_npos) emit(old[i]);
+    for (std::size_t i = 0; i < start; ++i)
+      emit(old[i]);
+  }
+
+  [[nodiscard]] static std::size_t old_home(std::uint32_t fp, std::size_t cap) noexcept {
+    return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
   std::vector<Entry> slots_;
@@ -3555,7 +3586,10 @@ class KvIndex {
           continue;
         }
         ++r.blocks_removed;
-        r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
+        if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
+          release_hold(slot, h, name_fps[j]);
+        else
+          r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
     }
   }

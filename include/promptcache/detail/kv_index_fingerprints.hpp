@@ -273,12 +273,40 @@ class KvFingerprintTable {
     put(probe(entry.fp, [](std::uint32_t) { return false; }).pos, entry);
   }
 
+  // Homes are monotonic in the fingerprint and runs are sorted, so the table
+  // read from the first entry at or after its home (skipping entries that
+  // wrapped around the end) lists the entries in fingerprint order. Placed
+  // in that order each entry goes to its new home or right after the
+  // previous one: one pass, no probing. Entries that would run past the end
+  // of the new array (only the last run) are placed by probing.
   void rehash(std::size_t new_capacity) {
     std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
     old.swap(slots_);
+    const std::size_t old_cap = cap_;
     cap_ = new_capacity;
-    for (const Entry& e : old)
-      if (e.value != kv_npos) place(e);
+    std::size_t start = 0;  // entries before it came around the end
+    while (start < old_cap && old[start].value != kv_npos &&
+           old_home(old[start].fp, old_cap) > start)
+      ++start;
+    Entry* s = slots_.data();
+    std::size_t at = 0;  // first slot the next entry may take
+    const auto emit = [&](const Entry& e) {
+      const std::size_t h = std::max(home(e.fp), at);
+      if (h < cap_) {
+        s[h] = e;
+        at = h + 1U;
+      } else {
+        place(e);
+      }
+    };
+    for (std::size_t i = start; i < old_cap; ++i)
+      if (old[i].value != kv_npos) emit(old[i]);
+    for (std::size_t i = 0; i < start; ++i)
+      emit(old[i]);
+  }
+
+  [[nodiscard]] static std::size_t old_home(std::uint32_t fp, std::size_t cap) noexcept {
+    return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
   std::vector<Entry> slots_;

@@ -325,7 +325,9 @@ class KvHolderSets {
 
   /// Releases the arena when no set is spilled. O(1).
   void release_if_empty() noexcept {
-    if (blocks_ != 0U) return;
+    // Called on every node release: with no arena (so no free blocks either)
+    // there is nothing to reset.
+    if (blocks_ != 0U || units_.capacity() == 0U) return;
     std::vector<std::uint32_t>().swap(units_);
     free_ = no_free_blocks();
   }
