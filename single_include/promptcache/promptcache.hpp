@@ -4296,6 +4296,12 @@ class PoolRecency {
     return nullptr;
   }
 
+  /// Whether expire(now) may have anything to do: the earliest (lower-bound) deadline has
+  /// passed. O(1); a lookup calls expire only when this says so.
+  [[nodiscard]] bool due(time_point now) const noexcept {
+    return !due_.empty() && !(now < due_[0].due);
+  }
+
   /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
   /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
   /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
@@ -5033,14 +5039,17 @@ struct PoolBestHeap {
   // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
   // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
   // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
+  // s's own node needs no comparison: an entry is shorter than everything below it, so it is
+  // always its node's best already. The root keeps no best.
   static void propagate_touch(Slot* s) noexcept {
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != s && !better(s, y->best)) return;
-      y->best = s;
+    Node* y = s->node;
+    for (Node* p = y->parent; p != nullptr; y = p, p = p->parent) {
       if (!y->is_stale) {
         y->is_stale = true;
-        y->stale_next = std::exchange(y->parent->stale, y);
+        y->stale_next = std::exchange(p->stale, y);
       }
+      if (p->parent == nullptr || (p->best != s && !better(s, p->best))) return;
+      p->best = s;
     }
   }
 
@@ -5387,38 +5396,37 @@ struct PoolTree {
 
   /// The best record (per the aggregates) below the point where q[0, limit) leaves the tree,
   /// with the length of that common prefix. O(limit).
+  ///
+  /// Two passes: the walk descends by first tokens alone (one child-table probe per edge,
+  /// no label read), then one compare of the query against the ids behind the deepest edge
+  /// reached says where the query leaves the tree. Those ids spell the whole path (every
+  /// label is a slice of the ids of an entry below it), so that one compare stands for the
+  /// per-edge compares, and reads what the memcmp floor reads, in one call instead of one per
+  /// edge. The walk cannot overshoot the divergence by more than chance matches of first
+  /// tokens, and the edge where the query leaves is found by climbing from the deepest node.
   static Match match_common(const Node* node, std::span<const Token> q,
                             std::size_t limit) noexcept {
     Match m;
     if (node == nullptr) return m;
-    std::size_t pos = 0;
+    const Node* last = nullptr;  // deepest node reached
+    const Token* ids = nullptr;  // ids that spell the path to `last`
+    std::size_t pos = 0;         // depth of `last`
     while (pos < limit) {
-      // The label (pointer and length) comes from the parent's table, not the child: the
-      // compare then runs while the child node is still a cache miss away.
       const auto* e = node->children.find_slot(q[pos]);
       if (e == nullptr) break;
-      const Token* label = e->label;
-      const std::size_t len = label_len_of(e);
-      // An edge the query covers usually matches in full (every edge on the path but the
-      // last), and for a short one a single memcmp confirms that twice as fast as the
-      // narrowing loop of common_length.
-      const std::size_t k =
-          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
-              ? len
-              : common_length(label, q.data() + pos, std::min(len, limit - pos));
-      const Node* c = e->node;
-      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
-        m.slot = c->best;
-        m.matched = pos + k;
-        return m;
-      }
-      node = c;
-      pos += len;
+      ids = e->label - pos;  // the label is the slice [pos, pos + len) of its owner's ids
+      last = e->node;
+      node = last;
+      pos += label_len_of(e);
     }
-    if (node->parent != nullptr) {
-      m.slot = node->best;
-      m.matched = pos;
-    }
+    if (last == nullptr) return m;
+    // The first token matched, so k >= 1 and some edge on the path contains position k.
+    const std::size_t k = common_length(ids, q.data(), std::min(pos, limit));
+    const Node* c = last;
+    while (c->depth - c->label_len >= k)
+      c = c->parent;
+    m.slot = c->best;
+    m.matched = k;
     return m;
   }
 
@@ -5890,7 +5898,10 @@ class PromptCachePool {
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
-    expire(now);
+    // The expiry check is one comparison; the removal work is out of line, so that the hot
+    // path of a lookup that expires nothing keeps its registers (and its code) small.
+    if (recency_.due(now)) [[unlikely]]
+      expire_out_of_line(now);
     ++stats_.lookups;
     stats_.query_tokens += ids.size();
     std::optional<Hit> result;
@@ -6159,6 +6170,8 @@ class PromptCachePool {
     return recency_.expire(now, [this](Slot* s) { remove_slot(s, Reason::ttl); });
   }
 
+  [[gnu::noinline, gnu::cold]] void expire_out_of_line(time_point now) noexcept { expire(now); }
+
   void enforce_budgets() noexcept {
     while (stats_.entries > options_.max_entries) {
       Slot* v = recency_.lru_victim();
@@ -6176,8 +6189,12 @@ class PromptCachePool {
 
   // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
   // destructors of the last snapshot references after releasing its lock.
+  // The test is inline and the release out of line: most lookups retire nothing.
   void release_retired() noexcept {
-    if (defer_release_) return;
+    if (!retired_.empty() && !defer_release_) release_retired_out_of_line();
+  }
+
+  [[gnu::noinline]] void release_retired_out_of_line() noexcept {
     Retired::release(retired_.take());
   }
 
