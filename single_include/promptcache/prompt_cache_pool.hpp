@@ -1322,37 +1322,38 @@ struct PoolTree {
 
   /// The best record (per the aggregates) below the point where q[0, limit) leaves the tree,
   /// with the length of that common prefix. O(limit).
-  ///
-  /// Two passes: the walk descends by first tokens alone (one child-table probe per edge,
-  /// no label read), then one compare of the query against the ids behind the deepest edge
-  /// reached says where the query leaves the tree. Those ids spell the whole path (every
-  /// label is a slice of the ids of an entry below it), so that one compare stands for the
-  /// per-edge compares, and reads what the memcmp floor reads, in one call instead of one per
-  /// edge. The walk cannot overshoot the divergence by more than chance matches of first
-  /// tokens, and the edge where the query leaves is found by climbing from the deepest node.
   static Match match_common(const Node* node, std::span<const Token> q,
                             std::size_t limit) noexcept {
     Match m;
     if (node == nullptr) return m;
-    const Node* last = nullptr;  // deepest node reached
-    const Token* ids = nullptr;  // ids that spell the path to `last`
-    std::size_t pos = 0;         // depth of `last`
+    std::size_t pos = 0;
     while (pos < limit) {
+      // The label (pointer and length) comes from the parent's table, not the child: the
+      // compare then runs while the child node is still a cache miss away.
       const auto* e = node->children.find_slot(q[pos]);
       if (e == nullptr) break;
-      ids = e->label - pos;  // the label is the slice [pos, pos + len) of its owner's ids
-      last = e->node;
-      node = last;
-      pos += label_len_of(e);
+      const Token* label = e->label;
+      const std::size_t len = label_len_of(e);
+      // An edge the query covers usually matches in full (every edge on the path but the
+      // last), and for a short one a single memcmp confirms that twice as fast as the
+      // narrowing loop of common_length.
+      const std::size_t k =
+          len < 128 && len <= limit - pos && equal_tokens(label, q.data() + pos, len)
+              ? len
+              : common_length(label, q.data() + pos, std::min(len, limit - pos));
+      const Node* c = e->node;
+      if (k < len) {  // the query leaves the tree (or hits the cap) inside this edge
+        m.slot = c->best;
+        m.matched = pos + k;
+        return m;
+      }
+      node = c;
+      pos += len;
     }
-    if (last == nullptr) return m;
-    // The first token matched, so k >= 1 and some edge on the path contains position k.
-    const std::size_t k = common_length(ids, q.data(), std::min(pos, limit));
-    const Node* c = last;
-    while (c->depth - c->label_len >= k)
-      c = c->parent;
-    m.slot = c->best;
-    m.matched = k;
+    if (node->parent != nullptr) {
+      m.slot = node->best;
+      m.matched = pos;
+    }
     return m;
   }
 
