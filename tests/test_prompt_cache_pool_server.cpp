@@ -172,6 +172,43 @@ TEST_CASE("common-prefix: long entries diverging at every kind of offset") {
   CHECK(pool.find_longest_prefix(longer)->matched == stored.size());
 }
 
+TEST_CASE("common-prefix: a query leaving an edge early whose later tokens match a child") {
+  // The query differs inside the shared edge {1, 2, 3, 4}, but its token after that edge is
+  // the first token of a child: the hit is still the best entry below the shared edge.
+  ManualClock clock;
+  Pool pool(base_options(MatchMode::common_prefix), clock);
+  pool.insert({1, 2, 3, 4, 10, 11}, layer(1));
+  pool.insert({1, 2, 3, 4, 20, 21}, layer(2));  // same length, more recent: the best below
+  auto hit = pool.find_longest_prefix(Ids{1, 2, 9, 4, 10, 11});
+  REQUIRE(hit);
+  CHECK(tag_of(hit) == 2);
+  CHECK(hit->matched == 2);
+  hit = pool.find_longest_prefix(Ids{1, 2, 3, 4, 10, 12});  // leaves inside the child's edge
+  REQUIRE(hit);
+  CHECK(tag_of(hit) == 1);
+  CHECK(hit->matched == 5);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{9, 2, 3, 4, 10, 11}));
+  pool.check_invariants();
+}
+
+TEST_CASE("exact-prefix: a query leaving an edge early whose later tokens match a child") {
+  ManualClock clock;
+  Pool pool(base_options(), clock);
+  pool.insert({1, 2, 3, 4, 10, 11}, layer(2));
+  pool.insert({1, 2, 3, 4, 20, 21}, layer(3));
+  pool.insert({1, 2}, layer(1));  // a prefix stored after its extensions: kept beside them
+  // Differs at index 3, inside the edge {3, 4}; index 4 matches the child {10, 11}.
+  auto hit = pool.find_longest_prefix(Ids{1, 2, 3, 9, 10, 11, 5});
+  REQUIRE(hit);
+  CHECK(tag_of(hit) == 1);
+  CHECK(hit->matched == 2);
+  hit = pool.find_longest_prefix(Ids{1, 2, 3, 4, 10, 11, 5});
+  REQUIRE(hit);
+  CHECK(tag_of(hit) == 2);
+  CHECK_FALSE(pool.find_longest_prefix(Ids{1, 9, 3, 4, 10, 11}));
+  pool.check_invariants();
+}
+
 // ---- keep one token --------------------------------------------------------------------
 
 TEST_CASE("keep_one_token: exact mode yields to the longest proper prefix") {

@@ -236,7 +236,10 @@ class PromptCachePool {
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
-    expire(now);
+    // The expiry check is one comparison; the removal work is out of line, so that the hot
+    // path of a lookup that expires nothing keeps its registers (and its code) small.
+    if (recency_.due(now)) [[unlikely]]
+      expire_out_of_line(now);
     ++stats_.lookups;
     stats_.query_tokens += ids.size();
     std::optional<Hit> result;
@@ -505,6 +508,8 @@ class PromptCachePool {
     return recency_.expire(now, [this](Slot* s) { remove_slot(s, Reason::ttl); });
   }
 
+  [[gnu::noinline, gnu::cold]] void expire_out_of_line(time_point now) noexcept { expire(now); }
+
   void enforce_budgets() noexcept {
     while (stats_.entries > options_.max_entries) {
       Slot* v = recency_.lru_victim();
@@ -522,8 +527,12 @@ class PromptCachePool {
 
   // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
   // destructors of the last snapshot references after releasing its lock.
+  // The test is inline and the release out of line: most lookups retire nothing.
   void release_retired() noexcept {
-    if (defer_release_) return;
+    if (!retired_.empty() && !defer_release_) release_retired_out_of_line();
+  }
+
+  [[gnu::noinline]] void release_retired_out_of_line() noexcept {
     Retired::release(retired_.take());
   }
 

@@ -222,6 +222,12 @@ class PoolRecency {
     return nullptr;
   }
 
+  /// Whether expire(now) may have anything to do: the earliest (lower-bound) deadline has
+  /// passed. O(1); a lookup calls expire only when this says so.
+  [[nodiscard]] bool due(time_point now) const noexcept {
+    return !due_.empty() && !(now < due_[0].due);
+  }
+
   /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
   /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
   /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
@@ -959,14 +965,17 @@ struct PoolBestHeap {
   // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
   // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
   // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
+  // s's own node needs no comparison: an entry is shorter than everything below it, so it is
+  // always its node's best already. The root keeps no best.
   static void propagate_touch(Slot* s) noexcept {
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != s && !better(s, y->best)) return;
-      y->best = s;
+    Node* y = s->node;
+    for (Node* p = y->parent; p != nullptr; y = p, p = p->parent) {
       if (!y->is_stale) {
         y->is_stale = true;
-        y->stale_next = std::exchange(y->parent->stale, y);
+        y->stale_next = std::exchange(p->stale, y);
       }
+      if (p->parent == nullptr || (p->best != s && !better(s, p->best))) return;
+      p->best = s;
     }
   }
 
@@ -1816,7 +1825,10 @@ class PromptCachePool {
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
     const time_point now = clock_.now();
-    expire(now);
+    // The expiry check is one comparison; the removal work is out of line, so that the hot
+    // path of a lookup that expires nothing keeps its registers (and its code) small.
+    if (recency_.due(now)) [[unlikely]]
+      expire_out_of_line(now);
     ++stats_.lookups;
     stats_.query_tokens += ids.size();
     std::optional<Hit> result;
@@ -2085,6 +2097,8 @@ class PromptCachePool {
     return recency_.expire(now, [this](Slot* s) { remove_slot(s, Reason::ttl); });
   }
 
+  [[gnu::noinline, gnu::cold]] void expire_out_of_line(time_point now) noexcept { expire(now); }
+
   void enforce_budgets() noexcept {
     while (stats_.entries > options_.max_entries) {
       Slot* v = recency_.lru_victim();
@@ -2102,8 +2116,12 @@ class PromptCachePool {
 
   // Frees removed records. Deferred so SynchronizedPromptCachePool can run the LayerCache
   // destructors of the last snapshot references after releasing its lock.
+  // The test is inline and the release out of line: most lookups retire nothing.
   void release_retired() noexcept {
-    if (defer_release_) return;
+    if (!retired_.empty() && !defer_release_) release_retired_out_of_line();
+  }
+
+  [[gnu::noinline]] void release_retired_out_of_line() noexcept {
     Retired::release(retired_.take());
   }
 

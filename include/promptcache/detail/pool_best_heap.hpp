@@ -158,14 +158,17 @@ struct PoolBestHeap {
   // so an ancestor's best becomes s exactly when s beats its old best, its heap item only
   // improves (listed as stale, not sifted), and once an ancestor keeps a best other than s
   // nothing above it changes. Same bests as propagate(s->node), without reading the heaps.
+  // s's own node needs no comparison: an entry is shorter than everything below it, so it is
+  // always its node's best already. The root keeps no best.
   static void propagate_touch(Slot* s) noexcept {
-    for (Node* y = s->node; y->parent != nullptr; y = y->parent) {
-      if (y->best != s && !better(s, y->best)) return;
-      y->best = s;
+    Node* y = s->node;
+    for (Node* p = y->parent; p != nullptr; y = p, p = p->parent) {
       if (!y->is_stale) {
         y->is_stale = true;
-        y->stale_next = std::exchange(y->parent->stale, y);
+        y->stale_next = std::exchange(p->stale, y);
       }
+      if (p->parent == nullptr || (p->best != s && !better(s, p->best))) return;
+      p->best = s;
     }
   }
 

@@ -166,6 +166,12 @@ class PoolRecency {
     return nullptr;
   }
 
+  /// Whether expire(now) may have anything to do: the earliest (lower-bound) deadline has
+  /// passed. O(1); a lookup calls expire only when this says so.
+  [[nodiscard]] bool due(time_point now) const noexcept {
+    return !due_.empty() && !(now < due_[0].due);
+  }
+
   /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
   /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
   /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
