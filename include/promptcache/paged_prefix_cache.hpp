@@ -250,7 +250,8 @@ class PagedPrefixCache {
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
     while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      const Found f = find_child(nodes_.data(), edges_.view(), cur,
+                                 tokens.data() + pos * page_size_, q_pages - pos);
       if (f.node == npos) break;
       pos += f.pages;
       if (f.pages < nodes_[f.node].n) break;
@@ -359,7 +360,8 @@ class PagedPrefixCache {
     std::uint32_t split_pages = 0;
     if (cur != npos) {
       while (pos < q_pages) {
-        const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+        const Found f = find_child(nodes_.data(), edges_.view(), cur,
+                                   tokens.data() + pos * page_size_, q_pages - pos);
         if (f.node == npos) break;
         const Node& x = nodes_[f.node];
         const PageId* ids = page_ids(x);
@@ -583,7 +585,10 @@ class PagedPrefixCache {
           const Node& ch = nodes_[c];
           if (ch.kind != Kind::node || ch.parent != x || ch.prev != prev || ch.ns != slot)
             return false;
-          if (ch.n == 0 || ch.off + ch.n > ch.cap) return false;
+          if (ch.n == 0 || off_of(ch) + ch.n > ch.cap) return false;
+          if (ch.tok !=
+              reinterpret_cast<const token_type*>(ch.block.get()) + off_of(ch) * page_size_)
+            return false;
           if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
           // The child is reachable through its (parent, first token) chain.
           bool reachable = false;
@@ -644,26 +649,33 @@ class PagedPrefixCache {
 
   // One tree node. Pages [off, off + n) of its block are live: a split moves the
   // head's pages to a new block and advances `off`, a trim lowers `n`; the block
-  // is compacted once less than half of it is live.
-  struct Node {
-    std::unique_ptr<unsigned char[]> block{};
-    std::uint32_t cap = 0;    // pages the block holds
-    std::uint32_t off = 0;    // first live page in the block
-    std::uint32_t n = 0;      // live pages
-    std::uint32_t depth = 0;  // pages before this node on its path
-    std::uint32_t parent = npos;
+  // is compacted once less than half of it is live. `tok` and `ids` point at the
+  // first live page's tokens and id, so a match reads them without the block's
+  // layout arithmetic.
+  // Layout: what match() reads and writes on every node of its path (tok, ids, n,
+  // first_child and, for the common policies, meta) comes first and fills at most 32
+  // bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
+  // so a walk misses at most once per node. The rest serves insert, evict and locks.
+  struct alignas(32) Node {
+    token_type* tok = nullptr;  // tokens of the first live page
+    PageId* ids = nullptr;      // id of the first live page
+    std::uint32_t n = 0;        // live pages
     std::uint32_t first_child = npos;
-    std::uint32_t next = npos;       // next sibling (free list link for free nodes)
-    std::uint32_t prev = npos;       // previous sibling
+    meta_type meta{};
+    std::unique_ptr<unsigned char[]> block{};
+    std::uint32_t cap = 0;           // pages the block holds
     std::uint32_t next_same = npos;  // next sibling with the same first token
-    std::uint32_t lock = 0;          // locks whose path runs through this node
-    std::uint32_t own = 0;           // locks taken with a handle ending at this node
-    std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
     std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
-    std::uint32_t ns = 0;            // namespace slot
+    std::uint32_t depth = 0;         // pages before this node on its path
+    std::uint32_t parent = npos;
+    std::uint32_t next = npos;      // next sibling (free list link for free nodes)
+    std::uint32_t prev = npos;      // previous sibling
+    std::uint32_t lock = 0;         // locks whose path runs through this node
+    std::uint32_t own = 0;          // locks taken with a handle ending at this node
+    std::uint32_t heap_pos = npos;  // position in the heap of evictable leaves
+    std::uint32_t ns = 0;           // namespace slot
     Kind kind = Kind::free;
     std::uint64_t last_hash = 0;  // with a sink: sequence hash of the last page
-    meta_type meta{};
   };
 
   struct HeapEntry {
@@ -708,11 +720,25 @@ class PagedPrefixCache {
   [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
     return std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes(cap)]);
   }
-  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
-    return reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)) + x.off;
+  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept { return x.ids; }
+  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept { return x.tok; }
+  // The first live page's index in x's block.
+  [[nodiscard]] std::size_t off_of(const Node& x) const noexcept {
+    return static_cast<std::size_t>(x.ids -
+                                    reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)));
   }
-  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
-    return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
+  // Gives x a fresh block of `cap` pages, all live from its first; the old block is freed.
+  void set_block(Node& x, std::unique_ptr<unsigned char[]> block, std::uint32_t cap) noexcept {
+    x.block = std::move(block);
+    x.cap = cap;
+    x.tok = reinterpret_cast<token_type*>(x.block.get());
+    x.ids = reinterpret_cast<PageId*>(x.block.get() + ids_offset(cap));
+  }
+  // Drops x's first k live pages (a split gave them to a new node).
+  void advance(Node& x, std::uint32_t k) noexcept {
+    x.tok += std::size_t{k} * page_size_;
+    x.ids += k;
+    x.n -= k;
   }
 
   // Asks for the first cache lines of x's page ids, which a match copies right after
@@ -729,25 +755,30 @@ class PagedPrefixCache {
 #endif
   }
 
-  // The child of `parent` sharing the most leading pages with q (at least one), or npos.
-  // A leaf is answered from its node, without probing the edge table (a likely cache miss):
-  // every query that matches a whole cached sequence ends at one. Only a partial match pays
-  // for the division by the page size.
+  // The child of `parent` sharing the most leading pages with q (at least one), or npos,
+  // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
+  // calls between lookups keeps them in registers instead of reloading the members. A leaf
+  // is answered from its node, without probing the edge table (a likely cache miss): every
+  // query that matches a whole cached sequence ends at one. Only a partial match pays for
+  // the division by the page size.
   // Forced inline: out of line, saving and restoring its registers cost as much as the edge
   // probe on short pages.
-  [[nodiscard]] [[gnu::always_inline]] Found find_child(std::uint32_t parent, const token_type* q,
+  [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
+                                                        detail::PagedEdgeTable::View edges,
+                                                        std::uint32_t parent, const token_type* q,
                                                         std::size_t q_pages) const noexcept {
-    if (nodes_[parent].first_child == npos) return {};
-    for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
-      const Node& x = nodes_[c];
+    if (nodes[parent].first_child == npos) return {};
+    const std::size_t pb = page_bytes();
+    for (std::uint32_t c = edges.find(parent, q[0]); c != npos; c = nodes[c].next_same) {
+      const Node& x = nodes[c];
       const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
-      const std::size_t cmp = pages * page_bytes();
       prefetch_ids(x);
       // The next lookup, if the query goes on past x, is (c, its next token): known now.
-      if (x.first_child != npos && q_pages > pages) edges_.prefetch(c, q[pages * page_size_]);
-      const std::size_t same = detail::mismatch(tokens_of(x), q, cmp);
+      if (x.first_child != npos && q_pages > pages) edges.prefetch(c, q[pages * page_size_]);
+      const std::size_t cmp = pages * pb;
+      const std::size_t same = detail::mismatch(x.tok, q, cmp);
       if (same == cmp) return {c, pages};
-      const std::size_t k = same / page_bytes();
+      const std::size_t k = same / pb;
       if (k > 0) return {c, k};
     }
     return {};
@@ -764,26 +795,36 @@ class PagedPrefixCache {
     const std::uint32_t slot = ns_slot(ns);
     if (slot == npos) return {};
     ns_hint_ = slot;
+    // Locals: the compare and the copy are calls that may write any memory, after which
+    // members would be loaded again at every node.
+    const std::size_t ps = page_size_;
+    const token_type* const q = tokens.data();
+    Node* nodes = nodes_.data();
+    const detail::PagedEdgeTable::View edges = edges_.view();
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
     while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      const Found f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos);
       if (f.node == npos) break;
       std::uint32_t c = f.node;
-      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      const std::size_t k = f.pages;
+      const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
       if (inside) {
         prepare_split();
-        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+        c = split(c, k, make_block(static_cast<std::uint32_t>(k)));
+        nodes = nodes_.data();
       }
       touch_match(c, ns);
-      const Node& x = nodes_[c];
-      emit(pos, page_ids(x), std::size_t{x.n});
+      const Node& x = nodes[c];
+      emit(pos, x.ids, std::size_t{x.n});
       pos += x.n;
       cur = c;
       if (inside) break;
     }
-    stats_.hit_tokens += pos * page_size_;
-    return {pos * page_size_, handle_of(cur)};
+    stats_.hit_tokens += pos * ps;
+    // The walk ends at the root exactly when it matched nothing.
+    if (pos == 0) return {};
+    return {pos * ps, PagedPrefixHandle{cur, nodes[cur].gen}};
   }
 
   // The slot of namespace `ns`, or npos. match() remembers the last slot it used: an engine
@@ -912,7 +953,9 @@ class PagedPrefixCache {
     Node& nd = nodes_[x];
     block_pages_ -= nd.cap;
     nd.block.reset();
-    nd.cap = nd.off = nd.n = nd.depth = 0;
+    nd.tok = nullptr;
+    nd.ids = nullptr;
+    nd.cap = nd.n = nd.depth = 0;
     nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
     nd.lock = nd.own = 0;
     nd.heap_pos = npos;
@@ -983,9 +1026,7 @@ class PagedPrefixCache {
     const std::uint32_t h = alloc_node();
     Node& H = nodes_[h];
     Node& C = nodes_[c];
-    H.block = std::move(hb);
-    H.cap = k;
-    H.off = 0;
+    set_block(H, std::move(hb), k);
     H.n = k;
     block_pages_ += k;
     if (hashes_)
@@ -1019,8 +1060,7 @@ class PagedPrefixCache {
       nodes_[e].next_same = h;
     }
     // C becomes H's only child.
-    C.off += k;
-    C.n -= k;
+    advance(C, k);
     C.depth += k;
     C.parent = h;
     C.prev = C.next = C.next_same = npos;
@@ -1039,9 +1079,7 @@ class PagedPrefixCache {
     const std::uint32_t x = alloc_node();
     Node& L = nodes_[x];
     Node& P = nodes_[parent];
-    L.block = std::move(block);
-    L.cap = n;
-    L.off = 0;
+    set_block(L, std::move(block), n);
     L.n = n;
     block_pages_ += n;
     if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
@@ -1102,16 +1140,10 @@ class PagedPrefixCache {
     if (std::size_t{x.n} * 2 > x.cap) return;
     std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
     if (!nb) return;
-    Node y;
-    y.block = std::move(nb);
-    y.cap = x.n;
-    y.off = 0;
-    std::memcpy(page_ids(y), page_ids(x), x.n * sizeof(PageId));
-    std::memcpy(tokens_of(y), tokens_of(x), std::size_t{x.n} * page_bytes());
+    std::memcpy(nb.get() + ids_offset(x.n), page_ids(x), x.n * sizeof(PageId));
+    std::memcpy(nb.get(), tokens_of(x), std::size_t{x.n} * page_bytes());
     block_pages_ -= x.cap - x.n;
-    x.block = std::move(y.block);
-    x.cap = x.n;
-    x.off = 0;
+    set_block(x, std::move(nb), x.n);
   }
 
   template <class OnEvict>

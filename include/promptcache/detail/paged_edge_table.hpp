@@ -23,6 +23,14 @@ class PagedEdgeTable {
  public:
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
 
+ private:
+  struct Slot {
+    std::uint32_t parent = 0;
+    std::uint32_t token = 0;
+    std::uint32_t child = npos;  // npos marks an empty slot
+  };
+
+ public:
   PagedEdgeTable() noexcept = default;
   PagedEdgeTable(const PagedEdgeTable&) = delete;
   PagedEdgeTable& operator=(const PagedEdgeTable&) = delete;
@@ -45,25 +53,56 @@ class PagedEdgeTable {
   [[nodiscard]] std::size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return capacity() * sizeof(Slot); }
 
-  /// The child under (parent, token), or npos.
-  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
-    if (!slots_) return npos;
-    for (std::size_t i = home(parent, token);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.child == npos) return npos;
-      if (s.parent == parent && s.token == token) return s.child;
+  /// The table's lookups, on a copy of its fields. A caller making many lookups between
+  /// calls that may write memory keeps the copy in registers instead of reloading the
+  /// table's fields after each call. Invalidated by any change to the table.
+  class View {
+   public:
+    /// The child under (parent, token), or npos.
+    [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+      if (slots_ == nullptr) return npos;
+      for (std::size_t i = home(parent, token, shift_);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.child == npos) return npos;
+        if (s.parent == parent && s.token == token) return s.child;
+      }
     }
+
+    /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
+    /// known in advance overlaps other work instead of waiting for the line.
+    void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+      if (slots_ != nullptr) __builtin_prefetch(&slots_[home(parent, token, shift_)]);
+#else
+      (void)parent;
+      (void)token;
+#endif
+    }
+
+   private:
+    friend class PagedEdgeTable;
+    const Slot* slots_ = nullptr;
+    std::size_t mask_ = 0;
+    unsigned shift_ = 63;
+  };
+
+  /// The lookups on the table as it is now (see View).
+  [[nodiscard]] View view() const noexcept {
+    View v;
+    v.slots_ = slots_.get();
+    v.mask_ = mask_;
+    v.shift_ = shift_;
+    return v;
   }
 
-  /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
-  /// known in advance overlaps other work instead of waiting for the line.
+  /// The child under (parent, token), or npos.
+  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+    return view().find(parent, token);
+  }
+
+  /// Asks for the cache line where find(parent, token) starts probing (see View::prefetch).
   void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    if (slots_) __builtin_prefetch(&slots_[home(parent, token)]);
-#else
-    (void)parent;
-    (void)token;
-#endif
+    view().prefetch(parent, token);
   }
 
   /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
@@ -119,16 +158,14 @@ class PagedEdgeTable {
   }
 
  private:
-  struct Slot {
-    std::uint32_t parent = 0;
-    std::uint32_t token = 0;
-    std::uint32_t child = npos;  // npos marks an empty slot
-  };
-
-  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
-    // Fibonacci hashing: the high bits of the product mix every bit of the key.
+  // Fibonacci hashing: the high bits of the product mix every bit of the key.
+  [[nodiscard]] static std::size_t home(std::uint32_t parent, std::uint32_t token,
+                                        unsigned shift) noexcept {
     const std::uint64_t x = (std::uint64_t{parent} << 32 | token) * 0x9E3779B97F4A7C15ULL;
-    return static_cast<std::size_t>(x >> shift_);
+    return static_cast<std::size_t>(x >> shift);
+  }
+  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
+    return home(parent, token, shift_);
   }
 
   [[nodiscard]] std::size_t existing(std::uint32_t parent, std::uint32_t token) const noexcept {
