@@ -985,9 +985,7 @@ class PagedPrefixCache {
       throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
   }
 
-  [[nodiscard]] std::size_t live_namespaces() const noexcept {
-    return ns_index_.size();
-  }
+  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
 
   // Nodes that are not the head of their (parent, first token) chain.
   [[nodiscard]] std::size_t chained_siblings() const noexcept {
@@ -1005,30 +1003,41 @@ class PagedPrefixCache {
     reserve_heap(live_nodes_ + 1);
   }
 
+  // A new unlinked node holding a copy of n pages (their tokens and ids) in `block`, with
+  // its parent, depth and namespace slot set; its links, locks, metadata and hash are the
+  // caller's. Requires reserve_nodes() (it may reallocate nodes_). Never throws.
+  std::uint32_t new_node(std::unique_ptr<unsigned char[]> block, std::uint32_t n,
+                         const token_type* tokens, const PageId* ids, std::uint32_t parent,
+                         std::uint32_t depth, std::uint32_t ns) noexcept {
+    const std::uint32_t x = alloc_node();
+    Node& nd = nodes_[x];
+    set_block(nd, std::move(block), n);
+    nd.n = n;
+    block_pages_ += n;
+    std::memcpy(nd.ids, ids, n * sizeof(PageId));
+    std::memcpy(nd.tok, tokens, std::size_t{n} * page_bytes());
+    nd.depth = depth;
+    nd.parent = parent;
+    nd.ns = ns;
+    nd.kind = Kind::node;
+    return x;
+  }
+
   // Splits node c after its first k pages: a new node takes them (and c's place
   // under its parent); c keeps the rest, and its index, so handles to c still
   // name the same end. Requires prepare_split() or equivalent. Never throws.
   std::uint32_t split(std::uint32_t c, std::size_t k_pages,
                       std::unique_ptr<unsigned char[]> hb) noexcept {
     const auto k = static_cast<std::uint32_t>(k_pages);
-    const std::uint32_t h = alloc_node();
+    const std::uint32_t h = new_node(std::move(hb), k, nodes_[c].tok, nodes_[c].ids,
+                                     nodes_[c].parent, nodes_[c].depth, nodes_[c].ns);
     Node& H = nodes_[h];
     Node& C = nodes_[c];
-    set_block(H, std::move(hb), k);
-    H.n = k;
-    block_pages_ += k;
     if (hashes_)
       H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
                           [](std::uint32_t, std::uint64_t) {});
-    std::memcpy(page_ids(H), page_ids(C), k * sizeof(PageId));
-    std::memcpy(tokens_of(H), tokens_of(C), std::size_t{k} * page_bytes());
-    H.depth = C.depth;
-    H.parent = C.parent;
     H.lock = C.lock;
-    H.ns = C.ns;
     H.meta = C.meta;
-    H.kind = Kind::node;
-    H.heap_pos = npos;
     // H takes C's place among the siblings and in the edge chain.
     H.prev = C.prev;
     H.next = C.next;
@@ -1064,19 +1073,12 @@ class PagedPrefixCache {
   std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
                          std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
                          std::int64_t priority, const kv_event::Stored* st) noexcept {
-    const std::uint32_t x = alloc_node();
+    const Node& p = nodes_[parent];
+    const std::uint32_t x = new_node(std::move(block), n, tokens, ids, parent,
+                                     p.kind == Kind::root ? 0U : p.depth + p.n, p.ns);
     Node& L = nodes_[x];
     Node& P = nodes_[parent];
-    set_block(L, std::move(block), n);
-    L.n = n;
-    block_pages_ += n;
     if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
-    std::memcpy(page_ids(L), ids, n * sizeof(PageId));
-    std::memcpy(tokens_of(L), tokens, std::size_t{n} * page_bytes());
-    L.depth = P.kind == Kind::root ? 0U : P.depth + P.n;
-    L.parent = parent;
-    L.ns = P.ns;
-    L.kind = Kind::node;
     L.meta = policy_.on_create(context(L, ns, priority));
     // Link as the first child; chain behind any sibling with the same first token.
     L.prev = npos;
