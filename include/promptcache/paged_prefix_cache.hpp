@@ -249,9 +249,10 @@ class PagedPrefixCache {
     const std::size_t q_pages = tokens.size() / page_size_;
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
+    Found f;
     while (pos < q_pages) {
-      const Found f = find_child(nodes_.data(), edges_.view(), cur,
-                                 tokens.data() + pos * page_size_, q_pages - pos);
+      f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                     q_pages - pos, f.next, f.ahead);
       if (f.node == npos) break;
       pos += f.pages;
       if (f.pages < nodes_[f.node].n) break;
@@ -359,9 +360,10 @@ class PagedPrefixCache {
     std::uint32_t split_node = npos;
     std::uint32_t split_pages = 0;
     if (cur != npos) {
+      Found f;
       while (pos < q_pages) {
-        const Found f = find_child(nodes_.data(), edges_.view(), cur,
-                                   tokens.data() + pos * page_size_, q_pages - pos);
+        f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                       q_pages - pos, f.next, f.ahead);
         if (f.node == npos) break;
         const Node& x = nodes_[f.node];
         const PageId* ids = page_ids(x);
@@ -690,10 +692,18 @@ class PagedPrefixCache {
     bool live = false;
   };
 
+  // 16 bytes, so that it travels in two registers.
   struct Found {
     std::uint32_t node = npos;
-    std::size_t pages = 0;  // leading pages of the node that match
+    std::uint32_t pages = 0;  // leading pages of the node that match (at most its n)
+    // When `ahead`: the edge-chain head under `node` for the query's next token (npos: none),
+    // looked up while the node was compared.
+    std::uint32_t next = npos;
+    bool ahead = false;
   };
+
+  // Compares at least this long look the next level up while they run (see find_child).
+  static constexpr std::size_t look_ahead_bytes = 256;
 
   static std::size_t check_page_size(std::size_t page_size) {
     if (page_size == 0 || page_size > (std::size_t{1} << 20))
@@ -743,33 +753,71 @@ class PagedPrefixCache {
 
   // The child of `parent` sharing the most leading pages with q (at least one), or npos,
   // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
-  // calls between lookups keeps them in registers instead of reloading the members. A leaf
-  // is answered from its node, without probing the edge table (a likely cache miss): every
-  // query that matches a whole cached sequence ends at one. Only a partial match pays for
-  // the division by the page size.
+  // calls between lookups keeps them in registers instead of reloading the members. `head`,
+  // when `known`, is the edge-chain head of (parent, q[0]) from the previous level's Found.
+  // A leaf is answered from its node, without probing the edge table (a likely cache miss):
+  // every query that matches a whole cached sequence ends at one. Only a partial match pays
+  // for the division by the page size.
+  // The next level is looked up before the node is compared, and the first lines of the
+  // next node's tokens and ids are prefetched: a node, its block and the next edge slot are
+  // a chain of dependent loads, each a likely cache miss, which then overlaps the compare
+  // instead of following it. The speculation is wasted only on a partial match (the last
+  // node of a walk), and a leaf has nothing to look ahead to. Below look_ahead_bytes the
+  // compare is too short to hide those misses and the look-ahead's instructions would cost
+  // more than they save: only the next edge slot is prefetched.
   // Forced inline: out of line, saving and restoring its registers cost as much as the edge
   // probe on short pages.
   [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
                                                         detail::PagedEdgeTable::View edges,
                                                         std::uint32_t parent, const token_type* q,
-                                                        std::size_t q_pages) const noexcept {
+                                                        std::size_t q_pages, std::uint32_t head,
+                                                        bool known) const noexcept {
     if (nodes[parent].first_child == npos) return {};
-    const std::size_t pb = page_bytes();
-    for (std::uint32_t c = edges.find(parent, q[0]); c != npos; c = nodes[c].next_same) {
+    const std::size_t ps = page_size_;
+    const std::size_t pb = ps * sizeof(token_type);
+    for (std::uint32_t c = known ? head : edges.find(parent, q[0]); c != npos;
+         c = nodes[c].next_same) {
       const Node& x = nodes[c];
       const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
-      // The next lookup, if the query goes on past x, is (c, its next token): known now.
-      if (x.first_child != npos && q_pages > pages) edges.prefetch(c, q[pages * page_size_]);
       const std::size_t cmp = pages * pb;
+      std::uint32_t next = npos;
+      bool ahead = false;
+      if (x.first_child != npos && q_pages > pages) {
+        if (cmp >= look_ahead_bytes) {
+          ahead = true;
+          next = edges.find(c, q[pages * ps]);
+          if (next != npos) prefetch_head(nodes[next]);
+        } else {
+          edges.prefetch(c, q[pages * ps]);
+        }
+      }
       // Every node of a path but the last matches whole, so "all equal" is asked first, of
       // memcmp: the C library picks the CPU's widest compare when the program loads, and
       // answers in fewer instructions than mismatch, which only a partial match then pays.
-      if (std::memcmp(x.tok, q, cmp) == 0) return {c, pages};
+      if (std::memcmp(x.tok, q, cmp) == 0)
+        return {c, static_cast<std::uint32_t>(pages), next, ahead};
       const std::size_t same = detail::mismatch(x.tok, q, cmp);
-      const std::size_t k = same / pb;
+      const auto k = static_cast<std::uint32_t>(same / pb);
       if (k > 0) return {c, k};
     }
     return {};
+  }
+
+  // Asks for the first cache lines of x's tokens (up to 256 bytes: past them the hardware
+  // prefetcher is following the compare) and of its ids. Prefetches never fault, so the
+  // lines past a short node cost only bandwidth. Forced inline: GCC deems a function that
+  // only prefetches free of effects and deletes the calls to it.
+  [[gnu::always_inline]] void prefetch_head(const Node& x) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* t = reinterpret_cast<const char*>(x.tok);
+    __builtin_prefetch(t);
+    __builtin_prefetch(t + 64);
+    __builtin_prefetch(t + 128);
+    __builtin_prefetch(t + 192);
+    __builtin_prefetch(x.ids);
+#else
+    (void)x;
+#endif
   }
 
   // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
@@ -791,8 +839,9 @@ class PagedPrefixCache {
     const detail::PagedEdgeTable::View edges = edges_.view();
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
+    Found f;
     while (pos < q_pages) {
-      const Found f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos);
+      f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead);
       if (f.node == npos) break;
       std::uint32_t c = f.node;
       const std::size_t k = f.pages;
@@ -985,7 +1034,9 @@ class PagedPrefixCache {
       throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
   }
 
-  [[nodiscard]] std::size_t live_namespaces() const noexcept { return ns_index_.size(); }
+  [[nodiscard]] std::size_t live_namespaces() const noexcept {
+    return ns_index_.size();
+  }
 
   // Nodes that are not the head of their (parent, first token) chain.
   [[nodiscard]] std::size_t chained_siblings() const noexcept {
