@@ -28,6 +28,7 @@ class PagedEdgeTable {
     std::uint32_t parent = 0;
     std::uint32_t token = 0;
     std::uint32_t child = npos;  // npos marks an empty slot
+    const void* hint = nullptr;  // the owner's prefetch address for the child (see find)
   };
 
  public:
@@ -65,6 +66,21 @@ class PagedEdgeTable {
         const Slot& s = slots_[i];
         if (s.child == npos) return npos;
         if (s.parent == parent && s.token == token) return s.child;
+      }
+    }
+
+    /// find(), also setting `hint` to the address stored with the edge (nullptr if none).
+    /// The table never reads through a hint; a stale one only makes a useless prefetch.
+    [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token,
+                                     const void*& hint) const noexcept {
+      if (slots_ == nullptr) return npos;
+      for (std::size_t i = home(parent, token, shift_);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.child == npos) return npos;
+        if (s.parent == parent && s.token == token) {
+          hint = s.hint;
+          return s.child;
+        }
       }
     }
 
@@ -116,15 +132,26 @@ class PagedEdgeTable {
     rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
   }
 
-  /// Adds an edge whose key is absent; requires a preceding reserve().
-  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    place(Slot{parent, token, child});
+  /// Adds an edge whose key is absent, with a prefetch hint for its child (an address the
+  /// owner wants fetched when it looks the edge up ahead of use); requires a preceding
+  /// reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+                       const void* hint = nullptr) noexcept {
+    place(Slot{parent, token, child, hint});
     ++size_;
   }
 
-  /// Points an existing key at another child.
-  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    slots_[existing(parent, token)].child = child;
+  /// Points an existing key at another child, with that child's hint.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+               const void* hint = nullptr) noexcept {
+    Slot& s = slots_[existing(parent, token)];
+    s.child = child;
+    s.hint = hint;
+  }
+
+  /// Changes the hint of an existing key.
+  void set_hint(std::uint32_t parent, std::uint32_t token, const void* hint) noexcept {
+    slots_[existing(parent, token)].hint = hint;
   }
 
   /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
