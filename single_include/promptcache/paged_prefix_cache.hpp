@@ -880,6 +880,7 @@ class PagedEdgeTable {
     std::uint32_t parent = 0;
     std::uint32_t token = 0;
     std::uint32_t child = npos;  // npos marks an empty slot
+    const void* hint = nullptr;  // the owner's prefetch address for the child (see find)
   };
 
  public:
@@ -917,6 +918,21 @@ class PagedEdgeTable {
         const Slot& s = slots_[i];
         if (s.child == npos) return npos;
         if (s.parent == parent && s.token == token) return s.child;
+      }
+    }
+
+    /// find(), also setting `hint` to the address stored with the edge (nullptr if none).
+    /// The table never reads through a hint; a stale one only makes a useless prefetch.
+    [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token,
+                                     const void*& hint) const noexcept {
+      if (slots_ == nullptr) return npos;
+      for (std::size_t i = home(parent, token, shift_);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.child == npos) return npos;
+        if (s.parent == parent && s.token == token) {
+          hint = s.hint;
+          return s.child;
+        }
       }
     }
 
@@ -968,15 +984,26 @@ class PagedEdgeTable {
     rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
   }
 
-  /// Adds an edge whose key is absent; requires a preceding reserve().
-  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    place(Slot{parent, token, child});
+  /// Adds an edge whose key is absent, with a prefetch hint for its child (an address the
+  /// owner wants fetched when it looks the edge up ahead of use); requires a preceding
+  /// reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+                       const void* hint = nullptr) noexcept {
+    place(Slot{parent, token, child, hint});
     ++size_;
   }
 
-  /// Points an existing key at another child.
-  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    slots_[existing(parent, token)].child = child;
+  /// Points an existing key at another child, with that child's hint.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+               const void* hint = nullptr) noexcept {
+    Slot& s = slots_[existing(parent, token)];
+    s.child = child;
+    s.hint = hint;
+  }
+
+  /// Changes the hint of an existing key.
+  void set_hint(std::uint32_t parent, std::uint32_t token, const void* hint) noexcept {
+    slots_[existing(parent, token)].hint = hint;
   }
 
   /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
@@ -5235,10 +5262,13 @@ class PagedPrefixCache {
           if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
           // The child is reachable through its (parent, first token) chain.
           bool reachable = false;
-          for (std::uint32_t e = edges_.find(x, tokens_of(ch)[0]); e != npos;
-               e = nodes_[e].next_same)
+          const void* hint = nullptr;
+          const std::uint32_t head = edges_.view().find(x, tokens_of(ch)[0], hint);
+          for (std::uint32_t e = head; e != npos; e = nodes_[e].next_same)
             reachable = reachable || e == c;
           if (!reachable) return false;
+          // The chain's edge carries its head's tokens as the look-ahead's prefetch hint.
+          if (head == c && hint != ch.tok) return false;
           // Siblings never share their first page.
           for (std::uint32_t o = ch.next; o != npos; o = nodes_[o].next)
             if (std::memcmp(tokens_of(ch), tokens_of(nodes_[o]), page_bytes()) == 0) return false;
@@ -5426,8 +5456,9 @@ class PagedPrefixCache {
       if (x.first_child != npos && q_pages > pages) {
         if (cmp >= look_ahead_bytes) {
           ahead = true;
-          next = edges.find(c, q[pages * ps]);
-          if (next != npos) prefetch_head(nodes[next]);
+          const void* tokens = nullptr;
+          next = edges.find(c, q[pages * ps], tokens);
+          if (next != npos) prefetch_head(&nodes[next], tokens);
         } else {
           edges.prefetch(c, q[pages * ps]);
         }
@@ -5444,20 +5475,22 @@ class PagedPrefixCache {
     return {};
   }
 
-  // Asks for the first cache lines of x's tokens (up to 256 bytes: past them the hardware
-  // prefetcher is following the compare) and of its ids. Prefetches never fault, so the
-  // lines past a short node cost only bandwidth. Forced inline: GCC deems a function that
-  // only prefetches free of effects and deletes the calls to it.
-  [[gnu::always_inline]] void prefetch_head(const Node& x) const noexcept {
+  // Asks for node x's line and the first lines of its tokens (up to 256 bytes: past them
+  // the hardware prefetcher is following the compare), whose address the edge slot keeps
+  // so that the two misses overlap instead of the node's preceding the block's. Prefetches
+  // never fault: a stale or short hint costs only bandwidth. Forced inline: GCC deems a
+  // function that only prefetches free of effects and deletes the calls to it.
+  [[gnu::always_inline]] static void prefetch_head(const Node* x, const void* tokens) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    const char* t = reinterpret_cast<const char*>(x.tok);
+    const char* t = static_cast<const char*>(tokens);
+    __builtin_prefetch(x);
     __builtin_prefetch(t);
     __builtin_prefetch(t + 64);
     __builtin_prefetch(t + 128);
     __builtin_prefetch(t + 192);
-    __builtin_prefetch(x.ids);
 #else
     (void)x;
+    (void)tokens;
 #endif
   }
 
@@ -5741,7 +5774,7 @@ class PagedPrefixCache {
     H.next_same = C.next_same;
     const std::uint32_t head = edges_.find(C.parent, first);
     if (head == c) {
-      edges_.replace(C.parent, first, h);
+      edges_.replace(C.parent, first, h, H.tok);
     } else {
       std::uint32_t e = head;
       while (nodes_[e].next_same != c)
@@ -5754,7 +5787,7 @@ class PagedPrefixCache {
     C.parent = h;
     C.prev = C.next = C.next_same = npos;
     H.first_child = c;
-    edges_.insert_reserved(h, tokens_of(C)[0], c);
+    edges_.insert_reserved(h, tokens_of(C)[0], c, C.tok);
     ++live_nodes_;
     ++stats_.splits;
     return h;
@@ -5780,10 +5813,10 @@ class PagedPrefixCache {
     P.first_child = x;
     const std::uint32_t head = edges_.find(parent, tokens[0]);
     if (head == npos) {
-      edges_.insert_reserved(parent, tokens[0], x);
+      edges_.insert_reserved(parent, tokens[0], x, L.tok);
     } else {
       L.next_same = head;
-      edges_.replace(parent, tokens[0], x);
+      edges_.replace(parent, tokens[0], x, L.tok);
     }
     ++live_nodes_;
     stats_.cached_pages += n;
@@ -5804,7 +5837,7 @@ class PagedPrefixCache {
     const std::uint32_t head = edges_.find(L.parent, first);
     if (head == x) {
       if (L.next_same != npos)
-        edges_.replace(L.parent, first, L.next_same);
+        edges_.replace(L.parent, first, L.next_same, nodes_[L.next_same].tok);
       else
         edges_.erase(L.parent, first);
     } else {
@@ -5826,6 +5859,9 @@ class PagedPrefixCache {
     std::memcpy(nb.get(), tokens_of(x), std::size_t{x.n} * page_bytes());
     block_pages_ -= x.cap - x.n;
     set_block(x, std::move(nb), x.n);
+    // The edge naming x as its chain head carries x's tokens as its prefetch hint.
+    const auto self = static_cast<std::uint32_t>(&x - nodes_.data());
+    if (edges_.find(x.parent, x.tok[0]) == self) edges_.set_hint(x.parent, x.tok[0], x.tok);
   }
 
   template <class OnEvict>
