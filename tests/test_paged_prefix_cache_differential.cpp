@@ -237,3 +237,23 @@ TEST_CASE("paged cache differential: every policy and page size agrees with the 
     }
   }
 }
+
+// Pages of 64 tokens: every compare is at least 256 bytes, which is where a match looks
+// the next level up (and prefetches its node) while it compares the current one. With a
+// 3-token alphabet, siblings often share their first token, so the looked-up chain heads
+// are followed through their same-first-token links too.
+TEST_CASE("paged cache differential: long pages, where match looks a level ahead") {
+  const int steps = 600;
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    INFO("seed " << seed);
+    SECTION("lru 64/" + std::to_string(seed)) {
+      run<eviction::Lru>(Pol::lru, 64, seed, steps);
+    }
+    SECTION("priority 64/" + std::to_string(seed)) {
+      run<eviction::Priority>(Pol::priority, 64, seed, steps);
+    }
+    SECTION("slru 64/" + std::to_string(seed)) {
+      run<eviction::Slru>(Pol::slru, 64, seed, steps);
+    }
+  }
+}

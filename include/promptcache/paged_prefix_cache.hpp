@@ -249,8 +249,10 @@ class PagedPrefixCache {
     const std::size_t q_pages = tokens.size() / page_size_;
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
+    Found f;
     while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                     q_pages - pos, f.next, f.ahead);
       if (f.node == npos) break;
       pos += f.pages;
       if (f.pages < nodes_[f.node].n) break;
@@ -358,8 +360,10 @@ class PagedPrefixCache {
     std::uint32_t split_node = npos;
     std::uint32_t split_pages = 0;
     if (cur != npos) {
+      Found f;
       while (pos < q_pages) {
-        const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+        f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                       q_pages - pos, f.next, f.ahead);
         if (f.node == npos) break;
         const Node& x = nodes_[f.node];
         const PageId* ids = page_ids(x);
@@ -583,14 +587,20 @@ class PagedPrefixCache {
           const Node& ch = nodes_[c];
           if (ch.kind != Kind::node || ch.parent != x || ch.prev != prev || ch.ns != slot)
             return false;
-          if (ch.n == 0 || ch.off + ch.n > ch.cap) return false;
+          if (ch.n == 0 || off_of(ch) + ch.n > ch.cap) return false;
+          if (ch.tok !=
+              reinterpret_cast<const token_type*>(ch.block.get()) + off_of(ch) * page_size_)
+            return false;
           if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
           // The child is reachable through its (parent, first token) chain.
           bool reachable = false;
-          for (std::uint32_t e = edges_.find(x, tokens_of(ch)[0]); e != npos;
-               e = nodes_[e].next_same)
+          const void* hint = nullptr;
+          const std::uint32_t head = edges_.view().find(x, tokens_of(ch)[0], hint);
+          for (std::uint32_t e = head; e != npos; e = nodes_[e].next_same)
             reachable = reachable || e == c;
           if (!reachable) return false;
+          // The chain's edge carries its head's tokens as the look-ahead's prefetch hint.
+          if (head == c && hint != ch.tok) return false;
           // Siblings never share their first page.
           for (std::uint32_t o = ch.next; o != npos; o = nodes_[o].next)
             if (std::memcmp(tokens_of(ch), tokens_of(nodes_[o]), page_bytes()) == 0) return false;
@@ -644,26 +654,33 @@ class PagedPrefixCache {
 
   // One tree node. Pages [off, off + n) of its block are live: a split moves the
   // head's pages to a new block and advances `off`, a trim lowers `n`; the block
-  // is compacted once less than half of it is live.
-  struct Node {
-    std::unique_ptr<unsigned char[]> block{};
-    std::uint32_t cap = 0;    // pages the block holds
-    std::uint32_t off = 0;    // first live page in the block
-    std::uint32_t n = 0;      // live pages
-    std::uint32_t depth = 0;  // pages before this node on its path
-    std::uint32_t parent = npos;
+  // is compacted once less than half of it is live. `tok` and `ids` point at the
+  // first live page's tokens and id, so a match reads them without the block's
+  // layout arithmetic.
+  // Layout: what match() reads and writes on every node of its path (tok, ids, n,
+  // first_child and, for the common policies, meta) comes first and fills at most 32
+  // bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
+  // so a walk misses at most once per node. The rest serves insert, evict and locks.
+  struct alignas(32) Node {
+    token_type* tok = nullptr;  // tokens of the first live page
+    PageId* ids = nullptr;      // id of the first live page
+    std::uint32_t n = 0;        // live pages
     std::uint32_t first_child = npos;
-    std::uint32_t next = npos;       // next sibling (free list link for free nodes)
-    std::uint32_t prev = npos;       // previous sibling
+    meta_type meta{};
+    std::unique_ptr<unsigned char[]> block{};
+    std::uint32_t cap = 0;           // pages the block holds
     std::uint32_t next_same = npos;  // next sibling with the same first token
-    std::uint32_t lock = 0;          // locks whose path runs through this node
-    std::uint32_t own = 0;           // locks taken with a handle ending at this node
-    std::uint32_t heap_pos = npos;   // position in the heap of evictable leaves
     std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
-    std::uint32_t ns = 0;            // namespace slot
+    std::uint32_t depth = 0;         // pages before this node on its path
+    std::uint32_t parent = npos;
+    std::uint32_t next = npos;      // next sibling (free list link for free nodes)
+    std::uint32_t prev = npos;      // previous sibling
+    std::uint32_t lock = 0;         // locks whose path runs through this node
+    std::uint32_t own = 0;          // locks taken with a handle ending at this node
+    std::uint32_t heap_pos = npos;  // position in the heap of evictable leaves
+    std::uint32_t ns = 0;           // namespace slot
     Kind kind = Kind::free;
     std::uint64_t last_hash = 0;  // with a sink: sequence hash of the last page
-    meta_type meta{};
   };
 
   struct HeapEntry {
@@ -678,10 +695,18 @@ class PagedPrefixCache {
     bool live = false;
   };
 
+  // 16 bytes, so that it travels in two registers.
   struct Found {
     std::uint32_t node = npos;
-    std::size_t pages = 0;  // leading pages of the node that match
+    std::uint32_t pages = 0;  // leading pages of the node that match (at most its n)
+    // When `ahead`: the edge-chain head under `node` for the query's next token (npos: none),
+    // looked up while the node was compared.
+    std::uint32_t next = npos;
+    bool ahead = false;
   };
+
+  // Compares at least this long look the next level up while they run (see find_child).
+  static constexpr std::size_t look_ahead_bytes = 256;
 
   static std::size_t check_page_size(std::size_t page_size) {
     if (page_size == 0 || page_size > (std::size_t{1} << 20))
@@ -708,49 +733,97 @@ class PagedPrefixCache {
   [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
     return std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes(cap)]);
   }
-  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept {
-    return reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)) + x.off;
+  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept { return x.ids; }
+  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept { return x.tok; }
+  // The first live page's index in x's block.
+  [[nodiscard]] std::size_t off_of(const Node& x) const noexcept {
+    return static_cast<std::size_t>(x.ids -
+                                    reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)));
   }
-  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept {
-    return reinterpret_cast<token_type*>(x.block.get()) + std::size_t{x.off} * page_size_;
+  // Gives x a fresh block of `cap` pages, all live from its first; the old block is freed.
+  void set_block(Node& x, std::unique_ptr<unsigned char[]> block, std::uint32_t cap) noexcept {
+    x.block = std::move(block);
+    x.cap = cap;
+    x.tok = reinterpret_cast<token_type*>(x.block.get());
+    x.ids = reinterpret_cast<PageId*>(x.block.get() + ids_offset(cap));
+  }
+  // Drops x's first k live pages (a split gave them to a new node).
+  void advance(Node& x, std::uint32_t k) noexcept {
+    x.tok += std::size_t{k} * page_size_;
+    x.ids += k;
+    x.n -= k;
   }
 
-  // Asks for the first cache lines of x's page ids, which a match copies right after
-  // comparing its tokens: their misses then overlap the compare instead of following it.
-  // Eight lines at most: past them the hardware prefetcher is following the copy.
-  void prefetch_ids(const Node& x) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    const char* p = reinterpret_cast<const char*>(page_ids(x));
-    const char* end = p + std::min<std::size_t>(std::size_t{x.n} * sizeof(PageId), 8 * 64);
-    for (; p < end; p += 64)
-      __builtin_prefetch(p);
-#else
-    (void)x;
-#endif
-  }
-
-  // The child of `parent` sharing the most leading pages with q (at least one), or npos.
+  // The child of `parent` sharing the most leading pages with q (at least one), or npos,
+  // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
+  // calls between lookups keeps them in registers instead of reloading the members. `head`,
+  // when `known`, is the edge-chain head of (parent, q[0]) from the previous level's Found.
   // A leaf is answered from its node, without probing the edge table (a likely cache miss):
   // every query that matches a whole cached sequence ends at one. Only a partial match pays
   // for the division by the page size.
+  // The next level is looked up before the node is compared, and the first lines of the
+  // next node's tokens and ids are prefetched: a node, its block and the next edge slot are
+  // a chain of dependent loads, each a likely cache miss, which then overlaps the compare
+  // instead of following it. The speculation is wasted only on a partial match (the last
+  // node of a walk), and a leaf has nothing to look ahead to. Below look_ahead_bytes the
+  // compare is too short to hide those misses and the look-ahead's instructions would cost
+  // more than they save: only the next edge slot is prefetched.
   // Forced inline: out of line, saving and restoring its registers cost as much as the edge
   // probe on short pages.
-  [[nodiscard]] [[gnu::always_inline]] Found find_child(std::uint32_t parent, const token_type* q,
-                                                        std::size_t q_pages) const noexcept {
-    if (nodes_[parent].first_child == npos) return {};
-    for (std::uint32_t c = edges_.find(parent, q[0]); c != npos; c = nodes_[c].next_same) {
-      const Node& x = nodes_[c];
+  [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
+                                                        detail::PagedEdgeTable::View edges,
+                                                        std::uint32_t parent, const token_type* q,
+                                                        std::size_t q_pages, std::uint32_t head,
+                                                        bool known) const noexcept {
+    if (nodes[parent].first_child == npos) return {};
+    const std::size_t ps = page_size_;
+    const std::size_t pb = ps * sizeof(token_type);
+    for (std::uint32_t c = known ? head : edges.find(parent, q[0]); c != npos;
+         c = nodes[c].next_same) {
+      const Node& x = nodes[c];
       const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
-      const std::size_t cmp = pages * page_bytes();
-      prefetch_ids(x);
-      // The next lookup, if the query goes on past x, is (c, its next token): known now.
-      if (x.first_child != npos && q_pages > pages) edges_.prefetch(c, q[pages * page_size_]);
-      const std::size_t same = detail::mismatch(tokens_of(x), q, cmp);
-      if (same == cmp) return {c, pages};
-      const std::size_t k = same / page_bytes();
+      const std::size_t cmp = pages * pb;
+      std::uint32_t next = npos;
+      bool ahead = false;
+      if (x.first_child != npos && q_pages > pages) {
+        if (cmp >= look_ahead_bytes) {
+          ahead = true;
+          const void* tokens = nullptr;
+          next = edges.find(c, q[pages * ps], tokens);
+          if (next != npos) prefetch_head(&nodes[next], tokens);
+        } else {
+          edges.prefetch(c, q[pages * ps]);
+        }
+      }
+      // Every node of a path but the last matches whole, so "all equal" is asked first, of
+      // memcmp: the C library picks the CPU's widest compare when the program loads, and
+      // answers in fewer instructions than mismatch, which only a partial match then pays.
+      if (std::memcmp(x.tok, q, cmp) == 0)
+        return {c, static_cast<std::uint32_t>(pages), next, ahead};
+      const std::size_t same = detail::mismatch(x.tok, q, cmp);
+      const auto k = static_cast<std::uint32_t>(same / pb);
       if (k > 0) return {c, k};
     }
     return {};
+  }
+
+  // Asks for node x's line and the first lines of its tokens (up to 256 bytes: past them
+  // the hardware prefetcher is following the compare), whose address the edge slot keeps
+  // so that the two misses overlap instead of the node's preceding the block's. Prefetches
+  // never fault: a stale or short hint costs only bandwidth. Forced inline: GCC deems a
+  // function that only prefetches free of effects and deletes the calls to it.
+  [[gnu::always_inline]] static void prefetch_head(const Node* x, const void* tokens) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* t = static_cast<const char*>(tokens);
+    __builtin_prefetch(x);
+    __builtin_prefetch(t);
+    __builtin_prefetch(t + 64);
+    __builtin_prefetch(t + 128);
+    __builtin_prefetch(t + 192);
+#else
+    (void)x;
+    (void)tokens;
+#endif
   }
 
   // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
@@ -764,26 +837,37 @@ class PagedPrefixCache {
     const std::uint32_t slot = ns_slot(ns);
     if (slot == npos) return {};
     ns_hint_ = slot;
+    // Locals: the compare and the copy are calls that may write any memory, after which
+    // members would be loaded again at every node.
+    const std::size_t ps = page_size_;
+    const token_type* const q = tokens.data();
+    Node* nodes = nodes_.data();
+    const detail::PagedEdgeTable::View edges = edges_.view();
     std::uint32_t cur = ns_slots_[slot].root;
     std::size_t pos = 0;
+    Found f;
     while (pos < q_pages) {
-      const Found f = find_child(cur, tokens.data() + pos * page_size_, q_pages - pos);
+      f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead);
       if (f.node == npos) break;
       std::uint32_t c = f.node;
-      const bool inside = f.pages < nodes_[c].n;  // the match ends inside c: split it there
+      const std::size_t k = f.pages;
+      const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
       if (inside) {
         prepare_split();
-        c = split(c, f.pages, make_block(static_cast<std::uint32_t>(f.pages)));
+        c = split(c, k, make_block(static_cast<std::uint32_t>(k)));
+        nodes = nodes_.data();
       }
       touch_match(c, ns);
-      const Node& x = nodes_[c];
-      emit(pos, page_ids(x), std::size_t{x.n});
+      const Node& x = nodes[c];
+      emit(pos, x.ids, std::size_t{x.n});
       pos += x.n;
       cur = c;
       if (inside) break;
     }
-    stats_.hit_tokens += pos * page_size_;
-    return {pos * page_size_, handle_of(cur)};
+    stats_.hit_tokens += pos * ps;
+    // The walk ends at the root exactly when it matched nothing.
+    if (pos == 0) return {};
+    return {pos * ps, PagedPrefixHandle{cur, nodes[cur].gen}};
   }
 
   // The slot of namespace `ns`, or npos. match() remembers the last slot it used: an engine
@@ -912,7 +996,9 @@ class PagedPrefixCache {
     Node& nd = nodes_[x];
     block_pages_ -= nd.cap;
     nd.block.reset();
-    nd.cap = nd.off = nd.n = nd.depth = 0;
+    nd.tok = nullptr;
+    nd.ids = nullptr;
+    nd.cap = nd.n = nd.depth = 0;
     nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
     nd.lock = nd.own = 0;
     nd.heap_pos = npos;
@@ -974,32 +1060,41 @@ class PagedPrefixCache {
     reserve_heap(live_nodes_ + 1);
   }
 
+  // A new unlinked node holding a copy of n pages (their tokens and ids) in `block`, with
+  // its parent, depth and namespace slot set; its links, locks, metadata and hash are the
+  // caller's. Requires reserve_nodes() (it may reallocate nodes_). Never throws.
+  std::uint32_t new_node(std::unique_ptr<unsigned char[]> block, std::uint32_t n,
+                         const token_type* tokens, const PageId* ids, std::uint32_t parent,
+                         std::uint32_t depth, std::uint32_t ns) noexcept {
+    const std::uint32_t x = alloc_node();
+    Node& nd = nodes_[x];
+    set_block(nd, std::move(block), n);
+    nd.n = n;
+    block_pages_ += n;
+    std::memcpy(nd.ids, ids, n * sizeof(PageId));
+    std::memcpy(nd.tok, tokens, std::size_t{n} * page_bytes());
+    nd.depth = depth;
+    nd.parent = parent;
+    nd.ns = ns;
+    nd.kind = Kind::node;
+    return x;
+  }
+
   // Splits node c after its first k pages: a new node takes them (and c's place
   // under its parent); c keeps the rest, and its index, so handles to c still
   // name the same end. Requires prepare_split() or equivalent. Never throws.
   std::uint32_t split(std::uint32_t c, std::size_t k_pages,
                       std::unique_ptr<unsigned char[]> hb) noexcept {
     const auto k = static_cast<std::uint32_t>(k_pages);
-    const std::uint32_t h = alloc_node();
+    const std::uint32_t h = new_node(std::move(hb), k, nodes_[c].tok, nodes_[c].ids,
+                                     nodes_[c].parent, nodes_[c].depth, nodes_[c].ns);
     Node& H = nodes_[h];
     Node& C = nodes_[c];
-    H.block = std::move(hb);
-    H.cap = k;
-    H.off = 0;
-    H.n = k;
-    block_pages_ += k;
     if (hashes_)
       H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
                           [](std::uint32_t, std::uint64_t) {});
-    std::memcpy(page_ids(H), page_ids(C), k * sizeof(PageId));
-    std::memcpy(tokens_of(H), tokens_of(C), std::size_t{k} * page_bytes());
-    H.depth = C.depth;
-    H.parent = C.parent;
     H.lock = C.lock;
-    H.ns = C.ns;
     H.meta = C.meta;
-    H.kind = Kind::node;
-    H.heap_pos = npos;
     // H takes C's place among the siblings and in the edge chain.
     H.prev = C.prev;
     H.next = C.next;
@@ -1011,7 +1106,7 @@ class PagedPrefixCache {
     H.next_same = C.next_same;
     const std::uint32_t head = edges_.find(C.parent, first);
     if (head == c) {
-      edges_.replace(C.parent, first, h);
+      edges_.replace(C.parent, first, h, H.tok);
     } else {
       std::uint32_t e = head;
       while (nodes_[e].next_same != c)
@@ -1019,13 +1114,12 @@ class PagedPrefixCache {
       nodes_[e].next_same = h;
     }
     // C becomes H's only child.
-    C.off += k;
-    C.n -= k;
+    advance(C, k);
     C.depth += k;
     C.parent = h;
     C.prev = C.next = C.next_same = npos;
     H.first_child = c;
-    edges_.insert_reserved(h, tokens_of(C)[0], c);
+    edges_.insert_reserved(h, tokens_of(C)[0], c, C.tok);
     ++live_nodes_;
     ++stats_.splits;
     return h;
@@ -1036,21 +1130,12 @@ class PagedPrefixCache {
   std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
                          std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
                          std::int64_t priority, const kv_event::Stored* st) noexcept {
-    const std::uint32_t x = alloc_node();
+    const Node& p = nodes_[parent];
+    const std::uint32_t x = new_node(std::move(block), n, tokens, ids, parent,
+                                     p.kind == Kind::root ? 0U : p.depth + p.n, p.ns);
     Node& L = nodes_[x];
     Node& P = nodes_[parent];
-    L.block = std::move(block);
-    L.cap = n;
-    L.off = 0;
-    L.n = n;
-    block_pages_ += n;
     if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
-    std::memcpy(page_ids(L), ids, n * sizeof(PageId));
-    std::memcpy(tokens_of(L), tokens, std::size_t{n} * page_bytes());
-    L.depth = P.kind == Kind::root ? 0U : P.depth + P.n;
-    L.parent = parent;
-    L.ns = P.ns;
-    L.kind = Kind::node;
     L.meta = policy_.on_create(context(L, ns, priority));
     // Link as the first child; chain behind any sibling with the same first token.
     L.prev = npos;
@@ -1060,10 +1145,10 @@ class PagedPrefixCache {
     P.first_child = x;
     const std::uint32_t head = edges_.find(parent, tokens[0]);
     if (head == npos) {
-      edges_.insert_reserved(parent, tokens[0], x);
+      edges_.insert_reserved(parent, tokens[0], x, L.tok);
     } else {
       L.next_same = head;
-      edges_.replace(parent, tokens[0], x);
+      edges_.replace(parent, tokens[0], x, L.tok);
     }
     ++live_nodes_;
     stats_.cached_pages += n;
@@ -1084,7 +1169,7 @@ class PagedPrefixCache {
     const std::uint32_t head = edges_.find(L.parent, first);
     if (head == x) {
       if (L.next_same != npos)
-        edges_.replace(L.parent, first, L.next_same);
+        edges_.replace(L.parent, first, L.next_same, nodes_[L.next_same].tok);
       else
         edges_.erase(L.parent, first);
     } else {
@@ -1102,16 +1187,13 @@ class PagedPrefixCache {
     if (std::size_t{x.n} * 2 > x.cap) return;
     std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
     if (!nb) return;
-    Node y;
-    y.block = std::move(nb);
-    y.cap = x.n;
-    y.off = 0;
-    std::memcpy(page_ids(y), page_ids(x), x.n * sizeof(PageId));
-    std::memcpy(tokens_of(y), tokens_of(x), std::size_t{x.n} * page_bytes());
+    std::memcpy(nb.get() + ids_offset(x.n), page_ids(x), x.n * sizeof(PageId));
+    std::memcpy(nb.get(), tokens_of(x), std::size_t{x.n} * page_bytes());
     block_pages_ -= x.cap - x.n;
-    x.block = std::move(y.block);
-    x.cap = x.n;
-    x.off = 0;
+    set_block(x, std::move(nb), x.n);
+    // The edge naming x as its chain head carries x's tokens as its prefetch hint.
+    const auto self = static_cast<std::uint32_t>(&x - nodes_.data());
+    if (edges_.find(x.parent, x.tok[0]) == self) edges_.set_hint(x.parent, x.tok[0], x.tok);
   }
 
   template <class OnEvict>

@@ -23,6 +23,15 @@ class PagedEdgeTable {
  public:
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
 
+ private:
+  struct Slot {
+    std::uint32_t parent = 0;
+    std::uint32_t token = 0;
+    std::uint32_t child = npos;  // npos marks an empty slot
+    const void* hint = nullptr;  // the owner's prefetch address for the child (see find)
+  };
+
+ public:
   PagedEdgeTable() noexcept = default;
   PagedEdgeTable(const PagedEdgeTable&) = delete;
   PagedEdgeTable& operator=(const PagedEdgeTable&) = delete;
@@ -45,25 +54,72 @@ class PagedEdgeTable {
   [[nodiscard]] std::size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return capacity() * sizeof(Slot); }
 
-  /// The child under (parent, token), or npos.
-  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
-    if (!slots_) return npos;
-    for (std::size_t i = home(parent, token);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.child == npos) return npos;
-      if (s.parent == parent && s.token == token) return s.child;
+  /// The table's lookups, on a copy of its fields. A caller making many lookups between
+  /// calls that may write memory keeps the copy in registers instead of reloading the
+  /// table's fields after each call. Invalidated by any change to the table.
+  class View {
+   public:
+    /// The child under (parent, token), or npos.
+    [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+      if (slots_ == nullptr) return npos;
+      for (std::size_t i = home(parent, token, shift_);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.child == npos) return npos;
+        if (s.parent == parent && s.token == token) return s.child;
+      }
     }
+
+    /// find(), also setting `hint` to the address stored with the edge (nullptr if none).
+    /// The table never reads through a hint; a stale one only makes a useless prefetch.
+    [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token,
+                                     const void*& hint) const noexcept {
+      if (slots_ == nullptr) return npos;
+      for (std::size_t i = home(parent, token, shift_);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.child == npos) return npos;
+        if (s.parent == parent && s.token == token) {
+          hint = s.hint;
+          return s.child;
+        }
+      }
+    }
+
+    /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
+    /// known in advance overlaps other work instead of waiting for the line. Forced inline:
+    /// GCC deems a function that only prefetches free of effects and deletes calls to it.
+    [[gnu::always_inline]] void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+      if (slots_ != nullptr) __builtin_prefetch(&slots_[home(parent, token, shift_)]);
+#else
+      (void)parent;
+      (void)token;
+#endif
+    }
+
+   private:
+    friend class PagedEdgeTable;
+    const Slot* slots_ = nullptr;
+    std::size_t mask_ = 0;
+    unsigned shift_ = 63;
+  };
+
+  /// The lookups on the table as it is now (see View).
+  [[nodiscard]] View view() const noexcept {
+    View v;
+    v.slots_ = slots_.get();
+    v.mask_ = mask_;
+    v.shift_ = shift_;
+    return v;
   }
 
-  /// Asks for the cache line where find(parent, token) starts probing, so that a lookup
-  /// known in advance overlaps other work instead of waiting for the line.
-  void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    if (slots_) __builtin_prefetch(&slots_[home(parent, token)]);
-#else
-    (void)parent;
-    (void)token;
-#endif
+  /// The child under (parent, token), or npos.
+  [[nodiscard]] std::uint32_t find(std::uint32_t parent, std::uint32_t token) const noexcept {
+    return view().find(parent, token);
+  }
+
+  /// Asks for the cache line where find(parent, token) starts probing (see View::prefetch).
+  [[gnu::always_inline]] void prefetch(std::uint32_t parent, std::uint32_t token) const noexcept {
+    view().prefetch(parent, token);
   }
 
   /// Room for `extra` more edges, so that insert_reserved cannot fail. Strong guarantee.
@@ -76,15 +132,26 @@ class PagedEdgeTable {
     rehash(std::unique_ptr<Slot[]>(new Slot[cap]), cap);
   }
 
-  /// Adds an edge whose key is absent; requires a preceding reserve().
-  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    place(Slot{parent, token, child});
+  /// Adds an edge whose key is absent, with a prefetch hint for its child (an address the
+  /// owner wants fetched when it looks the edge up ahead of use); requires a preceding
+  /// reserve().
+  void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+                       const void* hint = nullptr) noexcept {
+    place(Slot{parent, token, child, hint});
     ++size_;
   }
 
-  /// Points an existing key at another child.
-  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child) noexcept {
-    slots_[existing(parent, token)].child = child;
+  /// Points an existing key at another child, with that child's hint.
+  void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
+               const void* hint = nullptr) noexcept {
+    Slot& s = slots_[existing(parent, token)];
+    s.child = child;
+    s.hint = hint;
+  }
+
+  /// Changes the hint of an existing key.
+  void set_hint(std::uint32_t parent, std::uint32_t token, const void* hint) noexcept {
+    slots_[existing(parent, token)].hint = hint;
   }
 
   /// Removes an existing key; shrinks (best effort) when the table is 1/8 full.
@@ -119,16 +186,14 @@ class PagedEdgeTable {
   }
 
  private:
-  struct Slot {
-    std::uint32_t parent = 0;
-    std::uint32_t token = 0;
-    std::uint32_t child = npos;  // npos marks an empty slot
-  };
-
-  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
-    // Fibonacci hashing: the high bits of the product mix every bit of the key.
+  // Fibonacci hashing: the high bits of the product mix every bit of the key.
+  [[nodiscard]] static std::size_t home(std::uint32_t parent, std::uint32_t token,
+                                        unsigned shift) noexcept {
     const std::uint64_t x = (std::uint64_t{parent} << 32 | token) * 0x9E3779B97F4A7C15ULL;
-    return static_cast<std::size_t>(x >> shift_);
+    return static_cast<std::size_t>(x >> shift);
+  }
+  [[nodiscard]] std::size_t home(std::uint32_t parent, std::uint32_t token) const noexcept {
+    return home(parent, token, shift_);
   }
 
   [[nodiscard]] std::size_t existing(std::uint32_t parent, std::uint32_t token) const noexcept {
