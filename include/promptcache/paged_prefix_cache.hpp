@@ -853,6 +853,8 @@ class PagedPrefixCache {
       const std::size_t k = f.pages;
       const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
       if (inside) {
+        // prepare_split() may rehash the edge table, freeing the slots `edges` views; the
+        // walk ends after this node, so `edges` is never read again.
         prepare_split();
         c = split(c, k, make_block(static_cast<std::uint32_t>(k)));
         nodes = nodes_.data();

@@ -136,14 +136,14 @@ class PagedEdgeTable {
   /// owner wants fetched when it looks the edge up ahead of use); requires a preceding
   /// reserve().
   void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
-                       const void* hint = nullptr) noexcept {
+                       const void* hint) noexcept {
     place(Slot{parent, token, child, hint});
     ++size_;
   }
 
   /// Points an existing key at another child, with that child's hint.
   void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
-               const void* hint = nullptr) noexcept {
+               const void* hint) noexcept {
     Slot& s = slots_[existing(parent, token)];
     s.child = child;
     s.hint = hint;
