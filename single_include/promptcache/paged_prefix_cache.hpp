@@ -988,14 +988,14 @@ class PagedEdgeTable {
   /// owner wants fetched when it looks the edge up ahead of use); requires a preceding
   /// reserve().
   void insert_reserved(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
-                       const void* hint = nullptr) noexcept {
+                       const void* hint) noexcept {
     place(Slot{parent, token, child, hint});
     ++size_;
   }
 
   /// Points an existing key at another child, with that child's hint.
   void replace(std::uint32_t parent, std::uint32_t token, std::uint32_t child,
-               const void* hint = nullptr) noexcept {
+               const void* hint) noexcept {
     Slot& s = slots_[existing(parent, token)];
     s.child = child;
     s.hint = hint;
@@ -5565,6 +5565,8 @@ class PagedPrefixCache {
       const std::size_t k = f.pages;
       const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
       if (inside) {
+        // prepare_split() may rehash the edge table, freeing the slots `edges` views; the
+        // walk ends after this node, so `edges` is never read again.
         prepare_split();
         c = split(c, k, make_block(static_cast<std::uint32_t>(k)));
         nodes = nodes_.data();
