@@ -1878,32 +1878,53 @@ class KvTree {
   /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
   /// sets found[j] to the node at depth j + 1 and, when `counts` is not null,
   /// counts[j] to its holder count; returns how many exist.
-  /// Candidates come from the fingerprints alone (no probe waits for a row),
-  /// their rows are prefetched together, and then each is confirmed; a
-  /// fingerprint that matched another node falls back to a full lookup.
-  /// O(m) expected.
+  /// The rows of a Stored chain are usually allocated in order, so row n + 1
+  /// is tried first as the child of row n: if it is live, below n and has the
+  /// path hash, it is the node the edge table would return (one node per
+  /// (parent, path hash)) and the probe is skipped. After a miss, a few levels
+  /// take their candidates from the fingerprints alone, prefetch those rows
+  /// together and confirm each (a fingerprint that matched another node falls
+  /// back to a full lookup). O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
                    std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
-    std::size_t c = 0;
-    for (; c < m; ++c) {
-      const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
-      if (n == kv_npos) break;  // no entry with that fingerprint: no such child
-      found[c] = n;
-      nodes_.prefetch(n);
-    }
+    const std::size_t rows = nodes_.rows();
     std::uint32_t at = from;
-    for (std::size_t j = 0; j < c; ++j) {
-      // One read of the row confirms the key and yields the count.
-      std::uint32_t k = nodes_.child_count(found[j], paths[j], at);
-      if (k == 0U) {
-        found[j] = find_child(paths[j], at);
-        if (found[j] == kv_npos) return j;
-        k = nodes_.count(found[j]);
+    std::size_t j = 0;
+    while (j < m) {
+      // child_count rejects a free row too: its count is 0 whatever stale
+      // path hash it keeps.
+      for (; j < m; ++j) {
+        const std::uint32_t g = at + 1U;
+        const std::uint32_t k = g < rows ? nodes_.child_count(g, paths[j], at) : 0U;
+        if (k == 0U) break;
+        found[j] = g;
+        if (counts != nullptr) counts[j] = k;
+        at = g;
       }
-      if (counts != nullptr) counts[j] = k;
-      at = found[j];
+      if (j == m) break;
+      // A miss: probing the table level by level would wait for each row in
+      // turn, so a few levels are probed at once and their rows load together.
+      const std::size_t e = std::min(m, j + walk_batch);
+      std::size_t c = j;
+      for (; c < e; ++c) {
+        const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
+        if (n == kv_npos) break;
+        found[c] = n;
+        nodes_.prefetch(n);
+      }
+      for (; j < c; ++j) {
+        std::uint32_t k = nodes_.child_count(found[j], paths[j], at);
+        if (k == 0U) {
+          found[j] = find_child(paths[j], at);
+          if (found[j] == kv_npos) return j;
+          k = nodes_.count(found[j]);
+        }
+        if (counts != nullptr) counts[j] = k;
+        at = found[j];
+      }
+      if (c < e) return c;
     }
-    return c;
+    return m;
   }
 
   /// Makes the next `blocks` add_child() and holder additions allocation-free
@@ -1964,6 +1985,8 @@ class KvTree {
   }
 
  private:
+  static constexpr std::size_t walk_batch = 4;  // levels probed together after a miss
+
   KvNodeStore nodes_;
   KvFingerprintTable edges_;
 };
