@@ -39,13 +39,28 @@ using paged_model::PageId;
 using paged_model::Pol;
 using paged_model::Tokens;
 
+// The size of the generated documents and which operations run. The defaults give
+// documents of a few pages; long documents make nodes whose compares are at least 256
+// bytes even at page sizes of a few tokens.
+struct Shape {
+  std::size_t docs = 12;            ///< Documents that queries and inserts are drawn from.
+  std::size_t min_extra_pages = 0;  ///< Each document ends in this many pages of fresh tokens
+  std::size_t extra_pages = 8;      ///< plus up to this many more.
+  std::size_t max_pages = 0;        ///< Longest document, in pages (0: no limit).
+  std::size_t evict_pages = 0;      ///< An eviction asks for fewer pages than 6 + 4 * page + this.
+  std::size_t cut_pages = 0;  ///< Shared prefixes are whole multiples of this (0: any length).
+  bool moves = false;         ///< Also move the cache away and back (needs a default policy).
+};
+
 template <class Policy>
 void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy policy = Policy{},
-         Arc arc = {}) {
+         Arc arc = {}, Shape shape = {}) {
+  using Cache = PagedPrefixCache<PageId, Policy>;
   std::mt19937 rng(seed);
   std::vector<KvEvent> events;
-  PagedPrefixCache<PageId, Policy> cache(page_size, std::move(policy),
-                                         [&](const KvEvent& e) { events.push_back(e); });
+  // The second cache of a move-assignment is built with a default policy.
+  if constexpr (!std::is_default_constructible_v<Policy>) REQUIRE_FALSE(shape.moves);
+  Cache cache(page_size, std::move(policy), [&](const KvEvent& e) { events.push_back(e); });
   Model model(page_size, pol, arc);
   KvIndex index;
   const KvWorker worker{7, 0};
@@ -58,13 +73,19 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
   const auto rnd = [&](std::size_t n) {
     return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
   };
-  for (int d = 0; d < 12; ++d) {
+  const std::size_t grain = shape.cut_pages == 0 ? 1 : shape.cut_pages * page_size;
+  for (std::size_t d = 0; d < shape.docs; ++d) {
     Tokens t;
     if (d > 0 && rnd(2) == 0) {
       const Tokens& base = docs[rnd(docs.size())];
-      t.assign(base.begin(), base.begin() + long(rnd(base.size() + 1)));
+      const std::size_t cuts = base.size() / grain;
+      const std::size_t cut = shape.cut_pages == 0 ? rnd(cuts + 1) : cuts == 0 ? 0 : 1 + rnd(cuts);
+      t.assign(base.begin(), base.begin() + long(cut * grain));
     }
-    const std::size_t extra = 1 + rnd(8 * page_size);
+    const std::size_t extra =
+        shape.min_extra_pages * page_size + 1 + rnd(shape.extra_pages * page_size);
+    if (shape.max_pages != 0 && t.size() + extra > shape.max_pages * page_size)
+      t.resize((shape.max_pages * page_size - extra) / grain * grain);
     for (std::size_t i = 0; i < extra; ++i)
       t.push_back(static_cast<std::uint32_t>(rnd(3)));
     docs.push_back(t);
@@ -96,7 +117,7 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
   };
 
   for (int step = 0; step < steps; ++step) {
-    const std::size_t op = rnd(100);
+    const std::size_t op = rnd(shape.moves ? 110 : 100);
     const std::uint64_t ns = namespaces[rnd(namespaces.size())];
     INFO("step " << step << " op " << op);
     if (op < 30) {  // match through one of its overloads, sometimes keep the handle
@@ -153,7 +174,7 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
       REQUIRE(cache.unlock(held[i].real) == model.unlock(held[i].model));
       if (rnd(3) == 0) held.erase(held.begin() + long(i));
     } else if (op < 95) {  // evict
-      const std::size_t n = rnd(6 + 4 * page_size);
+      const std::size_t n = rnd(6 + 4 * page_size + shape.evict_pages);
       std::vector<PageId> got;
       const std::size_t k = cache.evict(n, [&](PageId p) { got.push_back(p); });
       const auto want = model.evict(n);
@@ -167,12 +188,27 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
       REQUIRE(ok == want.has_value());
       if (ok) REQUIRE(got == *want);
       if (ok && ns == 2) cache.configure_namespace(2, "adapter", "");
-    } else {  // clear
+    } else if (op < 100) {  // clear
       std::multiset<PageId> got;
       const bool ok = cache.clear([&](PageId p) { got.insert(p); });
       const auto want = model.drop(std::nullopt);
       REQUIRE(ok == want.has_value());
       if (ok) REQUIRE(got == *want);
+    } else if (op < 105) {  // move-construct away and move-assign back into the moved-from
+      Cache moved(std::move(cache));
+      REQUIRE(moved.check_invariants());
+      cache = std::move(moved);
+    } else if constexpr (std::is_default_constructible_v<Policy>) {
+      // Move-assign over a cache holding pages of its own (dropped silently), and back.
+      Cache other(page_size);
+      const Tokens& d = docs[rnd(docs.size())];
+      std::vector<PageId> ids(d.size() / page_size);
+      for (PageId& id : ids)
+        id = next_id++;
+      other.insert(d, ids, 0, 0);
+      other = std::move(cache);
+      REQUIRE(other.check_invariants());
+      cache = std::move(other);
     }
     // Counters and invariants after every step.
     REQUIRE(cache.cached_pages() == model.cached());
@@ -254,6 +290,36 @@ TEST_CASE("paged cache differential: long pages, where match looks a level ahead
     }
     SECTION("slru 64/" + std::to_string(seed)) {
       run<eviction::Slru>(Pol::slru, 64, seed, steps);
+    }
+  }
+}
+
+// Documents of up to 200 pages of 1 to 3 tokens that share long prefixes: their shared
+// runs make nodes of 64 tokens and more, whose compares are at least 256 bytes, so
+// matches crossing them look the next level up while they compare, at page sizes where
+// the documents above never reach it. The cache is also moved away and back, which must
+// carry the edge slots' token addresses (the look-ahead's hints) over intact.
+TEST_CASE("paged cache differential: long documents of short pages, with moves") {
+  const int steps = 100;
+  Shape shape;
+  shape.docs = 6;
+  shape.min_extra_pages = 64;
+  shape.extra_pages = 100;
+  shape.max_pages = 200;
+  shape.evict_pages = 40;
+  shape.cut_pages = 96;
+  shape.moves = true;
+  const std::uint32_t seed = 2;
+  for (const std::size_t ps : {1U, 2U, 3U}) {
+    INFO("page size " << ps);
+    SECTION("lru " + std::to_string(ps)) {
+      run<eviction::Lru>(Pol::lru, ps, seed, steps, {}, {}, shape);
+    }
+    SECTION("slru " + std::to_string(ps)) {
+      run<eviction::Slru>(Pol::slru, ps, seed, steps, {}, {}, shape);
+    }
+    SECTION("priority " + std::to_string(ps)) {
+      run<eviction::Priority>(Pol::priority, ps, seed, steps, {}, {}, shape);
     }
   }
 }
