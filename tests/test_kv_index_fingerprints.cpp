@@ -1,7 +1,8 @@
 // detail::KvFingerprintTable, the edge and block-name table of KvIndex, against
 // a model (std::map from value to key): random inserts and erases with many
 // shared fingerprints and runs that wrap around the end of the array, checked
-// by lookups, by the table's own run invariant, and by its load bounds.
+// by lookups, by the table's own run invariant, and by its load bounds (both
+// load policies, and a switch between them).
 #include <promptcache/detail/kv_index_fingerprints.hpp>
 
 #include <cstdint>
@@ -17,6 +18,7 @@ namespace {
 
 using promptcache::detail::kv_npos;
 using promptcache::detail::KvFingerprintTable;
+using promptcache::detail::KvTableLoad;
 
 // Keys are 64-bit; the table sees only fingerprint(key) and confirms a
 // candidate value by looking its key up here, as KvIndex does in its pools.
@@ -39,7 +41,9 @@ std::uint64_t key_with_shared_fp(std::mt19937_64& rng, std::uint32_t fps) {
   return (std::uint64_t{fp} << 32U) | (rng() & 0xffffffffULL);
 }
 
-void check_all(const KvFingerprintTable& t, const Model& m) {
+// `switched`: the load policy changed since the last resize, so only the
+// looser (compact) bound holds.
+void check_all(const KvFingerprintTable& t, const Model& m, bool switched = false) {
   REQUIRE(t.check());
   REQUIRE(t.size() == m.key_of.size());
   for (const auto& [key, value] : m.value_of) {
@@ -52,15 +56,22 @@ void check_all(const KvFingerprintTable& t, const Model& m) {
   }
   if (t.size() != 0U) {
     REQUIRE(t.size() * 5U <= t.capacity() * 4U);  // load at most 4/5
+    if (t.load() == KvTableLoad::roomy && t.capacity() > 16U && !switched)
+      REQUIRE(t.size() * 2U <= t.capacity());  // at most 1/2
     REQUIRE(t.memory_bytes() == t.capacity() * sizeof(KvFingerprintTable::Entry));
   }
 }
 
-void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys) {
+// `load`: the policy at the start; `flip`: alternate the policy every 700 steps.
+void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys,
+         KvTableLoad load = KvTableLoad::compact, bool flip = false) {
   KvFingerprintTable t;
+  t.set_load(load);
   Model m;
   std::uint32_t next_value = 0;
   for (int step = 0; step < 6000; ++step) {
+    if (flip && step % 700 == 699)
+      t.set_load(t.load() == KvTableLoad::roomy ? KvTableLoad::compact : KvTableLoad::roomy);
     const bool grow = step < 3000 ? rng() % 4U != 0U : rng() % 4U == 0U;
     if (grow || m.key_of.empty()) {
       const std::uint64_t key = wide_keys ? rng() : key_with_shared_fp(rng, fps);
@@ -89,9 +100,28 @@ void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys) {
     // Absent keys, including ones sharing a fingerprint with present keys.
     const std::uint64_t absent = wide_keys ? rng() : key_with_shared_fp(rng, fps);
     if (m.value_of.count(absent) == 0U) REQUIRE(m.find(t, absent) == kv_npos);
-    if (step % 500 == 0) check_all(t, m);
+    if (step % 500 == 0) check_all(t, m, flip);
   }
-  check_all(t, m);
+  check_all(t, m, flip);
+  // A copy is independent of the original, a move empties its source.
+  {
+    KvFingerprintTable copy(t);
+    check_all(copy, m, flip);
+    CHECK(copy.load() == t.load());
+    KvFingerprintTable other;
+    other.insert(1, 1);
+    other = copy;
+    check_all(other, m, flip);
+    if (!m.key_of.empty()) {
+      const auto [v, key] = *m.key_of.begin();
+      REQUIRE(copy.erase(KvFingerprintTable::fingerprint(key), v));
+      REQUIRE(m.find(t, key) == v);  // the original still has it
+    }
+    KvFingerprintTable moved(std::move(other));
+    check_all(moved, m, flip);
+    CHECK(other.size() == 0U);  // a moved-from table is empty
+    CHECK(other.memory_bytes() == 0U);
+  }
   // Erasing everything gives the memory back.
   while (!m.key_of.empty()) {
     const auto [v, key] = *m.key_of.begin();
@@ -116,6 +146,41 @@ TEST_CASE("fingerprint table against a model", "[kv_index]") {
   SECTION("many shared fingerprints at both ends of the range") {
     run(rng, 300, false);
   }
+  SECTION("roomy load") {
+    run(rng, 0, true, KvTableLoad::roomy);
+    run(rng, 3, false, KvTableLoad::roomy);
+    run(rng, 300, false, KvTableLoad::roomy);
+  }
+  SECTION("load policy switched back and forth") {
+    run(rng, 0, true, KvTableLoad::roomy, true);
+    run(rng, 300, false, KvTableLoad::compact, true);
+  }
+}
+
+TEST_CASE("fingerprint table: roomy load stays between 1/8 and 1/2", "[kv_index]") {
+  std::mt19937_64 rng(11);
+  KvFingerprintTable t;
+  t.set_load(KvTableLoad::roomy);
+  std::vector<std::uint32_t> fps;
+  for (std::uint32_t v = 0; v < 20000; ++v) {
+    fps.push_back(static_cast<std::uint32_t>(rng()));
+    t.insert(fps.back(), v);
+    REQUIRE(t.size() * 2U <= t.capacity());
+    if (t.capacity() > 16U) REQUIRE(t.size() * 4U >= t.capacity() - 4U);  // grown to about 1/4
+  }
+  for (std::uint32_t v = 0; v < 19900; ++v) {
+    REQUIRE(t.erase(fps[v], v));
+    if (t.capacity() > 16U) REQUIRE(t.size() * 8U >= t.capacity());
+  }
+  CHECK(t.check());
+  // Switching to compact: the next resize brings the load within 2/5..4/5.
+  t.set_load(KvTableLoad::compact);
+  REQUIRE(t.erase(fps[19900], 19900));
+  CHECK(t.size() * 5U >= t.capacity() * 2U);
+  CHECK(t.size() * 5U <= t.capacity() * 4U);
+  CHECK(t.check());
+  for (std::uint32_t v = 19901; v < 20000; ++v)
+    CHECK(t.find(fps[v], [&](std::uint32_t x) { return x == v; }) == v);
 }
 
 TEST_CASE("fingerprint table: load stays between 2/5 and 4/5", "[kv_index]") {

@@ -272,6 +272,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    pick_table_load(slot);
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
@@ -299,6 +300,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    pick_table_load(slot);
     if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
     remove_blocks(slot, block_hashes, r);
     finish(slot, event_id, r);
@@ -325,6 +327,7 @@ class KvIndex {
                                  std::uint64_t last_event_id) {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
+    pick_table_load(tmp);
     for (std::size_t i = 0; i < dump.size(); ++i) {
       KvEventResult r;
       KvEventStatus st = KvEventStatus::applied;
@@ -604,6 +607,28 @@ class KvIndex {
 
  private:
   using Slot = detail::KvWorkerSlot<KvWorker>;
+
+  // Below this many (worker, block) pairs the edge and name tables run at
+  // load 1/8..1/2 instead of 2/5..4/5: inserts and deletions shift far
+  // shorter runs, and the extra bytes stay bounded (tables sized while the
+  // index was small hold at most about 4 slots per pair of this many).
+  // From this many on they run compact, so large indexes keep their size;
+  // between half of it and it each table keeps the policy it has, so an
+  // index hovering at the threshold does not resize back and forth.
+  static constexpr std::size_t compact_tables_from = std::size_t{1} << 20U;
+
+  // Sets the load policy of `slot`'s name table and of the edge table from
+  // the number of live pairs (see compact_tables_from). O(1).
+  void pick_table_load(std::uint32_t slot) noexcept {
+    const std::size_t pairs = holds_.live();
+    if (pairs >= compact_tables_from) {
+      workers_[slot].names.set_load(detail::KvTableLoad::compact);
+      tree_.set_edge_load(detail::KvTableLoad::compact);
+    } else if (pairs < compact_tables_from / 2U) {
+      workers_[slot].names.set_load(detail::KvTableLoad::roomy);
+      tree_.set_edge_load(detail::KvTableLoad::roomy);
+    }
+  }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and

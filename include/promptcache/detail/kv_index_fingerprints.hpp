@@ -20,20 +20,30 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
 #include "promptcache/detail/kv_index_table.hpp"
 
 namespace promptcache::detail {
 
+/// How full a KvFingerprintTable runs. The cost of an insert or a deletion
+/// grows with the length of the runs it shifts (about 1 / (1 - load)^2 slots
+/// for a linear-probing insert), so a table that can afford the bytes runs
+/// at a lower load.
+enum class KvTableLoad : std::uint8_t {
+  compact,  ///< Load 2/5 to 4/5: grows by half above 4/5 (doubles below 4,096
+            ///< slots), shrinks to 3/5 below 2/5.
+  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2, shrinks to 1/3 below 1/8.
+};
+
 /// Open-addressing table (ordered linear probing, backward-shift deletion, no
 /// tombstones) of (32-bit fingerprint, 32-bit value) entries, 8 bytes each.
 /// Several entries may share a fingerprint: lookups take a predicate that
 /// confirms a candidate value. Values must not be kv_npos (it marks empty
-/// slots). Grows by half above load 4/5 (doubles below 4,096 slots) and
-/// shrinks (to load 3/5) below 2/5.
+/// slots). Its load bounds follow its KvTableLoad (compact unless set).
 class KvFingerprintTable {
  public:
   /// One slot.
@@ -48,6 +58,55 @@ class KvFingerprintTable {
     std::size_t pos;      ///< Slot index (valid until the table next changes).
     std::uint32_t value;  ///< The confirmed value, or kv_npos.
   };
+
+  /// An empty table (compact load); owns no memory. O(1).
+  KvFingerprintTable() noexcept = default;
+  /// A deep copy (same capacity and load policy). O(capacity).
+  KvFingerprintTable(const KvFingerprintTable& other)
+      : slots_(other.cap_ == 0U ? nullptr : std::make_unique_for_overwrite<Entry[]>(other.cap_)),
+        size_(other.size_),
+        cap_(other.cap_),
+        load_(other.load_) {
+    if (cap_ != 0U) std::memcpy(slots_.get(), other.slots_.get(), cap_ * sizeof(Entry));
+  }
+  /// Takes over `other`'s slots; `other` is left empty. O(1).
+  KvFingerprintTable(KvFingerprintTable&& other) noexcept
+      : slots_(std::move(other.slots_)),
+        size_(std::exchange(other.size_, 0U)),
+        cap_(std::exchange(other.cap_, 0U)),
+        load_(other.load_) {}
+  /// Copy-and-swap assignment (strong guarantee). O(capacity of both).
+  KvFingerprintTable& operator=(const KvFingerprintTable& other) {
+    if (this != &other) {
+      KvFingerprintTable copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s slots; `other` is left empty. O(1).
+  KvFingerprintTable& operator=(KvFingerprintTable&& other) noexcept {
+    if (this != &other) {
+      KvFingerprintTable taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+  ~KvFingerprintTable() = default;
+
+  /// Exchanges the contents (load policy included) with `other`. O(1).
+  void swap(KvFingerprintTable& other) noexcept {
+    using std::swap;
+    swap(slots_, other.slots_);
+    swap(size_, other.size_);
+    swap(cap_, other.cap_);
+    swap(load_, other.load_);
+  }
+
+  /// Sets the load bounds that later growth and shrinking follow; the slots
+  /// are not touched (the next resize brings the load within them). O(1).
+  void set_load(KvTableLoad load) noexcept { load_ = load; }
+  /// The load policy in force. O(1).
+  [[nodiscard]] KvTableLoad load() const noexcept { return load_; }
 
   /// The fingerprint of a well-mixed 64-bit hash: its high half. O(1).
   [[nodiscard]] static constexpr std::uint32_t fingerprint(std::uint64_t hash) noexcept {
@@ -70,7 +129,7 @@ class KvFingerprintTable {
     if (cap_ == 0U) return kv_npos;
     // Up to the end of the array (the query path's common case) the probe
     // needs no wrap-around state.
-    const Entry* s = slots_.data();
+    const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
       const Entry e = s[i];
       if (e.value == kv_npos || e.fp == fp) return e.value;
@@ -95,7 +154,7 @@ class KvFingerprintTable {
   template <class IsKey>
   [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
     // As in first(): no wrap-around state until the probe passes the end.
-    const Entry* s = slots_.data();
+    const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
       const Entry e = s[i];
       if (e.value == kv_npos) return Probe{i, kv_npos};
@@ -138,6 +197,11 @@ class KvFingerprintTable {
   void reserve_extra(std::size_t extra) {
     if (extra > max_entries - size_) throw std::length_error("kv index table too large");
     const std::size_t need = size_ + extra;
+    if (load_ == KvTableLoad::roomy) {
+      if (need * 2U <= cap_) return;
+      rehash(std::max({need * 2U + 1U, 2U * cap_, min_capacity}));
+      return;
+    }
     if (need * 5U <= cap_ * 4U) return;
     // Small arrays double (rehashing is what costs there, not the bytes).
     const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
@@ -146,9 +210,9 @@ class KvFingerprintTable {
 
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
   /// run); false when absent. Shifts back the displaced entries that follow
-  /// it. Below load 2/5 the array shrinks (it is released when empty), unless
-  /// `shrink` is false (then earlier reserve_extra guarantees still hold).
-  /// Amortized O(1).
+  /// it. Below the policy's lowest load the array shrinks (it is released
+  /// when empty), unless `shrink` is false (then earlier reserve_extra
+  /// guarantees still hold). Amortized O(1).
   bool erase(std::uint32_t fp, std::uint32_t value, bool shrink = true) noexcept {
     if (cap_ == 0U) return false;
     std::size_t i = home(fp);
@@ -172,21 +236,23 @@ class KvFingerprintTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (shrink && size_ * 5U < cap_ * 2U) shrink_to_load();
+    if (shrink && below_load()) shrink_to_load();
     return true;
   }
 
-  /// Shrinks the array to load 3/5 if the load is below 2/5 (releases it
-  /// when empty). Keeps the current array when a smaller one cannot be
-  /// allocated. O(capacity).
+  /// Shrinks the array if the load is below the policy's lowest (2/5, or
+  /// 1/8 when roomy), to load 3/5 (1/3 when roomy); releases it when empty.
+  /// Keeps the current array when a smaller one cannot be allocated.
+  /// O(capacity).
   void shrink_to_load() noexcept {
     if (size_ == 0U) {
       clear();
       return;
     }
-    if (cap_ <= min_capacity || size_ * 5U >= cap_ * 2U) return;
+    if (cap_ <= min_capacity || !below_load()) return;
+    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 3U : size_ * 5U / 3U;
     try {
-      rehash(std::max(size_ * 5U / 3U + 1U, min_capacity));
+      rehash(std::max(target + 1U, min_capacity));
     } catch (...) {  // shrinking is an optimisation
     }
   }
@@ -201,11 +267,11 @@ class KvFingerprintTable {
   }
   /// Bytes held by the slot array. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return slots_.capacity() * sizeof(Entry);
+    return cap_ * sizeof(Entry);
   }
   /// Drops every entry and releases the slot array. O(1).
   void clear() noexcept {
-    std::vector<Entry>().swap(slots_);
+    slots_.reset();
     size_ = 0;
     cap_ = 0;
   }
@@ -237,6 +303,11 @@ class KvFingerprintTable {
   static constexpr std::size_t min_capacity = 16;
   static constexpr std::size_t small_capacity = 4096;  // 32 KiB
   static constexpr std::size_t max_entries = std::size_t{1} << 31U;
+
+  // True when the load is under the policy's lower bound.
+  [[nodiscard]] bool below_load() const noexcept {
+    return load_ == KvTableLoad::roomy ? size_ * 8U < cap_ : size_ * 5U < cap_ * 2U;
+  }
 
   // Fixed-point scaling of the fingerprint onto [0, capacity): keeps entries
   // ordered by fingerprint and needs no power-of-two capacity.
@@ -280,7 +351,10 @@ class KvFingerprintTable {
   // previous one: one pass, no probing. Entries that would run past the end
   // of the new array (only the last run) are placed by probing.
   void rehash(std::size_t new_capacity) {
-    std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
+    // Every byte 0xff: both fields kv_npos, so every slot is empty (memset is
+    // far cheaper than filling entry by entry).
+    std::unique_ptr<Entry[]> old = std::make_unique_for_overwrite<Entry[]>(new_capacity);
+    std::memset(old.get(), 0xff, new_capacity * sizeof(Entry));
     old.swap(slots_);
     const std::size_t old_cap = cap_;
     cap_ = new_capacity;
@@ -288,7 +362,7 @@ class KvFingerprintTable {
     while (start < old_cap && old[start].value != kv_npos &&
            old_home(old[start].fp, old_cap) > start)
       ++start;
-    Entry* s = slots_.data();
+    Entry* s = slots_.get();
     std::size_t at = 0;  // first slot the next entry may take
     const auto emit = [&](const Entry& e) {
       const std::size_t h = std::max(home(e.fp), at);
@@ -309,9 +383,10 @@ class KvFingerprintTable {
     return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
-  std::vector<Entry> slots_;
+  std::unique_ptr<Entry[]> slots_;
   std::size_t size_ = 0;
   std::size_t cap_ = 0;
+  KvTableLoad load_ = KvTableLoad::compact;
 };
 
 }  // namespace promptcache::detail

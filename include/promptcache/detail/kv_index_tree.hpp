@@ -378,6 +378,10 @@ class KvTree {
     nodes_.release(n, shrink);
   }
 
+  /// Sets the load policy of the edge table (see KvTableLoad); takes effect
+  /// at its next resize. O(1).
+  void set_edge_load(KvTableLoad load) noexcept { edges_.set_load(load); }
+
   /// Gives back what removals with `shrink` false kept. O(edge capacity).
   void shrink_to_fit_live() noexcept {
     nodes_.shrink_if_empty();
