@@ -150,9 +150,10 @@ class KvFingerprintTable {
   }
 
   /// Like find, also returning the slot; the table must have slots (any
-  /// reserve_extra or insert made them). O(1) expected.
+  /// reserve_extra or insert made them). O(1) expected. Always inlined: a
+  /// store runs it once per block (other compilers ignore the gnu:: attribute).
   template <class IsKey>
-  [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
+  [[nodiscard]] [[gnu::always_inline]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
     // As in first(): no wrap-around state until the probe passes the end.
     const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
@@ -195,25 +196,19 @@ class KvFingerprintTable {
   /// Makes the next `extra` inserts rehash-free (so they cannot throw).
   /// Strong guarantee; std::length_error beyond 2^31 entries.
   void reserve_extra(std::size_t extra) {
-    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
-    const std::size_t need = size_ + extra;
-    if (load_ == KvTableLoad::roomy) {
-      if (need * 2U <= cap_) return;
-      rehash(std::max({need * 2U + 1U, 2U * cap_, min_capacity}));
-      return;
-    }
-    if (need * 5U <= cap_ * 4U) return;
-    // Small arrays double (rehashing is what costs there, not the bytes).
-    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
-    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+    // The check is inline (it runs once per new node); growing is not.
+    if (extra <= max_entries - size_ && !over_load(size_ + extra)) return;
+    grow(extra);
   }
 
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
   /// run); false when absent. Shifts back the displaced entries that follow
   /// it. Below the policy's lowest load the array shrinks (it is released
   /// when empty), unless `shrink` is false (then earlier reserve_extra
-  /// guarantees still hold). Amortized O(1).
-  bool erase(std::uint32_t fp, std::uint32_t value, bool shrink = true) noexcept {
+  /// guarantees still hold). Amortized O(1). Always inlined: a removal runs
+  /// it once or twice per block.
+  [[gnu::always_inline]] bool erase(std::uint32_t fp, std::uint32_t value,
+                                    bool shrink = true) noexcept {
     if (cap_ == 0U) return false;
     std::size_t i = home(fp);
     for (bool wrapped = false;;) {
@@ -240,6 +235,26 @@ class KvFingerprintTable {
     return true;
   }
 
+ private:
+  // True when `need` entries exceed the policy's highest load.
+  [[nodiscard]] bool over_load(std::size_t need) const noexcept {
+    return load_ == KvTableLoad::roomy ? need * 2U > cap_ : need * 5U > cap_ * 4U;
+  }
+
+  // reserve_extra's slow path: checks the limit, then resizes.
+  void grow(std::size_t extra) {
+    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
+    const std::size_t need = size_ + extra;
+    if (load_ == KvTableLoad::roomy) {
+      rehash(std::max({need * 2U + 1U, 2U * cap_, min_capacity}));
+      return;
+    }
+    // Small arrays double (rehashing is what costs there, not the bytes).
+    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
+    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+  }
+
+ public:
   /// Shrinks the array if the load is below the policy's lowest (2/5, or
   /// 1/8 when roomy), to load 3/5 (1/3 when roomy); releases it when empty.
   /// Keeps the current array when a smaller one cannot be allocated.
