@@ -77,8 +77,12 @@ void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys,
       const std::uint64_t key = wide_keys ? rng() : key_with_shared_fp(rng, fps);
       if (m.value_of.count(key) != 0U) continue;
       const std::uint32_t v = next_value++;
-      if (rng() % 2U == 0U) {
+      const auto how = rng() % 3U;
+      if (how == 0U) {
         t.insert(KvFingerprintTable::fingerprint(key), v);
+      } else if (how == 1U) {
+        t.reserve_extra(1);
+        t.insert_reserved(KvFingerprintTable::fingerprint(key), v);
       } else {  // probe, then insert where the probe ended
         t.reserve_extra(1);
         const auto p = t.probe(KvFingerprintTable::fingerprint(key),
@@ -92,7 +96,24 @@ void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys,
       auto it = m.key_of.begin();
       std::advance(it, static_cast<long>(rng() % m.key_of.size()));
       const auto [v, key] = *it;
-      REQUIRE(t.erase(KvFingerprintTable::fingerprint(key), v));
+      const std::uint32_t fp = KvFingerprintTable::fingerprint(key);
+      switch (rng() % 4U) {
+        case 0:
+          REQUIRE(t.erase(fp, v));
+          break;
+        case 1: {  // the hint of a lookup: right when v is the first under fp
+          const auto first = t.first_slot(fp);
+          REQUIRE(first.value != kv_npos);
+          REQUIRE(t.erase_hint(first.pos, fp, v));
+          break;
+        }
+        case 2:  // any slot, mostly another entry's or an empty one
+          REQUIRE(t.erase_hint(static_cast<std::size_t>(rng() % (t.capacity() + 4U)), fp, v));
+          break;
+        default:  // out of range
+          REQUIRE(t.erase_hint(~std::size_t{0}, fp, v));
+          break;
+      }
       REQUIRE_FALSE(t.erase(KvFingerprintTable::fingerprint(key), v));  // gone now
       m.value_of.erase(key);
       m.key_of.erase(it);
@@ -217,8 +238,12 @@ TEST_CASE("fingerprint table: bad input", "[kv_index]") {
   CHECK_FALSE(t.erase(5, 1));
   CHECK(t.memory_bytes() == 0U);
   t.insert(5, 1);
-  CHECK_FALSE(t.erase(5, 2));  // same fingerprint, other value
-  CHECK_FALSE(t.erase(6, 1));  // other fingerprint
+  CHECK_FALSE(t.erase(5, 2));          // same fingerprint, other value
+  CHECK_FALSE(t.erase(6, 1));          // other fingerprint
+  CHECK_FALSE(t.erase_hint(0, 5, 2));  // a hint for an absent entry
+  CHECK_FALSE(t.erase_hint(~std::size_t{0}, 6, 1));
+  CHECK(t.first_slot(6).value == kv_npos);
+  CHECK(t.first_slot(5).value == 1U);
   CHECK(t.find(5, [](std::uint32_t) { return false; }) == kv_npos);  // not confirmed
   CHECK(t.find(5, [](std::uint32_t v) { return v == 1U; }) == 1U);
   // Fingerprints at both ends of the range, and a value just below kv_npos.

@@ -834,6 +834,7 @@ class KvIndex {
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     std::uint32_t name_fps[chunk];
+    std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
@@ -843,7 +844,9 @@ class KvIndex {
       // Candidates by fingerprint first, so the holds that confirm them load
       // together.
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.first(name_fps[j]);
+        const auto first = names.first_slot(name_fps[j]);
+        hs[j] = first.value;
+        name_slots[j] = first.pos;
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
@@ -864,7 +867,7 @@ class KvIndex {
         }
         ++r.blocks_removed;
         if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, name_fps[j]);
+          release_hold(slot, h, name_fps[j], true, name_slots[j]);
         else
           r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
@@ -908,12 +911,14 @@ class KvIndex {
 
   // Releases a childless hold of `slot`: its name, its holder bit, and the
   // node when no worker holds it any more. `fp`: name_fp of its block hash.
-  // Always inlined: it runs once per removed block.
+  // Always inlined: it runs once per removed block. `name_slot`: where the
+  // name table had the name (a hint, checked; out of range when unknown).
   [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
-                                           bool shrink = true) noexcept {
+                                           bool shrink = true,
+                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
     const detail::KvHold& x = holds_[h];
     Slot& s = workers_[slot];
-    s.names.erase(fp, h, shrink);
+    s.names.erase_hint(name_slot, fp, h, shrink);
     --s.blocks;
     if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);

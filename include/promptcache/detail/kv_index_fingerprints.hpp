@@ -126,19 +126,25 @@ class KvFingerprintTable {
   /// entry has that fingerprint (then no key with it is present). Lets a
   /// caller prefetch the element before confirming. O(1) expected.
   [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
-    if (cap_ == 0U) return kv_npos;
+    return first_slot(fp).value;
+  }
+
+  /// first(), with the slot where its value is (meaningless for kv_npos),
+  /// for erase_hint. O(1) expected.
+  [[nodiscard]] Probe first_slot(std::uint32_t fp) const noexcept {
+    if (cap_ == 0U) return Probe{0, kv_npos};
     // Up to the end of the array (the query path's common case) the probe
     // needs no wrap-around state.
     const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
       const Entry e = s[i];
-      if (e.value == kv_npos || e.fp == fp) return e.value;
-      if (e.fp > fp && home(e.fp) <= i) return kv_npos;  // after(e, i, fp, false)
+      if (e.value == kv_npos || e.fp == fp) return Probe{i, e.value};
+      if (e.fp > fp && home(e.fp) <= i) return Probe{i, kv_npos};  // after(e, i, fp, false)
     }
     for (std::size_t i = 0;; ++i) {  // a run that wraps: the entries before home(fp)
       const Entry e = s[i];
-      if (e.value == kv_npos || e.fp == fp) return e.value;
-      if (after(e, i, fp, true)) return kv_npos;
+      if (e.value == kv_npos || e.fp == fp) return Probe{i, e.value};
+      if (after(e, i, fp, true)) return Probe{i, kv_npos};
     }
   }
 
@@ -189,6 +195,12 @@ class KvFingerprintTable {
   /// O(1); may rehash (invalidates probes only).
   void insert(std::uint32_t fp, std::uint32_t value) {
     reserve_extra(1);
+    insert_reserved(fp, value);
+  }
+
+  /// Inserts (fp, value) into room made by reserve_extra (the key is
+  /// absent), without insert()'s room check. O(1) expected.
+  void insert_reserved(std::uint32_t fp, std::uint32_t value) noexcept {
     place(Entry{fp, value});
     ++size_;
   }
@@ -221,6 +233,25 @@ class KvFingerprintTable {
         wrapped = true;
       }
     }
+    erase_slot(i, shrink);
+    return true;
+  }
+
+  /// As erase(), but first tries slot `pos` (from an earlier first_slot()
+  /// whose result may be outdated since: any slot index is accepted), which
+  /// saves the probe when the entry is still there. Amortized O(1).
+  [[gnu::always_inline]] bool erase_hint(std::size_t pos, std::uint32_t fp, std::uint32_t value,
+                                         bool shrink = true) noexcept {
+    if (pos < cap_ && slots_[pos].value == value && slots_[pos].fp == fp) {
+      erase_slot(pos, shrink);
+      return true;
+    }
+    return erase(fp, value, shrink);
+  }
+
+ private:
+  // Empties slot `i` (in use), then shrinks as erase() does.
+  [[gnu::always_inline]] void erase_slot(std::size_t i, bool shrink) noexcept {
     // Backward shift: the run is sorted, so the entries that may move into
     // the hole are exactly those up to the first one at its home slot.
     for (std::size_t j = next(i);; j = next(j)) {
@@ -232,10 +263,8 @@ class KvFingerprintTable {
     slots_[i].value = kv_npos;
     --size_;
     if (shrink && below_load()) shrink_to_load();
-    return true;
   }
 
- private:
   // True when `need` entries exceed the policy's highest load.
   [[nodiscard]] bool over_load(std::size_t need) const noexcept {
     return load_ == KvTableLoad::roomy ? need * 2U > cap_ : need * 5U > cap_ * 4U;

@@ -364,10 +364,11 @@ class KvTree {
   }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
-  /// Cannot throw after reserve().
+  /// Requires room from reserve() (one node per call since); then it cannot
+  /// throw.
   std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
     const std::uint32_t child = nodes_.allocate(path, parent);
-    edges_.insert(KvFingerprintTable::fingerprint(path), child);
+    edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
 
