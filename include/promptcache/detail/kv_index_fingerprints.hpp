@@ -36,7 +36,8 @@ namespace promptcache::detail {
 enum class KvTableLoad : std::uint8_t {
   compact,  ///< Load 2/5 to 4/5: grows by half above 4/5 (doubles below 4,096
             ///< slots), shrinks to 3/5 below 2/5.
-  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2, shrinks to 1/3 below 1/8.
+  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2 (quadruples below 4,096
+            ///< slots), shrinks to 1/3 below 1/8.
 };
 
 /// Open-addressing table (ordered linear probing, backward-shift deletion, no
@@ -275,7 +276,10 @@ class KvFingerprintTable {
     if (extra > max_entries - size_) throw std::length_error("kv index table too large");
     const std::size_t need = size_ + extra;
     if (load_ == KvTableLoad::roomy) {
-      rehash(std::max({need * 2U + 1U, 2U * cap_, min_capacity}));
+      // Below 32 KiB the bytes hardly matter but each rehash costs a pass,
+      // so small arrays grow fourfold.
+      const std::size_t grown = (cap_ < small_capacity ? 4U : 2U) * cap_;
+      rehash(std::max({need * 2U + 1U, grown, min_capacity}));
       return;
     }
     // Small arrays double (rehashing is what costs there, not the bytes).
