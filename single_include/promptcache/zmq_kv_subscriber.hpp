@@ -1970,18 +1970,29 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
 namespace promptcache::detail {
+
+/// How full a KvFingerprintTable runs. The cost of an insert or a deletion
+/// grows with the length of the runs it shifts (about 1 / (1 - load)^2 slots
+/// for a linear-probing insert), so a table that can afford the bytes runs
+/// at a lower load.
+enum class KvTableLoad : std::uint8_t {
+  compact,  ///< Load 2/5 to 4/5: grows by half above 4/5 (doubles below 4,096
+            ///< slots), shrinks to 3/5 below 2/5.
+  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2 (quadruples below 4,096
+            ///< slots), shrinks to 1/3 below 1/8.
+};
 
 /// Open-addressing table (ordered linear probing, backward-shift deletion, no
 /// tombstones) of (32-bit fingerprint, 32-bit value) entries, 8 bytes each.
 /// Several entries may share a fingerprint: lookups take a predicate that
 /// confirms a candidate value. Values must not be kv_npos (it marks empty
-/// slots). Grows by half above load 4/5 (doubles below 4,096 slots) and
-/// shrinks (to load 3/5) below 2/5.
+/// slots). Its load bounds follow its KvTableLoad (compact unless set).
 class KvFingerprintTable {
  public:
   /// One slot.
@@ -1996,6 +2007,55 @@ class KvFingerprintTable {
     std::size_t pos;      ///< Slot index (valid until the table next changes).
     std::uint32_t value;  ///< The confirmed value, or kv_npos.
   };
+
+  /// An empty table (compact load); owns no memory. O(1).
+  KvFingerprintTable() noexcept = default;
+  /// A deep copy (same capacity and load policy). O(capacity).
+  KvFingerprintTable(const KvFingerprintTable& other)
+      : slots_(other.cap_ == 0U ? nullptr : std::make_unique_for_overwrite<Entry[]>(other.cap_)),
+        size_(other.size_),
+        cap_(other.cap_),
+        load_(other.load_) {
+    if (cap_ != 0U) std::memcpy(slots_.get(), other.slots_.get(), cap_ * sizeof(Entry));
+  }
+  /// Takes over `other`'s slots; `other` is left empty. O(1).
+  KvFingerprintTable(KvFingerprintTable&& other) noexcept
+      : slots_(std::move(other.slots_)),
+        size_(std::exchange(other.size_, 0U)),
+        cap_(std::exchange(other.cap_, 0U)),
+        load_(other.load_) {}
+  /// Copy-and-swap assignment (strong guarantee). O(capacity of both).
+  KvFingerprintTable& operator=(const KvFingerprintTable& other) {
+    if (this != &other) {
+      KvFingerprintTable copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s slots; `other` is left empty. O(1).
+  KvFingerprintTable& operator=(KvFingerprintTable&& other) noexcept {
+    if (this != &other) {
+      KvFingerprintTable taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+  ~KvFingerprintTable() = default;
+
+  /// Exchanges the contents (load policy included) with `other`. O(1).
+  void swap(KvFingerprintTable& other) noexcept {
+    using std::swap;
+    swap(slots_, other.slots_);
+    swap(size_, other.size_);
+    swap(cap_, other.cap_);
+    swap(load_, other.load_);
+  }
+
+  /// Sets the load bounds that later growth and shrinking follow; the slots
+  /// are not touched (the next resize brings the load within them). O(1).
+  void set_load(KvTableLoad load) noexcept { load_ = load; }
+  /// The load policy in force. O(1).
+  [[nodiscard]] KvTableLoad load() const noexcept { return load_; }
 
   /// The fingerprint of a well-mixed 64-bit hash: its high half. O(1).
   [[nodiscard]] static constexpr std::uint32_t fingerprint(std::uint64_t hash) noexcept {
@@ -2015,19 +2075,25 @@ class KvFingerprintTable {
   /// entry has that fingerprint (then no key with it is present). Lets a
   /// caller prefetch the element before confirming. O(1) expected.
   [[nodiscard]] std::uint32_t first(std::uint32_t fp) const noexcept {
-    if (cap_ == 0U) return kv_npos;
+    return first_slot(fp).value;
+  }
+
+  /// first(), with the slot where its value is (meaningless for kv_npos),
+  /// for erase_hint. O(1) expected.
+  [[nodiscard]] Probe first_slot(std::uint32_t fp) const noexcept {
+    if (cap_ == 0U) return Probe{0, kv_npos};
     // Up to the end of the array (the query path's common case) the probe
     // needs no wrap-around state.
-    const Entry* s = slots_.data();
+    const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
       const Entry e = s[i];
-      if (e.value == kv_npos || e.fp == fp) return e.value;
-      if (e.fp > fp && home(e.fp) <= i) return kv_npos;  // after(e, i, fp, false)
+      if (e.value == kv_npos || e.fp == fp) return Probe{i, e.value};
+      if (e.fp > fp && home(e.fp) <= i) return Probe{i, kv_npos};  // after(e, i, fp, false)
     }
     for (std::size_t i = 0;; ++i) {  // a run that wraps: the entries before home(fp)
       const Entry e = s[i];
-      if (e.value == kv_npos || e.fp == fp) return e.value;
-      if (after(e, i, fp, true)) return kv_npos;
+      if (e.value == kv_npos || e.fp == fp) return Probe{i, e.value};
+      if (after(e, i, fp, true)) return Probe{i, kv_npos};
     }
   }
 
@@ -2039,11 +2105,12 @@ class KvFingerprintTable {
   }
 
   /// Like find, also returning the slot; the table must have slots (any
-  /// reserve_extra or insert made them). O(1) expected.
+  /// reserve_extra or insert made them). O(1) expected. Always inlined: a
+  /// store runs it once per block (other compilers ignore the gnu:: attribute).
   template <class IsKey>
-  [[nodiscard]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
+  [[nodiscard]] [[gnu::always_inline]] Probe probe(std::uint32_t fp, IsKey&& is_key) const {
     // As in first(): no wrap-around state until the probe passes the end.
-    const Entry* s = slots_.data();
+    const Entry* s = slots_.get();
     for (std::size_t i = home(fp); i < cap_; ++i) {
       const Entry e = s[i];
       if (e.value == kv_npos) return Probe{i, kv_npos};
@@ -2077,6 +2144,12 @@ class KvFingerprintTable {
   /// O(1); may rehash (invalidates probes only).
   void insert(std::uint32_t fp, std::uint32_t value) {
     reserve_extra(1);
+    insert_reserved(fp, value);
+  }
+
+  /// Inserts (fp, value) into room made by reserve_extra (the key is
+  /// absent), without insert()'s room check. O(1) expected.
+  void insert_reserved(std::uint32_t fp, std::uint32_t value) noexcept {
     place(Entry{fp, value});
     ++size_;
   }
@@ -2084,20 +2157,19 @@ class KvFingerprintTable {
   /// Makes the next `extra` inserts rehash-free (so they cannot throw).
   /// Strong guarantee; std::length_error beyond 2^31 entries.
   void reserve_extra(std::size_t extra) {
-    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
-    const std::size_t need = size_ + extra;
-    if (need * 5U <= cap_ * 4U) return;
-    // Small arrays double (rehashing is what costs there, not the bytes).
-    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
-    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+    // The check is inline (it runs once per new node); growing is not.
+    if (extra <= max_entries - size_ && !over_load(size_ + extra)) return;
+    grow(extra);
   }
 
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
   /// run); false when absent. Shifts back the displaced entries that follow
-  /// it. Below load 2/5 the array shrinks (it is released when empty), unless
-  /// `shrink` is false (then earlier reserve_extra guarantees still hold).
-  /// Amortized O(1).
-  bool erase(std::uint32_t fp, std::uint32_t value, bool shrink = true) noexcept {
+  /// it. Below the policy's lowest load the array shrinks (it is released
+  /// when empty), unless `shrink` is false (then earlier reserve_extra
+  /// guarantees still hold). Amortized O(1). Always inlined: a removal runs
+  /// it once or twice per block.
+  [[gnu::always_inline]] bool erase(std::uint32_t fp, std::uint32_t value,
+                                    bool shrink = true) noexcept {
     if (cap_ == 0U) return false;
     std::size_t i = home(fp);
     for (bool wrapped = false;;) {
@@ -2110,6 +2182,25 @@ class KvFingerprintTable {
         wrapped = true;
       }
     }
+    erase_slot(i, shrink);
+    return true;
+  }
+
+  /// As erase(), but first tries slot `pos` (from an earlier first_slot()
+  /// whose result may be outdated since: any slot index is accepted), which
+  /// saves the probe when the entry is still there. Amortized O(1).
+  [[gnu::always_inline]] bool erase_hint(std::size_t pos, std::uint32_t fp, std::uint32_t value,
+                                         bool shrink = true) noexcept {
+    if (pos < cap_ && slots_[pos].value == value && slots_[pos].fp == fp) {
+      erase_slot(pos, shrink);
+      return true;
+    }
+    return erase(fp, value, shrink);
+  }
+
+ private:
+  // Empties slot `i` (in use), then shrinks as erase() does.
+  [[gnu::always_inline]] void erase_slot(std::size_t i, bool shrink) noexcept {
     // Backward shift: the run is sorted, so the entries that may move into
     // the hole are exactly those up to the first one at its home slot.
     for (std::size_t j = next(i);; j = next(j)) {
@@ -2120,21 +2211,44 @@ class KvFingerprintTable {
     }
     slots_[i].value = kv_npos;
     --size_;
-    if (shrink && size_ * 5U < cap_ * 2U) shrink_to_load();
-    return true;
+    if (shrink && below_load()) shrink_to_load();
   }
 
-  /// Shrinks the array to load 3/5 if the load is below 2/5 (releases it
-  /// when empty). Keeps the current array when a smaller one cannot be
-  /// allocated. O(capacity).
+  // True when `need` entries exceed the policy's highest load.
+  [[nodiscard]] bool over_load(std::size_t need) const noexcept {
+    return load_ == KvTableLoad::roomy ? need * 2U > cap_ : need * 5U > cap_ * 4U;
+  }
+
+  // reserve_extra's slow path: checks the limit, then resizes.
+  void grow(std::size_t extra) {
+    if (extra > max_entries - size_) throw std::length_error("kv index table too large");
+    const std::size_t need = size_ + extra;
+    if (load_ == KvTableLoad::roomy) {
+      // Below 32 KiB the bytes hardly matter but each rehash costs a pass,
+      // so small arrays grow fourfold.
+      const std::size_t grown = (cap_ < small_capacity ? 4U : 2U) * cap_;
+      rehash(std::max({need * 2U + 1U, grown, min_capacity}));
+      return;
+    }
+    // Small arrays double (rehashing is what costs there, not the bytes).
+    const std::size_t grown = cap_ < small_capacity ? 2U * cap_ : cap_ + cap_ / 2U;
+    rehash(std::max({need + need / 4U + 1U, grown, min_capacity}));
+  }
+
+ public:
+  /// Shrinks the array if the load is below the policy's lowest (2/5, or
+  /// 1/8 when roomy), to load 3/5 (1/3 when roomy); releases it when empty.
+  /// Keeps the current array when a smaller one cannot be allocated.
+  /// O(capacity).
   void shrink_to_load() noexcept {
     if (size_ == 0U) {
       clear();
       return;
     }
-    if (cap_ <= min_capacity || size_ * 5U >= cap_ * 2U) return;
+    if (cap_ <= min_capacity || !below_load()) return;
+    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 3U : size_ * 5U / 3U;
     try {
-      rehash(std::max(size_ * 5U / 3U + 1U, min_capacity));
+      rehash(std::max(target + 1U, min_capacity));
     } catch (...) {  // shrinking is an optimisation
     }
   }
@@ -2149,11 +2263,11 @@ class KvFingerprintTable {
   }
   /// Bytes held by the slot array. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return slots_.capacity() * sizeof(Entry);
+    return cap_ * sizeof(Entry);
   }
   /// Drops every entry and releases the slot array. O(1).
   void clear() noexcept {
-    std::vector<Entry>().swap(slots_);
+    slots_.reset();
     size_ = 0;
     cap_ = 0;
   }
@@ -2185,6 +2299,11 @@ class KvFingerprintTable {
   static constexpr std::size_t min_capacity = 16;
   static constexpr std::size_t small_capacity = 4096;  // 32 KiB
   static constexpr std::size_t max_entries = std::size_t{1} << 31U;
+
+  // True when the load is under the policy's lower bound.
+  [[nodiscard]] bool below_load() const noexcept {
+    return load_ == KvTableLoad::roomy ? size_ * 8U < cap_ : size_ * 5U < cap_ * 2U;
+  }
 
   // Fixed-point scaling of the fingerprint onto [0, capacity): keeps entries
   // ordered by fingerprint and needs no power-of-two capacity.
@@ -2228,7 +2347,10 @@ class KvFingerprintTable {
   // previous one: one pass, no probing. Entries that would run past the end
   // of the new array (only the last run) are placed by probing.
   void rehash(std::size_t new_capacity) {
-    std::vector<Entry> old(new_capacity, Entry{0, kv_npos});
+    // Every byte 0xff: both fields kv_npos, so every slot is empty (memset is
+    // far cheaper than filling entry by entry).
+    std::unique_ptr<Entry[]> old = std::make_unique_for_overwrite<Entry[]>(new_capacity);
+    std::memset(old.get(), 0xff, new_capacity * sizeof(Entry));
     old.swap(slots_);
     const std::size_t old_cap = cap_;
     cap_ = new_capacity;
@@ -2236,7 +2358,7 @@ class KvFingerprintTable {
     while (start < old_cap && old[start].value != kv_npos &&
            old_home(old[start].fp, old_cap) > start)
       ++start;
-    Entry* s = slots_.data();
+    Entry* s = slots_.get();
     std::size_t at = 0;  // first slot the next entry may take
     const auto emit = [&](const Entry& e) {
       const std::size_t h = std::max(home(e.fp), at);
@@ -2257,9 +2379,10 @@ class KvFingerprintTable {
     return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
-  std::vector<Entry> slots_;
+  std::unique_ptr<Entry[]> slots_;
   std::size_t size_ = 0;
   std::size_t cap_ = 0;
+  KvTableLoad load_ = KvTableLoad::compact;
 };
 
 }  // namespace promptcache::detail
@@ -2610,10 +2733,11 @@ class KvTree {
   }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
-  /// Cannot throw after reserve().
+  /// Requires room from reserve() (one node per call since); then it cannot
+  /// throw.
   std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
     const std::uint32_t child = nodes_.allocate(path, parent);
-    edges_.insert(KvFingerprintTable::fingerprint(path), child);
+    edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
 
@@ -2623,6 +2747,10 @@ class KvTree {
     edges_.erase(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
     nodes_.release(n, shrink);
   }
+
+  /// Sets the load policy of the edge table (see KvTableLoad); takes effect
+  /// at its next resize. O(1).
+  void set_edge_load(KvTableLoad load) noexcept { edges_.set_load(load); }
 
   /// Gives back what removals with `shrink` false kept. O(edge capacity).
   void shrink_to_fit_live() noexcept {
@@ -3043,6 +3171,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    pick_table_load(slot);
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
@@ -3070,6 +3199,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    pick_table_load(slot);
     if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
     remove_blocks(slot, block_hashes, r);
     finish(slot, event_id, r);
@@ -3096,6 +3226,7 @@ class KvIndex {
                                  std::uint64_t last_event_id) {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
+    pick_table_load(tmp);
     for (std::size_t i = 0; i < dump.size(); ++i) {
       KvEventResult r;
       KvEventStatus st = KvEventStatus::applied;
@@ -3376,6 +3507,28 @@ class KvIndex {
  private:
   using Slot = detail::KvWorkerSlot<KvWorker>;
 
+  // Below this many (worker, block) pairs the edge and name tables run at
+  // load 1/8..1/2 instead of 2/5..4/5: inserts and deletions shift far
+  // shorter runs, and the extra bytes stay bounded (tables sized while the
+  // index was small hold at most about 4 slots per pair of this many).
+  // From this many on they run compact, so large indexes keep their size;
+  // between half of it and it each table keeps the policy it has, so an
+  // index hovering at the threshold does not resize back and forth.
+  static constexpr std::size_t compact_tables_from = std::size_t{1} << 20U;
+
+  // Sets the load policy of `slot`'s name table and of the edge table from
+  // the number of live pairs (see compact_tables_from). O(1).
+  void pick_table_load(std::uint32_t slot) noexcept {
+    const std::size_t pairs = holds_.live();
+    if (pairs >= compact_tables_from) {
+      workers_[slot].names.set_load(detail::KvTableLoad::compact);
+      tree_.set_edge_load(detail::KvTableLoad::compact);
+    } else if (pairs < compact_tables_from / 2U) {
+      workers_[slot].names.set_load(detail::KvTableLoad::roomy);
+      tree_.set_edge_load(detail::KvTableLoad::roomy);
+    }
+  }
+
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and
   // names) of the slot that a no-shrink clear_slot frees before the store.
@@ -3580,6 +3733,7 @@ class KvIndex {
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
     std::uint32_t name_fps[chunk];
+    std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
       const std::size_t m = std::min(chunk, block_hashes.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
@@ -3589,7 +3743,9 @@ class KvIndex {
       // Candidates by fingerprint first, so the holds that confirm them load
       // together.
       for (std::size_t j = 0; j < m; ++j) {
-        hs[j] = names.first(name_fps[j]);
+        const auto first = names.first_slot(name_fps[j]);
+        hs[j] = first.value;
+        name_slots[j] = first.pos;
         if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
       }
       for (std::size_t j = 0; j < m; ++j)
@@ -3610,7 +3766,7 @@ class KvIndex {
         }
         ++r.blocks_removed;
         if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, name_fps[j]);
+          release_hold(slot, h, name_fps[j], true, name_slots[j]);
         else
           r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
@@ -3654,11 +3810,14 @@ class KvIndex {
 
   // Releases a childless hold of `slot`: its name, its holder bit, and the
   // node when no worker holds it any more. `fp`: name_fp of its block hash.
-  void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
-                    bool shrink = true) noexcept {
+  // Always inlined: it runs once per removed block. `name_slot`: where the
+  // name table had the name (a hint, checked; out of range when unknown).
+  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
+                                           bool shrink = true,
+                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
     const detail::KvHold& x = holds_[h];
     Slot& s = workers_[slot];
-    s.names.erase(fp, h, shrink);
+    s.names.erase_hint(name_slot, fp, h, shrink);
     --s.blocks;
     if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
     holds_.release(h);
