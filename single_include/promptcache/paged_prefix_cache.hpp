@@ -3486,7 +3486,8 @@ struct KvIndexCounters {
 /// holders of a node the call touches (adding or dropping a holder costs
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
-/// its 8-byte slot in the edge table (at load 0.53..0.8), whatever the number
+/// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^20 live pairs
+/// on; below that, while memory is small, load 1/8..1/2 for speed), whatever the number
 /// of worker ranks: up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
