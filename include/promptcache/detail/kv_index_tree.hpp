@@ -382,6 +382,8 @@ class KvTree {
   /// Sets the load policy of the edge table (see KvTableLoad); takes effect
   /// at its next resize. O(1).
   void set_edge_load(KvTableLoad load) noexcept { edges_.set_load(load); }
+  /// The load policy of the edge table. O(1).
+  [[nodiscard]] KvTableLoad edge_load() const noexcept { return edges_.load(); }
 
   /// Gives back what removals with `shrink` false kept. O(edge capacity).
   void shrink_to_fit_live() noexcept {
