@@ -2077,6 +2077,8 @@ class KvTree {
   /// Sets the load policy of the edge table (see KvTableLoad); takes effect
   /// at its next resize. O(1).
   void set_edge_load(KvTableLoad load) noexcept { edges_.set_load(load); }
+  /// The load policy of the edge table. O(1).
+  [[nodiscard]] KvTableLoad edge_load() const noexcept { return edges_.load(); }
 
   /// Gives back what removals with `shrink` false kept. O(edge capacity).
   void shrink_to_fit_live() noexcept {
@@ -2498,12 +2500,13 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    pick_table_load(slot);
+    const TableLoads before = pick_table_load(slot);
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
       reserve_for_store(slot, blocks.size(), r.view_reset ? workers_[slot].blocks : 0U);
     } catch (...) {
+      restore_table_load(slot, before);
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
     }
@@ -2553,6 +2556,7 @@ class KvIndex {
                                  std::uint64_t last_event_id) {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
+    const detail::KvTableLoad edges_before = tree_.edge_load();
     pick_table_load(tmp);
     for (std::size_t i = 0; i < dump.size(); ++i) {
       KvEventResult r;
@@ -2568,11 +2572,13 @@ class KvIndex {
         }
       } catch (...) {
         drop_slot(tmp);
+        tree_.set_edge_load(edges_before);
         trim_masks();
         throw;
       }
       if (st != KvEventStatus::applied) {
         drop_slot(tmp);
+        tree_.set_edge_load(edges_before);
         trim_masks();
         res.failed_event = i;
         res.failure = st;
@@ -2843,9 +2849,16 @@ class KvIndex {
   // index hovering at the threshold does not resize back and forth.
   static constexpr std::size_t compact_tables_from = std::size_t{1} << 20U;
 
+  struct TableLoads {
+    detail::KvTableLoad names;
+    detail::KvTableLoad edges;
+  };
+
   // Sets the load policy of `slot`'s name table and of the edge table from
-  // the number of live pairs (see compact_tables_from). O(1).
-  void pick_table_load(std::uint32_t slot) noexcept {
+  // the number of live pairs (see compact_tables_from); returns the policies
+  // before, for restore_table_load. O(1).
+  TableLoads pick_table_load(std::uint32_t slot) noexcept {
+    const TableLoads before{workers_[slot].names.load(), tree_.edge_load()};
     const std::size_t pairs = holds_.live();
     if (pairs >= compact_tables_from) {
       workers_[slot].names.set_load(detail::KvTableLoad::compact);
@@ -2854,6 +2867,14 @@ class KvIndex {
       workers_[slot].names.set_load(detail::KvTableLoad::roomy);
       tree_.set_edge_load(detail::KvTableLoad::roomy);
     }
+    return before;
+  }
+
+  // Undoes pick_table_load when the event fails, so a failed event leaves
+  // even the growth policy as it was. O(1).
+  void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
+    workers_[slot].names.set_load(before.names);
+    tree_.set_edge_load(before.edges);
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
