@@ -2842,8 +2842,8 @@ class KvIndex {
 
   // Below this many (worker, block) pairs the edge and name tables run at
   // load 1/8..1/2 instead of 2/5..4/5: inserts and deletions shift far
-  // shorter runs, and the extra bytes stay bounded (tables sized while the
-  // index was small hold at most about 4 slots per pair of this many).
+  // shorter runs while the extra bytes are few (a table keeps roomy slots
+  // only until its next resize, at most 8 per entry it then held).
   // From this many on they run compact, so large indexes keep their size;
   // between half of it and it each table keeps the policy it has, so an
   // index hovering at the threshold does not resize back and forth.
