@@ -445,6 +445,9 @@ class KvIndex {
       }
       return m;
     };
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset.
+    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
@@ -462,13 +465,17 @@ class KvIndex {
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < prev_count) {
-          detail::KvHolderSets::View had;
-          detail::KvHolderSets::View has;
-          tree_.nodes().holders(prev, had);
-          tree_.nodes().holders(child, has);
-          had.for_each_missing(has, [&](std::uint32_t slot) {
-            out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-          });
+          if (word_form) {
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+          } else {
+            detail::KvHolderSets::View had;
+            detail::KvHolderSets::View has;
+            nodes.holders(prev, had);
+            nodes.holders(child, has);
+            had.for_each_missing(has, [&](std::uint32_t slot) {
+              out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+            });
+          }
         }
         prev = child;
         prev_count = c;
@@ -480,13 +487,16 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev != detail::kv_npos) {
-      detail::KvHolderSets::View has;
-      tree_.nodes().holders(prev, has);
-      has.for_each([&](std::uint32_t slot) {
-        out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-      });
+    if (prev == detail::kv_npos) return;
+    if (word_form) {
+      emit(nodes.holder_word(prev), depth, out);
+      return;
     }
+    detail::KvHolderSets::View has;
+    nodes.holders(prev, has);
+    has.for_each([&](std::uint32_t slot) {
+      out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+    });
   }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
@@ -599,11 +609,21 @@ class KvIndex {
       if (!subset || !ascending) return false;
       if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
+    // The word form holds slots below 64 only.
+    if (tree_.nodes().word_form() && workers_.top() > detail::KvHolderSets::word_slots)
+      return false;
     return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
  private:
   using Slot = detail::KvWorkerSlot<KvWorker>;
+
+  // Appends a match at `depth` for every slot in the word-form set `bits`.
+  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
+    for (; bits != 0U; bits &= bits - 1U)
+      out.push_back(KvWorkerMatch{
+          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
+  }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
   // std::bad_alloc can only come before anything changed. `freed`: holds (and

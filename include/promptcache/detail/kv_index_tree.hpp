@@ -196,16 +196,31 @@ class KvNodeStore {
     free_count_ = 0;
   }
 
-  /// Widens the holder bitsets so that slot indices below `slots` fit.
-  /// O(nodes) when it grows (at 128, 256, 512, ... slots); strong guarantee.
+  /// Widens the holder sets so that slot indices below `slots` fit: past 64
+  /// slots every set leaves the word form, past 128, 256, ... the bitsets
+  /// widen. O(nodes) when that happens; strong guarantee.
   void ensure_slots(std::size_t slots) {
+    if (holders_.word_form()) {
+      if (slots > KvHolderSets::word_slots) to_sparse(slots);
+      return;
+    }
     if (KvHolderSets::bitset_class_for(slots) > holders_.bitset_class()) fit_slots(slots);
   }
 
-  /// Sets the bitset width to what slot indices below `slots` need, growing
-  /// or shrinking; no node may hold a slot beyond the new width. O(nodes)
-  /// when the width changes; strong guarantee.
+  /// Sets the holder sets' form and bitset width to what slot indices below
+  /// `slots` need, growing or shrinking (up to 64 slots the word form); no
+  /// node may hold a slot beyond the new width. O(nodes) when the form or the
+  /// width changes; strong guarantee (going to the word form, or narrowing
+  /// the sparse form's bitsets to 128 slots, never allocates).
   void fit_slots(std::size_t slots) {
+    if (slots <= KvHolderSets::word_slots) {
+      if (!holders_.word_form()) to_word();
+      return;
+    }
+    if (holders_.word_form()) {
+      to_sparse(slots);
+      return;
+    }
     const std::size_t k = KvHolderSets::bitset_class_for(slots);
     if (k == holders_.bitset_class()) return;
     std::size_t bitsets = 0;
@@ -216,6 +231,16 @@ class KvNodeStore {
     for (std::size_t n = 1; n < rows(); ++n)
       holders_.rewidth(rows_[n].holders, count(static_cast<std::uint32_t>(n)), k);
     holders_.end_rewidth(k);
+  }
+
+  /// True while every holder set is the 64-bit bitset in its row (all slots
+  /// below 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept {
+    return holders_.word_form();
+  }
+  /// The holder word of `n`: in the word form the bitset of its holders. O(1).
+  [[nodiscard]] std::uint64_t holder_word(std::uint32_t n) const noexcept {
+    return rows_[n].holders;
   }
 
   /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
@@ -247,6 +272,28 @@ class KvNodeStore {
 
  private:
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // Every set from the word form to the sparse form for slots below `slots`
+  // (> 64). The arena the spilled sets need is reserved first, so a failure
+  // leaves the word form. O(nodes).
+  void to_sparse(std::size_t slots) {
+    const std::size_t k = KvHolderSets::bitset_class_for(slots);
+    std::size_t units = 0;
+    for (std::size_t n = 1; n < rows(); ++n)
+      units += KvHolderSets::sparse_units(count(static_cast<std::uint32_t>(n)), k);
+    holders_.reserve_units(units);
+    holders_.begin_sparse(k);
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_sparse(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+  }
+
+  // Every set from the sparse form to the word form (no holder is 64 or more);
+  // the arena is released. Never allocates. O(nodes).
+  void to_word() noexcept {
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_word(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+    holders_.end_word_form();
+  }
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
