@@ -181,7 +181,8 @@ struct KvIndexCounters {
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
 /// its 8-byte slot in the edge table (at load 0.53..0.8), whatever the number
-/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// of worker ranks: up to 64 ranks the row's holder word is the bitset of its
+/// holders; with more, up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
 /// pair takes a 24-byte hold plus its 8-byte slot in the worker's name table.
