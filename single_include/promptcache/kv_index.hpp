@@ -1891,8 +1891,8 @@ class KvNodeStore {
   /// Sets the holder sets' form and bitset width to what slot indices below
   /// `slots` need, growing or shrinking (up to 64 slots the word form); no
   /// node may hold a slot beyond the new width. O(nodes) when the form or the
-  /// width changes; strong guarantee (going to the word form, or narrowing
-  /// the sparse form's bitsets to 128 slots, never allocates).
+  /// width changes; strong guarantee (going to the word form never
+  /// allocates).
   void fit_slots(std::size_t slots) {
     if (slots <= KvHolderSets::word_slots) {
       if (!holders_.word_form()) to_word();
