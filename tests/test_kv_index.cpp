@@ -552,6 +552,54 @@ TEST_CASE("holder sets change form as holders come and go", "[kv_index]") {
   REQUIRE(index.check_invariants());
 }
 
+TEST_CASE("holder sets leave the word form past 64 ranks and return to it", "[kv_index]") {
+  // Up to 64 ranks every holder set is a 64-bit bitset in its node's row; a
+  // 65th rank moves every set to the sparse form (kept in the row, a sorted
+  // array or a bitset in the arena) and dropping it moves them back. Node k
+  // of the shared chain is held by the ranks with w % 64 >= k - 1, so the
+  // chain has sets of every size from 64 holders down to 1.
+  KvIndex index;
+  for (std::uint32_t w = 0; w < 64; ++w) {
+    Hashes tokens;
+    for (std::uint64_t d = 0; d <= w; ++d)
+      tokens.push_back(d + 1);
+    tokens.push_back(1000 + w);  // and a private block below it
+    REQUIRE(index.apply(KvWorker{w, 0}, stored(0, tokens)).ok());
+  }
+  Hashes query(64);
+  for (std::uint64_t d = 0; d < 64; ++d)
+    query[d] = d + 1;
+  const auto want = matches(index, query);
+  const auto want_early = matches(index, query, true);
+  REQUIRE(want.size() == 64);
+  REQUIRE(index.check_invariants());
+  for (int round = 0; round < 2; ++round) {
+    // The 65th rank holds a block of its own and two of the shared chain.
+    REQUIRE(index.apply(KvWorker{64, 0}, stored(0, {1, 2, 5000})).ok());
+    REQUIRE(index.check_invariants());
+    auto with = want;
+    with.push_back(KvWorkerMatch{KvWorker{64, 0}, 2});
+    std::sort(with.begin(), with.end());
+    CHECK(matches(index, query) == with);
+    CHECK(match_of(index, {1, 2, 5000}, KvWorker{64, 0}) == 3);
+    CHECK(index.remove_worker(KvWorker{64, 0}));
+    REQUIRE(index.check_invariants());
+    CHECK(matches(index, query) == want);
+    CHECK(matches(index, query, true) == want_early);
+  }
+  // Holders change in the word form too: drop ranks' private blocks and
+  // parts of the chain, then restore one.
+  for (std::uint32_t w = 0; w < 64; w += 3)
+    REQUIRE(index.apply(KvWorker{w, 0}, removed(1, {1000 + 1000 + w})).ok());
+  REQUIRE(index.apply(KvWorker{63, 0}, removed(2, {1000 + 40})).ok());
+  REQUIRE(index.check_invariants());
+  CHECK(match_of(index, query, KvWorker{63, 0}) == 39);
+  CHECK(match_of(index, query, KvWorker{62, 0}) == 63);
+  REQUIRE(index.apply(KvWorker{63, 0}, stored(3, {40, 41}, 1000 + 39)).ok());
+  CHECK(match_of(index, query, KvWorker{63, 0}) == 41);
+  REQUIRE(index.check_invariants());
+}
+
 TEST_CASE("long chains are removed without recursion", "[kv_index]") {
   KvIndex index;
   Hashes tokens(20000);

@@ -77,8 +77,9 @@ Snapshot snapshot(const KvIndex& index) {
   return s;
 }
 
-// `extra_workers` more worker ranks with no blocks (3 + 125 = 128 fills the
-// slots a holder bitset of the smallest class covers).
+// `extra_workers` more worker ranks with no blocks (3 + 61 = 64 fills the
+// slots of the word form, 3 + 125 = 128 the slots a holder bitset of the
+// smallest class covers).
 KvIndex base_index(KvGapPolicy policy, std::uint32_t extra_workers = 0) {
   KvIndex index(KvIndexOptions{policy});
   for (std::uint32_t w = 0; w < extra_workers; ++w)
@@ -161,6 +162,19 @@ TEST_CASE("store: strong guarantee", "[kv_index]") {
     CHECK(fail_every_allocation(KvGapPolicy::report, [](KvIndex& index) {
             expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
           }) >= 1);
+  }
+  SECTION("a new worker whose slot ends the word form") {
+    // 61 + 3 = 64 ranks fill the word form; nodes 1..3 get a third holder
+    // first, so the switch to the sparse form must spill them to the arena.
+    CHECK(fail_every_allocation(
+              KvGapPolicy::report,
+              [](KvIndex& index) {
+                expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
+              },
+              61,
+              [](KvIndex& index) {
+                REQUIRE(index.apply(KvWorker{500, 0}, stored(1, {1, 2, 3})).ok());
+              }) >= 1);
   }
   SECTION("a new worker whose slot widens the bitsets") {
     // Nodes 1..3 get a third holder first, so they have bitsets to widen.

@@ -1,6 +1,7 @@
 // detail::KvHolderSets, the holder sets of KvIndex's tree nodes, against a
 // model (std::set per node): every insert / erase / replace and width change
-// through the inline, sorted-array and bitset forms, checked by contents,
+// through the word form and the sparse form's inline, sorted-array and bitset
+// encodings, and the switches between the two forms, checked by contents,
 // membership and set difference.
 #include <promptcache/detail/kv_index_holders.hpp>
 
@@ -9,6 +10,7 @@
 #include <iterator>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "catch.hpp"
@@ -53,6 +55,26 @@ void check(const KvHolderSets& sets, const std::vector<Set>& all, std::uint32_t 
     }
 }
 
+// Switches every set to the sparse form with the width for `slots`, as
+// KvNodeStore does when a slot of 64 or more appears.
+void to_sparse(KvHolderSets& sets, std::vector<Set>& all, std::size_t slots) {
+  const std::size_t k = KvHolderSets::bitset_class_for(slots);
+  std::size_t units = 0;
+  for (const Set& s : all)
+    units += KvHolderSets::sparse_units(static_cast<std::uint32_t>(s.model.size()), k);
+  sets.reserve_units(units);
+  sets.begin_sparse(k);
+  for (Set& s : all)
+    sets.to_sparse(s.word, static_cast<std::uint32_t>(s.model.size()));
+}
+
+// Switches every set back to the word form (all holders below 64).
+void to_word(KvHolderSets& sets, std::vector<Set>& all) {
+  for (Set& s : all)
+    sets.to_word(s.word, static_cast<std::uint32_t>(s.model.size()));
+  sets.end_word_form();
+}
+
 // Moves every bitset to the width for `slots`, as KvNodeStore::fit_slots does.
 void set_width(KvHolderSets& sets, std::vector<Set>& all, std::size_t slots) {
   const std::size_t k = KvHolderSets::bitset_class_for(slots);
@@ -71,6 +93,8 @@ void set_width(KvHolderSets& sets, std::vector<Set>& all, std::size_t slots) {
 TEST_CASE("holder sets: the form follows the size and the width", "[kv_index]") {
   KvHolderSets sets;
   std::vector<Set> all(1);
+  to_sparse(sets, all, 128);
+  REQUIRE_FALSE(sets.word_form());
   Set& s = all[0];
   auto add = [&](std::uint32_t slot) {
     sets.reserve(1);
@@ -123,6 +147,7 @@ TEST_CASE("holder sets match a model under random changes", "[kv_index]") {
   };
   KvHolderSets sets;
   std::vector<Set> all(12);
+  to_sparse(sets, all, 65);
   std::uint32_t width = 64;
   for (int step = 0; step < 20000; ++step) {
     Set& s = all[pick(all.size())];
@@ -174,4 +199,89 @@ TEST_CASE("holder sets match a model under random changes", "[kv_index]") {
     }
   CHECK(sets.blocks() == 0U);
   CHECK(sets.memory_bytes() == 0U);
+}
+
+TEST_CASE("holder sets: the word form is the bitset of the holders", "[kv_index]") {
+  KvHolderSets sets;
+  REQUIRE(sets.word_form());
+  std::vector<Set> all(3);
+  auto add = [&](Set& s, std::uint32_t slot) {
+    sets.reserve(1);
+    sets.insert(s.word, static_cast<std::uint32_t>(s.model.size()), slot);
+    s.model.insert(slot);
+  };
+  for (std::uint32_t slot : {0U, 63U, 5U, 31U, 32U})
+    add(all[0], slot);
+  add(all[1], 63);
+  CHECK(all[0].word ==
+        ((std::uint64_t{1} << 0U) | (std::uint64_t{1} << 63U) | (std::uint64_t{1} << 5U) |
+         (std::uint64_t{1} << 31U) | (std::uint64_t{1} << 32U)));
+  CHECK(all[2].word == KvHolderSets::empty_word);
+  CHECK(sets.blocks() == 0U);
+  CHECK(sets.memory_bytes() == 0U);  // no arena, whatever the sizes
+  check(sets, all, 64);
+  sets.replace(all[0].word, 5, 31, 40);
+  all[0].model.erase(31);
+  all[0].model.insert(40);
+  sets.erase(all[0].word, 5, 0);
+  all[0].model.erase(0);
+  check(sets, all, 64);
+  CHECK(sets.memory_bytes() == 0U);
+}
+
+TEST_CASE("holder sets switch between the word and the sparse form", "[kv_index]") {
+  std::mt19937_64 rng(11);
+  KvHolderSets sets;
+  // Sets of every size: empty, in the holder word (1, 2), arrays and bitsets.
+  std::vector<Set> all(9);
+  const std::size_t sizes[] = {0, 1, 2, 3, 4, 9, 30, 63, 64};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    std::vector<std::uint32_t> slots(64);
+    for (std::uint32_t s = 0; s < 64; ++s)
+      slots[s] = s;
+    std::shuffle(slots.begin(), slots.end(), rng);
+    for (std::size_t j = 0; j < sizes[i]; ++j) {
+      sets.insert(all[i].word, static_cast<std::uint32_t>(all[i].model.size()), slots[j]);
+      all[i].model.insert(slots[j]);
+    }
+  }
+  check(sets, all, 64);
+  for (const std::size_t width : {65U, 4096U}) {
+    to_sparse(sets, all, width);
+    CHECK_FALSE(sets.word_form());
+    check(sets, all, 64);
+    // Sets of three or more holders are spilled (bitsets up to 128 slots,
+    // arrays of up to 64 holders at 4,096 slots).
+    CHECK(sets.blocks() == 6U);
+    CHECK(KvHolderSets::is_bitset_set(all[3].word, 3) == (width == 65U));
+    CHECK(KvHolderSets::is_bitset_set(all[8].word, 64) == (width == 65U));
+    // A holder of 64 or more can join now.
+    sets.reserve(1);
+    sets.insert(all[4].word, 4, 100);
+    all[4].model.insert(100);
+    check(sets, all, 128);
+    sets.erase(all[4].word, 5, 100);
+    all[4].model.erase(100);
+    to_word(sets, all);
+    CHECK(sets.word_form());
+    CHECK(sets.blocks() == 0U);
+    CHECK(sets.memory_bytes() == 0U);  // the arena went with the last spilled set
+    check(sets, all, 64);
+  }
+}
+
+TEST_CASE("holder sets: a failed switch to the sparse form changes nothing", "[kv_index]") {
+  KvHolderSets sets;
+  std::vector<Set> all(1);
+  for (std::uint32_t s = 0; s < 10; ++s) {
+    sets.insert(all[0].word, s, s * 6U);
+    all[0].model.insert(s * 6U);
+  }
+  const std::uint64_t before = all[0].word;
+  // More arena units than 40-bit offsets address: refused before any change.
+  CHECK_THROWS_AS(sets.reserve_units(std::size_t{1} << 41U), std::length_error);
+  CHECK(sets.word_form());
+  CHECK(all[0].word == before);
+  CHECK(sets.memory_bytes() == 0U);
+  check(sets, all, 64);
 }

@@ -182,7 +182,8 @@ struct KvIndexCounters {
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
 /// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^20 live pairs
 /// on; below that, while memory is small, load 1/8..1/2 for speed), whatever the number
-/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// of worker ranks: up to 64 ranks the row's holder word is the bitset of its
+/// holders; with more, up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
 /// pair takes a 24-byte hold plus its 8-byte slot in the worker's name table.
@@ -453,6 +454,9 @@ class KvIndex {
       }
       return m;
     };
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset.
+    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
@@ -470,13 +474,17 @@ class KvIndex {
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < prev_count) {
-          detail::KvHolderSets::View had;
-          detail::KvHolderSets::View has;
-          tree_.nodes().holders(prev, had);
-          tree_.nodes().holders(child, has);
-          had.for_each_missing(has, [&](std::uint32_t slot) {
-            out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-          });
+          if (word_form) {
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+          } else {
+            detail::KvHolderSets::View had;
+            detail::KvHolderSets::View has;
+            nodes.holders(prev, had);
+            nodes.holders(child, has);
+            had.for_each_missing(has, [&](std::uint32_t slot) {
+              out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+            });
+          }
         }
         prev = child;
         prev_count = c;
@@ -488,13 +496,16 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev != detail::kv_npos) {
-      detail::KvHolderSets::View has;
-      tree_.nodes().holders(prev, has);
-      has.for_each([&](std::uint32_t slot) {
-        out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-      });
+    if (prev == detail::kv_npos) return;
+    if (word_form) {
+      emit(nodes.holder_word(prev), depth, out);
+      return;
     }
+    detail::KvHolderSets::View has;
+    nodes.holders(prev, has);
+    has.for_each([&](std::uint32_t slot) {
+      out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+    });
   }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
@@ -607,6 +618,9 @@ class KvIndex {
       if (!subset || !ascending) return false;
       if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
+    // The word form holds slots below 64 only.
+    if (tree_.nodes().word_form() && workers_.top() > detail::KvHolderSets::word_slots)
+      return false;
     return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
@@ -648,6 +662,13 @@ class KvIndex {
   void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
     workers_[slot].names.set_load(before.names);
     tree_.set_edge_load(before.edges);
+  }
+
+  // Appends a match at `depth` for every slot in the word-form set `bits`.
+  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
+    for (; bits != 0U; bits &= bits - 1U)
+      out.push_back(KvWorkerMatch{
+          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so

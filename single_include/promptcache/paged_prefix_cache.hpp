@@ -1248,12 +1248,15 @@ class CursorState {
 // promptcache: detail/kv_index_holders.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// The holder sets of kv_index.hpp: which worker slots hold a tree node. With
-// many worker ranks most blocks are held by one or two of them, so a set costs
-// what it holds, not one bit per rank: up to two holders live in the node's
-// own 64-bit holder word; larger sets move to an arena, as a sorted array of
-// slot indices while that is smaller than a bitset over every slot, else as
-// that bitset (the sets of widely shared prefixes, such as system prompts).
+// The holder sets of kv_index.hpp: which worker slots hold a tree node. While
+// every slot is below 64, a node's 64-bit holder word is simply the bitset of
+// its holders (the word form): adding or dropping a holder is one bit, a set
+// difference one and-not. With more slots most blocks are still held by one
+// or two of them, so a set costs what it holds, not one bit per rank (the
+// sparse form): up to two holders live in the holder word; larger sets move to
+// an arena, as a sorted array of slot indices while that is smaller than a
+// bitset over every slot, else as that bitset (the sets of widely shared
+// prefixes, such as system prompts).
 
 #include <algorithm>
 #include <array>
@@ -1540,8 +1543,10 @@ class KvPackedTable {
 namespace promptcache::detail {
 
 /// Arena of spilled holder sets, and the operations on a node's holder word.
-/// The caller keeps each set's size (the node's holder count): it selects the
-/// encoding of the word.
+/// In the word form (every slot below 64; how a set starts) the word is the
+/// bitset of the holders and there is no arena. In the sparse form the caller
+/// keeps each set's size (the node's holder count): it selects the encoding
+/// of the word.
 ///   count <= 2: the word holds the slots, smaller one in the low 32 bits
 ///               (kv_npos for an absent one);
 ///   count >= 3: the word is bits 0..39 offset of a block in the arena (in
@@ -1551,12 +1556,17 @@ namespace promptcache::detail {
 /// in use (set_width), so any slot can join a bitset without reallocating it.
 /// Freed blocks go to one free list per size class; the arena is released when
 /// no set is spilled (unless a caller asks to keep capacity).
+/// The form belongs to all sets at once: the owner of the words switches every
+/// one of them (begin_sparse + to_sparse, or to_word + end_word_form) when a
+/// slot of 64 or more appears or the last one goes.
 class KvHolderSets {
  public:
-  /// The holder word of a set with no holder.
-  static constexpr std::uint64_t empty_word = ~std::uint64_t{0};
-  /// Largest set kept in the holder word itself.
+  /// The holder word of a set with no holder (in either form).
+  static constexpr std::uint64_t empty_word = 0;
+  /// Largest set kept in the holder word itself in the sparse form.
   static constexpr std::uint32_t inline_max = 2;
+  /// Slots the word form covers.
+  static constexpr std::uint32_t word_slots = 64;
 
   /// A read-only view of one set, for iteration in ascending slot order.
   /// Points into the arena: invalidated by any change to the sets.
@@ -1631,6 +1641,14 @@ class KvHolderSets {
   /// Fills `v` with a view of the set (word, count). `v` must not be copied
   /// while in use (it may point into itself). O(1).
   void view(std::uint64_t word, std::uint32_t count, View& v) const noexcept {
+    if (word_form_) {  // the word as two 32-bit bitset words
+      v.inline_[0] = lo(word);
+      v.inline_[1] = hi(word);
+      v.list_ = nullptr;
+      v.bits_ = v.inline_;
+      v.n_ = 2;
+      return;
+    }
     if (count <= inline_max) {
       v.inline_[0] = lo(word);
       v.inline_[1] = hi(word);
@@ -1654,6 +1672,7 @@ class KvHolderSets {
   /// True when `slot` is in the set (word, count). O(log count).
   [[nodiscard]] bool contains(std::uint64_t word, std::uint32_t count,
                               std::uint32_t slot) const noexcept {
+    if (word_form_) return slot < word_slots && ((word >> slot) & 1U) != 0U;
     if (count <= inline_max)
       return (count > 0U && lo(word) == slot) || (count > 1U && hi(word) == slot);
     const std::uint32_t* p = block(word);
@@ -1665,6 +1684,10 @@ class KvHolderSets {
   /// Adds `slot` (absent, below the width) to the set (word, count). Cannot
   /// throw after reserve(n) for n such calls. O(count) for an array, else O(1).
   void insert(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (word_form_) {
+      word |= std::uint64_t{1} << slot;
+      return;
+    }
     if (count < inline_max) {
       if (count == 0U)
         word = pack(slot, kv_npos);
@@ -1723,6 +1746,10 @@ class KvHolderSets {
   /// O(count + bitset words).
   void erase(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
              bool shrink = true) noexcept {
+    if (word_form_) {
+      word &= ~(std::uint64_t{1} << slot);
+      return;
+    }
     if (count <= inline_max) {
       word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
       return;
@@ -1769,6 +1796,10 @@ class KvHolderSets {
   /// the size is unchanged. Never allocates. O(count + bitset words).
   void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,
                std::uint32_t to) noexcept {
+    if (word_form_) {
+      word = (word & ~(std::uint64_t{1} << from)) | (std::uint64_t{1} << to);
+      return;
+    }
     if (count <= inline_max) {
       const std::uint32_t other = lo(word) == from ? hi(word) : lo(word);
       word = count == 1U ? pack(to, kv_npos) : (other < to ? pack(other, to) : pack(to, other));
@@ -1788,6 +1819,7 @@ class KvHolderSets {
   /// Makes the next `inserts` insert() calls allocation-free (so they cannot
   /// throw). Strong guarantee; std::length_error past 2^40 arena units.
   void reserve(std::size_t inserts) {
+    if (word_form_) return;  // inserts only set bits
     // No block is larger than a bitset: an array is used only when smaller.
     const std::size_t most = std::size_t{4} << bitset_class_;
     if (inserts > (max_units - units_.size()) / most)
@@ -1836,9 +1868,70 @@ class KvHolderSets {
     bitset_units_ = std::uint32_t{4} << k;
   }
 
-  /// True for a spilled bitset set. O(1).
+  /// True for a spilled bitset set of the sparse form. O(1).
   [[nodiscard]] static bool is_bitset_set(std::uint64_t word, std::uint32_t count) noexcept {
     return count > inline_max && is_bitset(word);
+  }
+
+  /// True in the word form (each set is the bitset of its holders, all below
+  /// 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept { return word_form_; }
+
+  /// Arena units a set of `count` holders takes in the sparse form with bitset
+  /// class `k` (0 while it fits in the holder word). Switching to the sparse
+  /// form reserves their sum over all sets first. O(log count).
+  [[nodiscard]] static std::size_t sparse_units(std::uint32_t count, std::size_t k) noexcept {
+    if (count <= inline_max) return 0;
+    return std::size_t{4} << std::min<std::size_t>(k, array_class(count));
+  }
+  /// Switching to the sparse form takes reserve_units(sum of sparse_units),
+  /// then begin_sparse(k), then to_sparse() on every holder word. This is the
+  /// first step. Strong guarantee; std::length_error past 2^40 units.
+  void reserve_units(std::size_t units) {
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    if (units_.size() + units > units_.capacity()) units_.reserve(units_.size() + units);
+  }
+  /// Leaves the word form: sets made from now on are sparse, bitsets of class
+  /// `k`. Every word must then go through to_sparse(). O(1).
+  void begin_sparse(std::size_t k) noexcept {
+    word_form_ = false;
+    end_rewidth(k);
+  }
+  /// Re-encodes one word-form set (word, count) in the sparse form. Never
+  /// allocates after reserve_units. O(count).
+  void to_sparse(std::uint64_t& word, std::uint32_t count) noexcept {
+    std::uint32_t slots[word_slots];
+    std::uint32_t n = 0;
+    for (std::uint64_t b = word; b != 0U; b &= b - 1U)
+      slots[n++] = static_cast<std::uint32_t>(std::countr_zero(b));
+    if (count <= inline_max)
+      word = count == 0U ? empty_word : pack(slots[0], count == 2U ? slots[1] : kv_npos);
+    else
+      word = make_block(slots, count);  // within the reserved capacity
+  }
+  /// Switching to the word form takes to_word() on every holder word (no
+  /// holder may be 64 or more), then end_word_form(). This is the first step:
+  /// it re-encodes one sparse set (word, count) as its bitset and frees its
+  /// block. Never allocates. O(count + bitset words).
+  void to_word(std::uint64_t& word, std::uint32_t count) noexcept {
+    if (count == 0U) {
+      word = empty_word;
+      return;
+    }
+    std::uint64_t bits = 0;
+    View v;
+    view(word, count, v);
+    v.for_each([&](std::uint32_t s) { bits |= std::uint64_t{1} << s; });
+    if (count > inline_max) free_block(word);
+    word = bits;
+  }
+  /// Ends a switch to the word form; releases the arena (no set is spilled).
+  /// O(1).
+  void end_word_form() noexcept {
+    word_form_ = true;
+    end_rewidth(0);
+    release_if_empty();
   }
 
   /// Releases the arena when no set is spilled. O(1).
@@ -1976,6 +2069,7 @@ class KvHolderSets {
   std::vector<std::uint32_t> units_;
   std::array<std::uint64_t, 48> free_ = no_free_blocks();  // head of each class's free list
   std::size_t blocks_ = 0;
+  bool word_form_ = true;
   std::uint32_t bitset_class_ = 0;  // 128 slots
   std::uint32_t bitset_units_ = 4;
 };
@@ -2798,9 +2892,26 @@ class KvFingerprintTable {
 
 namespace promptcache::detail {
 
-/// Inverse of kv_mix64 (each step of the finalizer is invertible: the
-/// xor-shifts by 33 >= 32 bits undo themselves, the multipliers are odd).
-[[nodiscard]] constexpr std::uint64_t kv_unmix64(std::uint64_t k) noexcept {
+/// The odd multiplier of kv_path_mix.
+inline constexpr std::uint64_t kv_path_multiplier = 0xd6e8feb86659fd93ULL;
+
+/// The mix behind path hashes: a bijection of 64-bit values (xor-shift by 32,
+/// odd multiply, xor-shift by 32). Every path hash is one mix after the
+/// previous one, so a query's path hashes form a dependency chain: one
+/// multiply keeps each step at a few cycles, where a two-multiply finalizer
+/// (kv_mix64) took about twice as long. The inputs are xors of well-mixed
+/// hashes, and the edge table's fingerprint is the high half of the product,
+/// which every input bit reaches.
+[[nodiscard]] constexpr std::uint64_t kv_path_mix(std::uint64_t k) noexcept {
+  k ^= k >> 32U;
+  k *= kv_path_multiplier;
+  k ^= k >> 32U;
+  return k;
+}
+
+/// Inverse of kv_path_mix (the xor-shifts by 32 bits undo themselves, the
+/// multiplier is odd).
+[[nodiscard]] constexpr std::uint64_t kv_path_unmix(std::uint64_t k) noexcept {
   // Newton's iteration for the inverse of an odd number modulo 2^64: each
   // step doubles the number of correct low bits (3 -> 96).
   constexpr auto inverse = [](std::uint64_t a) {
@@ -2809,11 +2920,9 @@ namespace promptcache::detail {
       x *= 2U - a * x;
     return x;
   };
-  k ^= k >> 33U;
-  k *= inverse(0xc4ceb9fe1a85ec53ULL);
-  k ^= k >> 33U;
-  k *= inverse(0xff51afd7ed558ccdULL);
-  k ^= k >> 33U;
+  k ^= k >> 32U;
+  k *= inverse(kv_path_multiplier);
+  k ^= k >> 32U;
   return k;
 }
 
@@ -2843,7 +2952,7 @@ class KvNodeStore {
   /// of one node never share a path hash.
   [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
                                                           std::uint64_t child_tokens) noexcept {
-    return kv_mix64(parent_path ^ child_tokens);
+    return kv_path_mix(parent_path ^ child_tokens);
   }
 
   /// Path hash of node `n` (its key in the edge table). O(1).
@@ -2853,7 +2962,7 @@ class KvNodeStore {
   /// Tokens hash of node `n`'s block (n != 0), recovered from its path hash
   /// and its parent's. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept {
-    return kv_unmix64(rows_[n].path) ^ path_hash(parent(n));
+    return kv_path_unmix(rows_[n].path) ^ path_hash(parent(n));
   }
   /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
@@ -2972,16 +3081,31 @@ class KvNodeStore {
     free_count_ = 0;
   }
 
-  /// Widens the holder bitsets so that slot indices below `slots` fit.
-  /// O(nodes) when it grows (at 128, 256, 512, ... slots); strong guarantee.
+  /// Widens the holder sets so that slot indices below `slots` fit: past 64
+  /// slots every set leaves the word form, past 128, 256, ... the bitsets
+  /// widen. O(nodes) when that happens; strong guarantee.
   void ensure_slots(std::size_t slots) {
+    if (holders_.word_form()) {
+      if (slots > KvHolderSets::word_slots) to_sparse(slots);
+      return;
+    }
     if (KvHolderSets::bitset_class_for(slots) > holders_.bitset_class()) fit_slots(slots);
   }
 
-  /// Sets the bitset width to what slot indices below `slots` need, growing
-  /// or shrinking; no node may hold a slot beyond the new width. O(nodes)
-  /// when the width changes; strong guarantee.
+  /// Sets the holder sets' form and bitset width to what slot indices below
+  /// `slots` need, growing or shrinking (up to 64 slots the word form); no
+  /// node may hold a slot beyond the new width. O(nodes) when the form or the
+  /// width changes; strong guarantee (going to the word form never
+  /// allocates).
   void fit_slots(std::size_t slots) {
+    if (slots <= KvHolderSets::word_slots) {
+      if (!holders_.word_form()) to_word();
+      return;
+    }
+    if (holders_.word_form()) {
+      to_sparse(slots);
+      return;
+    }
     const std::size_t k = KvHolderSets::bitset_class_for(slots);
     if (k == holders_.bitset_class()) return;
     std::size_t bitsets = 0;
@@ -2992,6 +3116,16 @@ class KvNodeStore {
     for (std::size_t n = 1; n < rows(); ++n)
       holders_.rewidth(rows_[n].holders, count(static_cast<std::uint32_t>(n)), k);
     holders_.end_rewidth(k);
+  }
+
+  /// True while every holder set is the 64-bit bitset in its row (all slots
+  /// below 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept {
+    return holders_.word_form();
+  }
+  /// The holder word of `n`: in the word form the bitset of its holders. O(1).
+  [[nodiscard]] std::uint64_t holder_word(std::uint32_t n) const noexcept {
+    return rows_[n].holders;
   }
 
   /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
@@ -3023,6 +3157,28 @@ class KvNodeStore {
 
  private:
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // Every set from the word form to the sparse form for slots below `slots`
+  // (> 64). The arena the spilled sets need is reserved first, so a failure
+  // leaves the word form. O(nodes).
+  void to_sparse(std::size_t slots) {
+    const std::size_t k = KvHolderSets::bitset_class_for(slots);
+    std::size_t units = 0;
+    for (std::size_t n = 1; n < rows(); ++n)
+      units += KvHolderSets::sparse_units(count(static_cast<std::uint32_t>(n)), k);
+    holders_.reserve_units(units);
+    holders_.begin_sparse(k);
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_sparse(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+  }
+
+  // Every set from the sparse form to the word form (no holder is 64 or more);
+  // the arena is released. Never allocates. O(nodes).
+  void to_word() noexcept {
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_word(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+    holders_.end_word_form();
+  }
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
@@ -3490,7 +3646,8 @@ struct KvIndexCounters {
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
 /// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^20 live pairs
 /// on; below that, while memory is small, load 1/8..1/2 for speed), whatever the number
-/// of worker ranks: up to two holders fit in the row, a larger holder set
+/// of worker ranks: up to 64 ranks the row's holder word is the bitset of its
+/// holders; with more, up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
 /// bitset over all ranks (one bit per rank, in steps of 128). A (worker, block)
 /// pair takes a 24-byte hold plus its 8-byte slot in the worker's name table.
@@ -3761,6 +3918,9 @@ class KvIndex {
       }
       return m;
     };
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset.
+    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
@@ -3778,13 +3938,17 @@ class KvIndex {
         // A child's holders are a subset of its parent's, so equal counts mean
         // equal sets and only a drop in count needs the bitsets.
         if (prev != detail::kv_npos && c < prev_count) {
-          detail::KvHolderSets::View had;
-          detail::KvHolderSets::View has;
-          tree_.nodes().holders(prev, had);
-          tree_.nodes().holders(child, has);
-          had.for_each_missing(has, [&](std::uint32_t slot) {
-            out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-          });
+          if (word_form) {
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+          } else {
+            detail::KvHolderSets::View had;
+            detail::KvHolderSets::View has;
+            nodes.holders(prev, had);
+            nodes.holders(child, has);
+            had.for_each_missing(has, [&](std::uint32_t slot) {
+              out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+            });
+          }
         }
         prev = child;
         prev_count = c;
@@ -3796,13 +3960,16 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev != detail::kv_npos) {
-      detail::KvHolderSets::View has;
-      tree_.nodes().holders(prev, has);
-      has.for_each([&](std::uint32_t slot) {
-        out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-      });
+    if (prev == detail::kv_npos) return;
+    if (word_form) {
+      emit(nodes.holder_word(prev), depth, out);
+      return;
     }
+    detail::KvHolderSets::View has;
+    nodes.holders(prev, has);
+    has.for_each([&](std::uint32_t slot) {
+      out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+    });
   }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
@@ -3915,6 +4082,9 @@ class KvIndex {
       if (!subset || !ascending) return false;
       if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
+    // The word form holds slots below 64 only.
+    if (tree_.nodes().word_form() && workers_.top() > detail::KvHolderSets::word_slots)
+      return false;
     return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
@@ -3956,6 +4126,13 @@ class KvIndex {
   void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
     workers_[slot].names.set_load(before.names);
     tree_.set_edge_load(before.edges);
+  }
+
+  // Appends a match at `depth` for every slot in the word-form set `bits`.
+  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
+    for (; bits != 0U; bits &= bits - 1U)
+      out.push_back(KvWorkerMatch{
+          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so

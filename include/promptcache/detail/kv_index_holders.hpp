@@ -1,12 +1,15 @@
 // promptcache: detail/kv_index_holders.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// The holder sets of kv_index.hpp: which worker slots hold a tree node. With
-// many worker ranks most blocks are held by one or two of them, so a set costs
-// what it holds, not one bit per rank: up to two holders live in the node's
-// own 64-bit holder word; larger sets move to an arena, as a sorted array of
-// slot indices while that is smaller than a bitset over every slot, else as
-// that bitset (the sets of widely shared prefixes, such as system prompts).
+// The holder sets of kv_index.hpp: which worker slots hold a tree node. While
+// every slot is below 64, a node's 64-bit holder word is simply the bitset of
+// its holders (the word form): adding or dropping a holder is one bit, a set
+// difference one and-not. With more slots most blocks are still held by one
+// or two of them, so a set costs what it holds, not one bit per rank (the
+// sparse form): up to two holders live in the holder word; larger sets move to
+// an arena, as a sorted array of slot indices while that is smaller than a
+// bitset over every slot, else as that bitset (the sets of widely shared
+// prefixes, such as system prompts).
 #pragma once
 
 #include <algorithm>
@@ -22,8 +25,10 @@
 namespace promptcache::detail {
 
 /// Arena of spilled holder sets, and the operations on a node's holder word.
-/// The caller keeps each set's size (the node's holder count): it selects the
-/// encoding of the word.
+/// In the word form (every slot below 64; how a set starts) the word is the
+/// bitset of the holders and there is no arena. In the sparse form the caller
+/// keeps each set's size (the node's holder count): it selects the encoding
+/// of the word.
 ///   count <= 2: the word holds the slots, smaller one in the low 32 bits
 ///               (kv_npos for an absent one);
 ///   count >= 3: the word is bits 0..39 offset of a block in the arena (in
@@ -33,12 +38,17 @@ namespace promptcache::detail {
 /// in use (set_width), so any slot can join a bitset without reallocating it.
 /// Freed blocks go to one free list per size class; the arena is released when
 /// no set is spilled (unless a caller asks to keep capacity).
+/// The form belongs to all sets at once: the owner of the words switches every
+/// one of them (begin_sparse + to_sparse, or to_word + end_word_form) when a
+/// slot of 64 or more appears or the last one goes.
 class KvHolderSets {
  public:
-  /// The holder word of a set with no holder.
-  static constexpr std::uint64_t empty_word = ~std::uint64_t{0};
-  /// Largest set kept in the holder word itself.
+  /// The holder word of a set with no holder (in either form).
+  static constexpr std::uint64_t empty_word = 0;
+  /// Largest set kept in the holder word itself in the sparse form.
   static constexpr std::uint32_t inline_max = 2;
+  /// Slots the word form covers.
+  static constexpr std::uint32_t word_slots = 64;
 
   /// A read-only view of one set, for iteration in ascending slot order.
   /// Points into the arena: invalidated by any change to the sets.
@@ -113,6 +123,14 @@ class KvHolderSets {
   /// Fills `v` with a view of the set (word, count). `v` must not be copied
   /// while in use (it may point into itself). O(1).
   void view(std::uint64_t word, std::uint32_t count, View& v) const noexcept {
+    if (word_form_) {  // the word as two 32-bit bitset words
+      v.inline_[0] = lo(word);
+      v.inline_[1] = hi(word);
+      v.list_ = nullptr;
+      v.bits_ = v.inline_;
+      v.n_ = 2;
+      return;
+    }
     if (count <= inline_max) {
       v.inline_[0] = lo(word);
       v.inline_[1] = hi(word);
@@ -136,6 +154,7 @@ class KvHolderSets {
   /// True when `slot` is in the set (word, count). O(log count).
   [[nodiscard]] bool contains(std::uint64_t word, std::uint32_t count,
                               std::uint32_t slot) const noexcept {
+    if (word_form_) return slot < word_slots && ((word >> slot) & 1U) != 0U;
     if (count <= inline_max)
       return (count > 0U && lo(word) == slot) || (count > 1U && hi(word) == slot);
     const std::uint32_t* p = block(word);
@@ -147,6 +166,10 @@ class KvHolderSets {
   /// Adds `slot` (absent, below the width) to the set (word, count). Cannot
   /// throw after reserve(n) for n such calls. O(count) for an array, else O(1).
   void insert(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (word_form_) {
+      word |= std::uint64_t{1} << slot;
+      return;
+    }
     if (count < inline_max) {
       if (count == 0U)
         word = pack(slot, kv_npos);
@@ -205,6 +228,10 @@ class KvHolderSets {
   /// O(count + bitset words).
   void erase(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
              bool shrink = true) noexcept {
+    if (word_form_) {
+      word &= ~(std::uint64_t{1} << slot);
+      return;
+    }
     if (count <= inline_max) {
       word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
       return;
@@ -251,6 +278,10 @@ class KvHolderSets {
   /// the size is unchanged. Never allocates. O(count + bitset words).
   void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,
                std::uint32_t to) noexcept {
+    if (word_form_) {
+      word = (word & ~(std::uint64_t{1} << from)) | (std::uint64_t{1} << to);
+      return;
+    }
     if (count <= inline_max) {
       const std::uint32_t other = lo(word) == from ? hi(word) : lo(word);
       word = count == 1U ? pack(to, kv_npos) : (other < to ? pack(other, to) : pack(to, other));
@@ -270,6 +301,7 @@ class KvHolderSets {
   /// Makes the next `inserts` insert() calls allocation-free (so they cannot
   /// throw). Strong guarantee; std::length_error past 2^40 arena units.
   void reserve(std::size_t inserts) {
+    if (word_form_) return;  // inserts only set bits
     // No block is larger than a bitset: an array is used only when smaller.
     const std::size_t most = std::size_t{4} << bitset_class_;
     if (inserts > (max_units - units_.size()) / most)
@@ -318,9 +350,70 @@ class KvHolderSets {
     bitset_units_ = std::uint32_t{4} << k;
   }
 
-  /// True for a spilled bitset set. O(1).
+  /// True for a spilled bitset set of the sparse form. O(1).
   [[nodiscard]] static bool is_bitset_set(std::uint64_t word, std::uint32_t count) noexcept {
     return count > inline_max && is_bitset(word);
+  }
+
+  /// True in the word form (each set is the bitset of its holders, all below
+  /// 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept { return word_form_; }
+
+  /// Arena units a set of `count` holders takes in the sparse form with bitset
+  /// class `k` (0 while it fits in the holder word). Switching to the sparse
+  /// form reserves their sum over all sets first. O(log count).
+  [[nodiscard]] static std::size_t sparse_units(std::uint32_t count, std::size_t k) noexcept {
+    if (count <= inline_max) return 0;
+    return std::size_t{4} << std::min<std::size_t>(k, array_class(count));
+  }
+  /// Switching to the sparse form takes reserve_units(sum of sparse_units),
+  /// then begin_sparse(k), then to_sparse() on every holder word. This is the
+  /// first step. Strong guarantee; std::length_error past 2^40 units.
+  void reserve_units(std::size_t units) {
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    if (units_.size() + units > units_.capacity()) units_.reserve(units_.size() + units);
+  }
+  /// Leaves the word form: sets made from now on are sparse, bitsets of class
+  /// `k`. Every word must then go through to_sparse(). O(1).
+  void begin_sparse(std::size_t k) noexcept {
+    word_form_ = false;
+    end_rewidth(k);
+  }
+  /// Re-encodes one word-form set (word, count) in the sparse form. Never
+  /// allocates after reserve_units. O(count).
+  void to_sparse(std::uint64_t& word, std::uint32_t count) noexcept {
+    std::uint32_t slots[word_slots];
+    std::uint32_t n = 0;
+    for (std::uint64_t b = word; b != 0U; b &= b - 1U)
+      slots[n++] = static_cast<std::uint32_t>(std::countr_zero(b));
+    if (count <= inline_max)
+      word = count == 0U ? empty_word : pack(slots[0], count == 2U ? slots[1] : kv_npos);
+    else
+      word = make_block(slots, count);  // within the reserved capacity
+  }
+  /// Switching to the word form takes to_word() on every holder word (no
+  /// holder may be 64 or more), then end_word_form(). This is the first step:
+  /// it re-encodes one sparse set (word, count) as its bitset and frees its
+  /// block. Never allocates. O(count + bitset words).
+  void to_word(std::uint64_t& word, std::uint32_t count) noexcept {
+    if (count == 0U) {
+      word = empty_word;
+      return;
+    }
+    std::uint64_t bits = 0;
+    View v;
+    view(word, count, v);
+    v.for_each([&](std::uint32_t s) { bits |= std::uint64_t{1} << s; });
+    if (count > inline_max) free_block(word);
+    word = bits;
+  }
+  /// Ends a switch to the word form; releases the arena (no set is spilled).
+  /// O(1).
+  void end_word_form() noexcept {
+    word_form_ = true;
+    end_rewidth(0);
+    release_if_empty();
   }
 
   /// Releases the arena when no set is spilled. O(1).
@@ -458,6 +551,7 @@ class KvHolderSets {
   std::vector<std::uint32_t> units_;
   std::array<std::uint64_t, 48> free_ = no_free_blocks();  // head of each class's free list
   std::size_t blocks_ = 0;
+  bool word_form_ = true;
   std::uint32_t bitset_class_ = 0;  // 128 slots
   std::uint32_t bitset_units_ = 4;
 };

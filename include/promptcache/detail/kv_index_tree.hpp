@@ -22,9 +22,26 @@
 
 namespace promptcache::detail {
 
-/// Inverse of kv_mix64 (each step of the finalizer is invertible: the
-/// xor-shifts by 33 >= 32 bits undo themselves, the multipliers are odd).
-[[nodiscard]] constexpr std::uint64_t kv_unmix64(std::uint64_t k) noexcept {
+/// The odd multiplier of kv_path_mix.
+inline constexpr std::uint64_t kv_path_multiplier = 0xd6e8feb86659fd93ULL;
+
+/// The mix behind path hashes: a bijection of 64-bit values (xor-shift by 32,
+/// odd multiply, xor-shift by 32). Every path hash is one mix after the
+/// previous one, so a query's path hashes form a dependency chain: one
+/// multiply keeps each step at a few cycles, where a two-multiply finalizer
+/// (kv_mix64) took about twice as long. The inputs are xors of well-mixed
+/// hashes, and the edge table's fingerprint is the high half of the product,
+/// which every input bit reaches.
+[[nodiscard]] constexpr std::uint64_t kv_path_mix(std::uint64_t k) noexcept {
+  k ^= k >> 32U;
+  k *= kv_path_multiplier;
+  k ^= k >> 32U;
+  return k;
+}
+
+/// Inverse of kv_path_mix (the xor-shifts by 32 bits undo themselves, the
+/// multiplier is odd).
+[[nodiscard]] constexpr std::uint64_t kv_path_unmix(std::uint64_t k) noexcept {
   // Newton's iteration for the inverse of an odd number modulo 2^64: each
   // step doubles the number of correct low bits (3 -> 96).
   constexpr auto inverse = [](std::uint64_t a) {
@@ -33,11 +50,9 @@ namespace promptcache::detail {
       x *= 2U - a * x;
     return x;
   };
-  k ^= k >> 33U;
-  k *= inverse(0xc4ceb9fe1a85ec53ULL);
-  k ^= k >> 33U;
-  k *= inverse(0xff51afd7ed558ccdULL);
-  k ^= k >> 33U;
+  k ^= k >> 32U;
+  k *= inverse(kv_path_multiplier);
+  k ^= k >> 32U;
   return k;
 }
 
@@ -67,7 +82,7 @@ class KvNodeStore {
   /// of one node never share a path hash.
   [[nodiscard]] static constexpr std::uint64_t child_path(std::uint64_t parent_path,
                                                           std::uint64_t child_tokens) noexcept {
-    return kv_mix64(parent_path ^ child_tokens);
+    return kv_path_mix(parent_path ^ child_tokens);
   }
 
   /// Path hash of node `n` (its key in the edge table). O(1).
@@ -77,7 +92,7 @@ class KvNodeStore {
   /// Tokens hash of node `n`'s block (n != 0), recovered from its path hash
   /// and its parent's. O(1).
   [[nodiscard]] std::uint64_t tokens_hash(std::uint32_t n) const noexcept {
-    return kv_unmix64(rows_[n].path) ^ path_hash(parent(n));
+    return kv_path_unmix(rows_[n].path) ^ path_hash(parent(n));
   }
   /// Parent of node `n` (next free node for a freed one). O(1).
   [[nodiscard]] std::uint32_t parent(std::uint32_t n) const noexcept {
@@ -196,16 +211,31 @@ class KvNodeStore {
     free_count_ = 0;
   }
 
-  /// Widens the holder bitsets so that slot indices below `slots` fit.
-  /// O(nodes) when it grows (at 128, 256, 512, ... slots); strong guarantee.
+  /// Widens the holder sets so that slot indices below `slots` fit: past 64
+  /// slots every set leaves the word form, past 128, 256, ... the bitsets
+  /// widen. O(nodes) when that happens; strong guarantee.
   void ensure_slots(std::size_t slots) {
+    if (holders_.word_form()) {
+      if (slots > KvHolderSets::word_slots) to_sparse(slots);
+      return;
+    }
     if (KvHolderSets::bitset_class_for(slots) > holders_.bitset_class()) fit_slots(slots);
   }
 
-  /// Sets the bitset width to what slot indices below `slots` need, growing
-  /// or shrinking; no node may hold a slot beyond the new width. O(nodes)
-  /// when the width changes; strong guarantee.
+  /// Sets the holder sets' form and bitset width to what slot indices below
+  /// `slots` need, growing or shrinking (up to 64 slots the word form); no
+  /// node may hold a slot beyond the new width. O(nodes) when the form or the
+  /// width changes; strong guarantee (going to the word form never
+  /// allocates).
   void fit_slots(std::size_t slots) {
+    if (slots <= KvHolderSets::word_slots) {
+      if (!holders_.word_form()) to_word();
+      return;
+    }
+    if (holders_.word_form()) {
+      to_sparse(slots);
+      return;
+    }
     const std::size_t k = KvHolderSets::bitset_class_for(slots);
     if (k == holders_.bitset_class()) return;
     std::size_t bitsets = 0;
@@ -216,6 +246,16 @@ class KvNodeStore {
     for (std::size_t n = 1; n < rows(); ++n)
       holders_.rewidth(rows_[n].holders, count(static_cast<std::uint32_t>(n)), k);
     holders_.end_rewidth(k);
+  }
+
+  /// True while every holder set is the 64-bit bitset in its row (all slots
+  /// below 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept {
+    return holders_.word_form();
+  }
+  /// The holder word of `n`: in the word form the bitset of its holders. O(1).
+  [[nodiscard]] std::uint64_t holder_word(std::uint32_t n) const noexcept {
+    return rows_[n].holders;
   }
 
   /// Replaces holder `from` of `n` with `to` (not a holder, below the width);
@@ -247,6 +287,28 @@ class KvNodeStore {
 
  private:
   static constexpr std::size_t max_rows = kv_npos - 1U;  // indices below kv_npos - 1
+
+  // Every set from the word form to the sparse form for slots below `slots`
+  // (> 64). The arena the spilled sets need is reserved first, so a failure
+  // leaves the word form. O(nodes).
+  void to_sparse(std::size_t slots) {
+    const std::size_t k = KvHolderSets::bitset_class_for(slots);
+    std::size_t units = 0;
+    for (std::size_t n = 1; n < rows(); ++n)
+      units += KvHolderSets::sparse_units(count(static_cast<std::uint32_t>(n)), k);
+    holders_.reserve_units(units);
+    holders_.begin_sparse(k);
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_sparse(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+  }
+
+  // Every set from the sparse form to the word form (no holder is 64 or more);
+  // the arena is released. Never allocates. O(nodes).
+  void to_word() noexcept {
+    for (std::size_t n = 1; n < rows(); ++n)
+      holders_.to_word(rows_[n].holders, count(static_cast<std::uint32_t>(n)));
+    holders_.end_word_form();
+  }
 
   // allocate()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
