@@ -3268,7 +3268,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    const TableLoads before = pick_table_load(slot);
+    const TableLoads before = pick_table_load(slot, blocks.size());
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
@@ -3331,6 +3331,7 @@ class KvIndex {
       KvEventStatus st = KvEventStatus::applied;
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
+          pick_table_load(tmp, s->blocks.size());
           reserve_for_store(tmp, s->blocks.size());
           st = store_blocks(tmp, s->parent_hash, s->blocks, r);
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
@@ -3612,8 +3613,10 @@ class KvIndex {
       if (!subset || !ascending) return false;
       if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
     }
-    // The word form holds slots below 64 only.
-    if (tree_.nodes().word_form() && workers_.top() > detail::KvHolderSets::word_slots)
+    // The word form is in use exactly while every live slot is below 64 (every
+    // call that lowers the top slot narrows the sets, and narrowing to the word
+    // form never fails).
+    if (tree_.nodes().word_form() != (workers_.top() <= detail::KvHolderSets::word_slots))
       return false;
     return live_nodes == tree_.nodes().live() && tree_.check();
   }
@@ -3636,11 +3639,13 @@ class KvIndex {
   };
 
   // Sets the load policy of `slot`'s name table and of the edge table from
-  // the number of live pairs (see compact_tables_from); returns the policies
-  // before, for restore_table_load. O(1).
-  TableLoads pick_table_load(std::uint32_t slot) noexcept {
+  // the number of live pairs plus the `incoming` blocks the event may add (see
+  // compact_tables_from): a table grows only while reserving for an event, so
+  // one large event (or dump) grows it compact once it would cross the
+  // threshold. Returns the policies before, for restore_table_load. O(1).
+  TableLoads pick_table_load(std::uint32_t slot, std::size_t incoming = 0) noexcept {
     const TableLoads before{workers_[slot].names.load(), tree_.edge_load()};
-    const std::size_t pairs = holds_.live();
+    const std::size_t pairs = holds_.live() + incoming;
     if (pairs >= compact_tables_from) {
       workers_[slot].names.set_load(detail::KvTableLoad::compact);
       tree_.set_edge_load(detail::KvTableLoad::compact);
@@ -3695,7 +3700,12 @@ class KvIndex {
     const std::uint32_t slot = workers_.lowest_free();
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
-    workers_.make_room(slot);
+    try {
+      workers_.make_room(slot);
+    } catch (...) {
+      trim_masks();  // back to the form and width of the live slots
+      throw;
+    }
     workers_.open(slot, worker, holds_.allocate(0, 0, detail::kv_npos));
     return slot;
   }
