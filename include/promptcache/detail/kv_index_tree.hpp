@@ -437,7 +437,9 @@ class KvTree {
   /// Frees node `n` (no holders). With `shrink` false the pools and the edge
   /// table keep their capacity (earlier reservations hold).
   void remove_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
+    // A live node is in the edge table, once: the probe need not look for the
+    // end of its run.
+    edges_.erase_present(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
     nodes_.release(n, shrink);
   }
 
