@@ -2031,7 +2031,9 @@ class KvNodeStore {
 
   /// Releases the storage when no node but the root is live. O(1).
   void shrink_if_empty() noexcept {
-    holders_.release_if_empty();
+    // The word form has no arena (spilled sets exist only past 64 slots), so
+    // the call, which every node release makes, is skipped there.
+    if (!holders_.word_form()) holders_.release_if_empty();
     if (live_ != 0U) return;
     rows_.clear();
     free_head_ = kv_npos;
