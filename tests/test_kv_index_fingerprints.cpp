@@ -97,9 +97,12 @@ void run(std::mt19937_64& rng, std::uint32_t fps, bool wide_keys,
       std::advance(it, static_cast<long>(rng() % m.key_of.size()));
       const auto [v, key] = *it;
       const std::uint32_t fp = KvFingerprintTable::fingerprint(key);
-      switch (rng() % 4U) {
+      switch (rng() % 5U) {
         case 0:
           REQUIRE(t.erase(fp, v));
+          break;
+        case 4:  // the caller knows the entry is there
+          t.erase_present(fp, v);
           break;
         case 1: {  // the hint of a lookup: right when v is the first under fp
           const auto first = t.first_slot(fp);

@@ -849,7 +849,6 @@ class KvIndex {
           const std::uint32_t h = holds_.allocate(b.block_hash, child, cur_hold);
           names.insert_at(name, name_fps[j], h);
           tree_.nodes().set(child, slot);
-          ++workers_[slot].blocks;
           ++added;
           cur_hold = h;
           cur_node = child;
@@ -857,11 +856,15 @@ class KvIndex {
         }
         // Conflict: the name is held elsewhere, or the position under another name.
         if (fresh_node) free_node(child);
+        workers_[slot].blocks += added;  // undo_chain takes them off again
         undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
         return KvEventStatus::block_conflict;
       }
     }
+    // Counted once here: the per-block stores into holds and rows could alias
+    // the worker's counter and would make the compiler reload it each block.
+    workers_[slot].blocks += added;
     r.blocks_stored = added;
     return KvEventStatus::applied;
   }

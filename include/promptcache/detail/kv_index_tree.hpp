@@ -204,7 +204,9 @@ class KvNodeStore {
 
   /// Releases the storage when no node but the root is live. O(1).
   void shrink_if_empty() noexcept {
-    holders_.release_if_empty();
+    // The word form has no arena (spilled sets exist only past 64 slots), so
+    // the call, which every node release makes, is skipped there.
+    if (!holders_.word_form()) holders_.release_if_empty();
     if (live_ != 0U) return;
     rows_.clear();
     free_head_ = kv_npos;
@@ -437,7 +439,9 @@ class KvTree {
   /// Frees node `n` (no holders). With `shrink` false the pools and the edge
   /// table keep their capacity (earlier reservations hold).
   void remove_node(std::uint32_t n, bool shrink = true) noexcept {
-    edges_.erase(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
+    // A live node is in the edge table, once: the probe need not look for the
+    // end of its run.
+    edges_.erase_present(KvFingerprintTable::fingerprint(nodes_.path_hash(n)), n, shrink);
     nodes_.release(n, shrink);
   }
 
