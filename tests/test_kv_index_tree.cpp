@@ -2,8 +2,8 @@
 // it tries row n + 1 as the child of row n before probing the edge table, so
 // these tests lay out rows so that guess hits, misses on a row owned by
 // another parent, misses on a free row whose stale path hash matches, and
-// misses past the last row, and compare every walk with a descent by
-// find_child on a randomly churned tree.
+// misses past the last row, follow chains across a row page boundary, and
+// compare every walk with a descent by find_child on a randomly churned tree.
 #include <promptcache/detail/kv_index_tree.hpp>
 
 #include <cstddef>
