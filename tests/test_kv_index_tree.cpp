@@ -2,8 +2,8 @@
 // it tries row n + 1 as the child of row n before probing the edge table, so
 // these tests lay out rows so that guess hits, misses on a row owned by
 // another parent, misses on a free row whose stale path hash matches, and
-// misses past the last row, and compare every walk with a descent by
-// find_child on a randomly churned tree.
+// misses past the last row, follow chains across a row page boundary, and
+// compare every walk with a descent by find_child on a randomly churned tree.
 #include <promptcache/detail/kv_index_tree.hpp>
 
 #include <cstddef>
@@ -103,6 +103,52 @@ TEST_CASE("kv tree walk: a chain stored in row order", "[kv_index]") {
   CHECK(t.walk(longer).size() == 70U);
   CHECK(t.walk({}).empty());
   CHECK(t.t.check());
+}
+
+TEST_CASE("kv tree walk: chains across a row page boundary", "[kv_index]") {
+  // Rows live in pages of 4,096; the walk follows consecutive rows through
+  // one pointer per page, so a chain must continue across the boundary, and a
+  // guess that fails on the first row of a page must fall back to the table.
+  constexpr std::uint32_t page = 4096;
+  Tree t;
+  std::vector<std::uint64_t> paths;
+  std::uint32_t at = 0;
+  std::uint64_t p = KvTree::root_path_hash;
+  for (std::uint64_t i = 1; i < page + 40; ++i) {
+    p = key(p, i);
+    paths.push_back(p);
+    at = t.add(p, at);
+    REQUIRE(at == i);
+  }
+  auto found = t.walk(paths);
+  REQUIRE(found.size() == paths.size());
+  for (std::size_t j = 0; j < found.size(); ++j)
+    CHECK(found[j] == j + 1U);
+  const std::vector<std::uint64_t> tail(paths.begin() + page - 10, paths.end());
+  CHECK(t.walk(tail, page - 10).size() == tail.size());
+
+  // Second tree: rows 1 .. 4,095 a chain, row 4,096 (first of the next page)
+  // a child of the root, rows 4,097 on the chain again.
+  Tree u;
+  paths.clear();
+  at = 0;
+  p = KvTree::root_path_hash;
+  std::vector<std::uint32_t> want;
+  for (std::uint64_t i = 1; i < page; ++i) {
+    p = key(p, i);
+    paths.push_back(p);
+    want.push_back(at = u.add(p, at));
+  }
+  REQUIRE(u.add(key(KvTree::root_path_hash, 99999), 0) == page);
+  for (std::uint64_t i = page; i < page + 20; ++i) {
+    p = key(p, i);
+    paths.push_back(p);
+    want.push_back(at = u.add(p, at));
+  }
+  REQUIRE(want[page - 1U] == page + 1U);
+  CHECK(u.walk(paths) == want);
+  CHECK(u.walk(paths) == u.descend(paths));
+  CHECK(u.t.check());
 }
 
 TEST_CASE("kv tree walk: the next row belongs to another parent", "[kv_index]") {

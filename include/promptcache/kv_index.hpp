@@ -469,12 +469,25 @@ class KvIndex {
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
       if (got != 0U) cur = found[got - 1U];
-      for (std::size_t j = 0; j < got; ++j) {
-        const std::uint32_t child = found[j];
-        const std::uint32_t c = counts[j];
-        // A child's holders are a subset of its parent's, so equal counts mean
-        // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < prev_count) {
+      // A child's holders are a subset of its parent's, so counts never rise
+      // along the path, equal counts mean equal sets, and only the levels
+      // where the count drops need the sets: they are found by binary search
+      // instead of a visit per level. The count first reaches 1 at such a
+      // level (or at the first), so early_exit is decided there too.
+      for (std::size_t j = 0; j < got;) {
+        std::size_t i = j;
+        if (prev != detail::kv_npos) {
+          const std::uint32_t had_count = prev_count;
+          i = static_cast<std::size_t>(
+              std::partition_point(counts + j, counts + got,
+                                   [had_count](std::uint32_t c) { return c >= had_count; }) -
+              counts);
+          if (i != j) {  // levels j .. i - 1 hold the same set as prev
+            prev = found[i - 1U];
+            depth += i - j;
+          }
+          if (i == got) break;
+          const std::uint32_t child = found[i];
           if (word_form) {
             emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
           } else {
@@ -487,13 +500,14 @@ class KvIndex {
             });
           }
         }
-        prev = child;
-        prev_count = c;
+        prev = found[i];
+        prev_count = counts[i];
         ++depth;
-        if (early_exit && c == 1U) {
+        if (early_exit && prev_count == 1U) {
           stop = true;
           break;
         }
+        j = i + 1U;
       }
       if (stop) break;
     }

@@ -2557,6 +2557,37 @@ class KvNodeStore {
       return 0;
     return static_cast<std::uint32_t>(links >> 32U);
   }
+  /// From level `j` on, while row at + 1 is the live child of row `at` with
+  /// path hash paths[j], records it in found[j] (and its holder count in
+  /// counts[j] when `counts` is not null) and steps to it; returns the first
+  /// level where that guess fails (or `m`), with `at` the last node reached.
+  /// Consecutive rows of a page are read through one pointer instead of an
+  /// index each. O(levels followed).
+  std::size_t follow_rows(const std::uint64_t* paths, std::size_t j, std::size_t m,
+                          std::uint32_t& at, std::uint32_t* found,
+                          std::uint32_t* counts) const noexcept {
+    constexpr std::size_t page = decltype(rows_)::page_size;
+    const std::size_t n_rows = rows();
+    while (j < m) {
+      std::size_t g = std::size_t{at} + 1U;
+      if (g >= n_rows) return j;
+      const Row* r = &rows_[g];
+      const Row* const end = r + std::min(page - (g & (page - 1U)), n_rows - g);
+      for (; r != end; ++r, ++g) {
+        // A free row has count 0, whatever its path field holds.
+        const std::uint64_t links = r->links;
+        if (r->path != paths[j] || static_cast<std::uint32_t>(links & 0xffffffffULL) != at ||
+            (links >> 32U) == 0U)
+          return j;
+        at = static_cast<std::uint32_t>(g);
+        found[j] = at;
+        if (counts != nullptr) counts[j] = static_cast<std::uint32_t>(links >> 32U);
+        if (++j == m) return j;
+      }
+    }
+    return j;
+  }
+
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
@@ -2817,20 +2848,10 @@ class KvTree {
   /// back to a full lookup). O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
                    std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
-    const std::size_t rows = nodes_.rows();
     std::uint32_t at = from;
     std::size_t j = 0;
     while (j < m) {
-      // child_count rejects a free row too: its count is 0 whatever stale
-      // path hash it keeps.
-      for (; j < m; ++j) {
-        const std::uint32_t g = at + 1U;
-        const std::uint32_t k = g < rows ? nodes_.child_count(g, paths[j], at) : 0U;
-        if (k == 0U) break;
-        found[j] = g;
-        if (counts != nullptr) counts[j] = k;
-        at = g;
-      }
+      j = nodes_.follow_rows(paths, j, m, at, found, counts);
       if (j == m) break;
       // A miss: probing the table level by level would wait for each row in
       // turn, so a few levels are probed at once and their rows load together.
@@ -3505,12 +3526,25 @@ class KvIndex {
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
       if (got != 0U) cur = found[got - 1U];
-      for (std::size_t j = 0; j < got; ++j) {
-        const std::uint32_t child = found[j];
-        const std::uint32_t c = counts[j];
-        // A child's holders are a subset of its parent's, so equal counts mean
-        // equal sets and only a drop in count needs the bitsets.
-        if (prev != detail::kv_npos && c < prev_count) {
+      // A child's holders are a subset of its parent's, so counts never rise
+      // along the path, equal counts mean equal sets, and only the levels
+      // where the count drops need the sets: they are found by binary search
+      // instead of a visit per level. The count first reaches 1 at such a
+      // level (or at the first), so early_exit is decided there too.
+      for (std::size_t j = 0; j < got;) {
+        std::size_t i = j;
+        if (prev != detail::kv_npos) {
+          const std::uint32_t had_count = prev_count;
+          i = static_cast<std::size_t>(
+              std::partition_point(counts + j, counts + got,
+                                   [had_count](std::uint32_t c) { return c >= had_count; }) -
+              counts);
+          if (i != j) {  // levels j .. i - 1 hold the same set as prev
+            prev = found[i - 1U];
+            depth += i - j;
+          }
+          if (i == got) break;
+          const std::uint32_t child = found[i];
           if (word_form) {
             emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
           } else {
@@ -3523,13 +3557,14 @@ class KvIndex {
             });
           }
         }
-        prev = child;
-        prev_count = c;
+        prev = found[i];
+        prev_count = counts[i];
         ++depth;
-        if (early_exit && c == 1U) {
+        if (early_exit && prev_count == 1U) {
           stop = true;
           break;
         }
+        j = i + 1U;
       }
       if (stop) break;
     }

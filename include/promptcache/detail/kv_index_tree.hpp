@@ -119,6 +119,37 @@ class KvNodeStore {
       return 0;
     return static_cast<std::uint32_t>(links >> 32U);
   }
+  /// From level `j` on, while row at + 1 is the live child of row `at` with
+  /// path hash paths[j], records it in found[j] (and its holder count in
+  /// counts[j] when `counts` is not null) and steps to it; returns the first
+  /// level where that guess fails (or `m`), with `at` the last node reached.
+  /// Consecutive rows of a page are read through one pointer instead of an
+  /// index each. O(levels followed).
+  std::size_t follow_rows(const std::uint64_t* paths, std::size_t j, std::size_t m,
+                          std::uint32_t& at, std::uint32_t* found,
+                          std::uint32_t* counts) const noexcept {
+    constexpr std::size_t page = decltype(rows_)::page_size;
+    const std::size_t n_rows = rows();
+    while (j < m) {
+      std::size_t g = std::size_t{at} + 1U;
+      if (g >= n_rows) return j;
+      const Row* r = &rows_[g];
+      const Row* const end = r + std::min(page - (g & (page - 1U)), n_rows - g);
+      for (; r != end; ++r, ++g) {
+        // A free row has count 0, whatever its path field holds.
+        const std::uint64_t links = r->links;
+        if (r->path != paths[j] || static_cast<std::uint32_t>(links & 0xffffffffULL) != at ||
+            (links >> 32U) == 0U)
+          return j;
+        at = static_cast<std::uint32_t>(g);
+        found[j] = at;
+        if (counts != nullptr) counts[j] = static_cast<std::uint32_t>(links >> 32U);
+        if (++j == m) return j;
+      }
+    }
+    return j;
+  }
+
   /// Fills `v` with the holders of node `n` (ascending slots); invalidated by
   /// any change to a holder set. O(1).
   void holders(std::uint32_t n, KvHolderSets::View& v) const noexcept {
@@ -379,20 +410,10 @@ class KvTree {
   /// back to a full lookup). O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
                    std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
-    const std::size_t rows = nodes_.rows();
     std::uint32_t at = from;
     std::size_t j = 0;
     while (j < m) {
-      // child_count rejects a free row too: its count is 0 whatever stale
-      // path hash it keeps.
-      for (; j < m; ++j) {
-        const std::uint32_t g = at + 1U;
-        const std::uint32_t k = g < rows ? nodes_.child_count(g, paths[j], at) : 0U;
-        if (k == 0U) break;
-        found[j] = g;
-        if (counts != nullptr) counts[j] = k;
-        at = g;
-      }
+      j = nodes_.follow_rows(paths, j, m, at, found, counts);
       if (j == m) break;
       // A miss: probing the table level by level would wait for each row in
       // turn, so a few levels are probed at once and their rows load together.
