@@ -4,11 +4,13 @@
 #include <promptcache/manual_clock.hpp>
 #include <promptcache/prompt_cache_pool.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "catch.hpp"
@@ -423,6 +425,75 @@ TEST_CASE("decision 4: LRU evicts several entries in recency order") {
   CHECK(pool.find_exact(Ids{2}));
   CHECK(pool.find_exact(Ids{4}));
   CHECK(pool.find_exact(Ids{5}));
+}
+
+TEST_CASE("decision 4: after hits reorder many entries, eviction and expiry follow exact recency") {
+  // Entries of two TTLs (two recency lists) are hit in random order between inserts; every
+  // insert over capacity must evict exactly the least recently used entry of the model, and
+  // expiry must remove exactly the entries idle for their TTL.
+  constexpr std::size_t kCap = 64;
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    ManualClock clock;
+    Pool pool(kCap, 5000s, 0, clock);
+    auto ttl_of = [](std::uint32_t id) { return id % 3 == 0 ? 4000s : 5000s; };
+    struct Used {
+      std::uint32_t id;
+      ManualClock::time_point at;
+    };
+    std::vector<Used> order;  // least recently used first
+    std::uint32_t next_id = 1;
+    auto insert = [&] {
+      const std::uint32_t id = next_id++;
+      Pool::InsertOptions o;
+      o.ttl = ttl_of(id);
+      pool.insert({id}, caches(), o);
+      order.push_back(Used{id, clock.now()});
+      if (order.size() > kCap) {
+        const std::uint32_t victim = order.front().id;
+        order.erase(order.begin());
+        INFO("victim " << victim);
+        CHECK_FALSE(pool.find_exact(Ids{victim}));
+        CHECK(pool.size() == kCap);
+      }
+    };
+    auto hit = [&](std::size_t i) {
+      const std::uint32_t id = order[i].id;
+      REQUIRE(pool.find_longest_prefix(Ids{id}));
+      order.erase(order.begin() + static_cast<std::ptrdiff_t>(i));
+      order.push_back(Used{id, clock.now()});
+    };
+    for (std::size_t i = 0; i < kCap; ++i)
+      insert();
+    for (int round = 0; round < 40; ++round) {
+      // Hit a random half of the entries, oldest ones included, then insert a few.
+      for (std::size_t k = 0; k < kCap / 2; ++k) {
+        hit(rng() % order.size());
+        clock.advance(1s);
+      }
+      for (auto k = rng() % 6; k > 0; --k) {
+        insert();
+        clock.advance(1s);
+      }
+      pool.check_invariants();
+    }
+    for (const Used& u : order)
+      REQUIRE(pool.find_exact(Ids{u.id}));
+    // Expiry: in the model, exactly the entries idle for at least their TTL.
+    clock.advance(4200s);
+    std::size_t want = 0;
+    for (const Used& u : order)
+      if (clock.now() - u.at >= ttl_of(u.id)) ++want;
+    CHECK(want > 0);
+    CHECK(want < order.size());
+    CHECK(pool.evict_expired() == want);
+    for (const Used& u : order) {
+      INFO("id " << u.id);
+      CHECK(static_cast<bool>(pool.find_exact(Ids{u.id})) == (clock.now() - u.at < ttl_of(u.id)));
+    }
+    pool.check_invariants();
+  }
 }
 
 // ---- decision 5: TTL ------------------------------------------------------------------
