@@ -332,6 +332,13 @@ class KvIndex {
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
     const detail::KvTableLoad edges_before = tree_.edge_load();
     pick_table_load(tmp);
+    // A failed dump leaves the index as it was: the view built aside, the edge
+    // table's load policy and the holder sets' width.
+    const auto abandon = [&]() noexcept {
+      drop_slot(tmp);
+      tree_.set_edge_load(edges_before);
+      trim_masks();
+    };
     for (std::size_t i = 0; i < dump.size(); ++i) {
       KvEventResult r;
       KvEventStatus st = KvEventStatus::applied;
@@ -346,15 +353,11 @@ class KvIndex {
           clear_slot(tmp);
         }
       } catch (...) {
-        drop_slot(tmp);
-        tree_.set_edge_load(edges_before);
-        trim_masks();
+        abandon();
         throw;
       }
       if (st != KvEventStatus::applied) {
-        drop_slot(tmp);
-        tree_.set_edge_load(edges_before);
-        trim_masks();
+        abandon();
         res.failed_event = i;
         res.failure = st;
         return res;
