@@ -2614,11 +2614,7 @@ class KvNodeStore {
   /// once, for walks that need both. O(1).
   [[nodiscard]] std::uint32_t child_count(std::uint32_t n, std::uint64_t path,
                                           std::uint32_t parent_node) const noexcept {
-    const Row& r = rows_[n];
-    const std::uint64_t links = r.links;
-    if (r.path != path || static_cast<std::uint32_t>(links & 0xffffffffULL) != parent_node)
-      return 0;
-    return static_cast<std::uint32_t>(links >> 32U);
+    return row_child_count(rows_[n], path, parent_node);
   }
   /// From level `j` on, while row at + 1 is the live child of row `at` with
   /// path hash paths[j], records it in found[j] (and its holder count in
@@ -2638,13 +2634,11 @@ class KvNodeStore {
       const Row* const end = r + std::min(page - (g & (page - 1U)), n_rows - g);
       for (; r != end; ++r, ++g) {
         // A free row has count 0, whatever its path field holds.
-        const std::uint64_t links = r->links;
-        if (r->path != paths[j] || static_cast<std::uint32_t>(links & 0xffffffffULL) != at ||
-            (links >> 32U) == 0U)
-          return j;
+        const std::uint32_t k = row_child_count(*r, paths[j], at);
+        if (k == 0U) return j;
         at = static_cast<std::uint32_t>(g);
         found[j] = at;
-        if (counts != nullptr) counts[j] = static_cast<std::uint32_t>(links >> 32U);
+        if (counts != nullptr) counts[j] = k;
         if (++j == m) return j;
       }
     }
@@ -2859,6 +2853,16 @@ class KvNodeStore {
     std::uint64_t links = 0;
     std::uint64_t holders = 0;
   };
+
+  // The holder count of row `r` when it is the child of `parent_node` with
+  // path hash `path`, else 0: one read of the row confirms and counts.
+  [[nodiscard]] static std::uint32_t row_child_count(const Row& r, std::uint64_t path,
+                                                     std::uint32_t parent_node) noexcept {
+    const std::uint64_t links = r.links;
+    if (r.path != path || static_cast<std::uint32_t>(links & 0xffffffffULL) != parent_node)
+      return 0;
+    return static_cast<std::uint32_t>(links >> 32U);
+  }
 
   KvPagedArray<Row> rows_;
   KvHolderSets holders_;
@@ -3452,6 +3456,13 @@ class KvIndex {
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
     const detail::KvTableLoad edges_before = tree_.edge_load();
     pick_table_load(tmp);
+    // A failed dump leaves the index as it was: the view built aside, the edge
+    // table's load policy and the holder sets' width.
+    const auto abandon = [&]() noexcept {
+      drop_slot(tmp);
+      tree_.set_edge_load(edges_before);
+      trim_masks();
+    };
     for (std::size_t i = 0; i < dump.size(); ++i) {
       KvEventResult r;
       KvEventStatus st = KvEventStatus::applied;
@@ -3466,15 +3477,11 @@ class KvIndex {
           clear_slot(tmp);
         }
       } catch (...) {
-        drop_slot(tmp);
-        tree_.set_edge_load(edges_before);
-        trim_masks();
+        abandon();
         throw;
       }
       if (st != KvEventStatus::applied) {
-        drop_slot(tmp);
-        tree_.set_edge_load(edges_before);
-        trim_masks();
+        abandon();
         res.failed_event = i;
         res.failure = st;
         return res;
