@@ -4,6 +4,7 @@
 // that crosses its step boundaries.
 #include <promptcache/detail/mismatch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -122,3 +123,78 @@ TEST_CASE("mismatch: tokens wider than a byte report the byte, the caller divide
   const std::size_t byte = d::mismatch(a.data(), b.data(), a.size() * sizeof(std::uint32_t));
   CHECK(byte / sizeof(std::uint32_t) == 70);
 }
+
+namespace {
+
+// mismatch_copy at every length up to 100 elements (past three 32-element steps and every
+// tail), every difference position (and none), at several element offsets of each array:
+// the count must be the first difference, dst must hold src's ids below it and be untouched
+// from it on (a later difference must not be reported instead).
+template <class Id, class Search>
+void check_copy(Search search) {
+  constexpr std::size_t kMax = 100;
+  constexpr Id unset = static_cast<Id>(0x5A5A5A5A5A5A5A5AULL);
+  std::vector<std::uint32_t> abuf(kMax + 8), bbuf(kMax + 8);
+  std::vector<Id> sbuf(kMax + 8), dbuf(kMax + 16);
+  std::size_t checked = 0;
+  for (std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    for (std::size_t off_d : {std::size_t{0}, std::size_t{5}}) {
+      std::uint32_t* a = abuf.data() + off;
+      std::uint32_t* b = bbuf.data() + (off + 2) % 4;
+      const Id* src = sbuf.data() + (off + 1) % 4;
+      for (std::size_t i = 0; i < kMax; ++i) {
+        a[i] = b[i] = static_cast<std::uint32_t>(i * 2654435761U);
+        sbuf[i + (off + 1) % 4] = static_cast<Id>(1000 + i);
+      }
+      for (std::size_t n = 0; n <= kMax; ++n) {
+        for (std::size_t diff = 0; diff <= n; ++diff) {
+          if (diff < n) b[diff] ^= 0x00010000U;
+          if (diff + 3 < n) b[diff + 3] ^= 1U;
+          std::fill(dbuf.begin(), dbuf.end(), unset);
+          Id* dst = dbuf.data() + off_d;
+          const std::size_t got = search(a, b, src, dst, n);
+          bool ok = got == diff;
+          for (std::size_t i = 0; i < dbuf.size(); ++i) {
+            const bool written = i >= off_d && i < off_d + diff;
+            ok = ok && dbuf[i] == (written ? src[i - off_d] : unset);
+          }
+          if (!ok) {
+            INFO("offset " << off << "/" << off_d << ", n " << n << ", first difference " << diff
+                           << ", got " << got);
+            REQUIRE(ok);
+          }
+          ++checked;
+          if (diff < n) b[diff] = a[diff];
+          if (diff + 3 < n) b[diff + 3] = a[diff + 3];
+        }
+      }
+    }
+  }
+  CHECK(checked > 30000);
+}
+
+}  // namespace
+
+TEST_CASE("mismatch_copy: ids of the equal prefix only, at every length, position and offset") {
+  const auto search = [](const std::uint32_t* a, const std::uint32_t* b, const auto* src, auto* dst,
+                         std::size_t n) { return d::mismatch_copy(a, b, src, dst, n); };
+  check_copy<std::uint32_t>(search);  // the fused pass where the CPU has AVX2
+  check_copy<std::uint64_t>(search);  // compare, then copy
+  check_copy<std::uint16_t>(search);
+  std::uint32_t x = 0;
+  CHECK(d::mismatch_copy<std::uint32_t>(nullptr, nullptr, nullptr, nullptr, 0) == 0);
+  CHECK(d::mismatch_copy(&x, &x, &x, &x, 0) == 0);
+}
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+TEST_CASE("mismatch_copy: the fused AVX2 pass alone, where the CPU has AVX2") {
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+  if (!d::cpu_has_avx2()) return;  // nothing to run here; the dispatch never calls it
+#endif
+  check_copy<std::uint32_t>([](const std::uint32_t* a, const std::uint32_t* b,
+                               const std::uint32_t* src, std::uint32_t* dst, std::size_t n) {
+    if (n < 8) return d::mismatch_copy(a, b, src, dst, n);  // the pass needs 8 elements
+    return d::mismatch_copy32_avx2(a, b, src, dst, n);
+  });
+}
+#endif

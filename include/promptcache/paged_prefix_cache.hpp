@@ -223,10 +223,12 @@ class PagedPrefixCache {
   /// reuse its capacity.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
     pages.clear();
-    return walk(tokens, ns, tokens.size() / page_size_,
-                [&](std::size_t, const PageId* ids, std::size_t n) {
-                  pages.insert(pages.end(), ids, ids + n);
-                });
+    return walk<false>(
+        tokens, ns, tokens.size() / page_size_,
+        [&](std::size_t, const PageId* ids, std::size_t n) {
+          pages.insert(pages.end(), ids, ids + n);
+        },
+        nullptr);
   }
 
   /// As match() above, writing the page ids to out[0, matched / page_size()), as an engine
@@ -234,10 +236,12 @@ class PagedPrefixCache {
   /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
-    return walk(tokens, ns, std::min(tokens.size() / page_size_, out.size()),
-                [&](std::size_t at, const PageId* ids, std::size_t n) {
-                  std::memcpy(out.data() + at, ids, n * sizeof(PageId));
-                });
+    return walk<true>(
+        tokens, ns, std::min(tokens.size() / page_size_, out.size()),
+        [&](std::size_t at, const PageId* ids, std::size_t n) {
+          std::memcpy(out.data() + at, ids, n * sizeof(PageId));
+        },
+        out.data());
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
@@ -251,8 +255,8 @@ class PagedPrefixCache {
     std::size_t pos = 0;
     Found f;
     while (pos < q_pages) {
-      f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                     q_pages - pos, f.next, f.ahead);
+      f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                            q_pages - pos, f.next, f.ahead, nullptr);
       if (f.node == npos) break;
       pos += f.pages;
       if (f.pages < nodes_[f.node].n) break;
@@ -362,8 +366,8 @@ class PagedPrefixCache {
     if (cur != npos) {
       Found f;
       while (pos < q_pages) {
-        f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                       q_pages - pos, f.next, f.ahead);
+        f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                              q_pages - pos, f.next, f.ahead, nullptr);
         if (f.node == npos) break;
         const Node& x = nodes_[f.node];
         const PageId* ids = page_ids(x);
@@ -770,11 +774,12 @@ class PagedPrefixCache {
   // more than they save: only the next edge slot is prefetched.
   // Forced inline: out of line, saving and restoring its registers cost as much as the edge
   // probe on short pages.
+  template <bool Copy>
   [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
                                                         detail::PagedEdgeTable::View edges,
                                                         std::uint32_t parent, const token_type* q,
                                                         std::size_t q_pages, std::uint32_t head,
-                                                        bool known) const noexcept {
+                                                        bool known, PageId* out) const noexcept {
     if (nodes[parent].first_child == npos) return {};
     const std::size_t ps = page_size_;
     const std::size_t pb = ps * sizeof(token_type);
@@ -798,6 +803,14 @@ class PagedPrefixCache {
       // Every node of a path but the last matches whole, so "all equal" is asked first, of
       // memcmp: the C library picks the CPU's widest compare when the program loads, and
       // answers in fewer instructions than mismatch, which only a partial match then pays.
+      if constexpr (Copy) {
+        if (ps == 1) {
+          const std::size_t same = detail::mismatch_copy(x.tok, q, x.ids, out, pages);
+          if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
+          if (same > 0) return {c, static_cast<std::uint32_t>(same)};
+          continue;
+        }
+      }
       if (std::memcmp(x.tok, q, cmp) == 0)
         return {c, static_cast<std::uint32_t>(pages), next, ahead};
       const std::size_t same = detail::mismatch(x.tok, q, cmp);
@@ -828,9 +841,9 @@ class PagedPrefixCache {
 
   // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
   // count) the ids of each matched node in path order.
-  template <class Emit>
+  template <bool Copy, class Emit>
   MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
-                Emit&& emit) {
+                Emit&& emit, PageId* out) {
     ++stats_.lookups;
     stats_.query_tokens += tokens.size();
     ++tick_;
@@ -847,7 +860,8 @@ class PagedPrefixCache {
     std::size_t pos = 0;
     Found f;
     while (pos < q_pages) {
-      f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead);
+      f = find_child<Copy>(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead,
+                           Copy ? out + pos : nullptr);
       if (f.node == npos) break;
       std::uint32_t c = f.node;
       const std::size_t k = f.pages;
@@ -861,7 +875,7 @@ class PagedPrefixCache {
       }
       touch_match(c, ns);
       const Node& x = nodes[c];
-      emit(pos, x.ids, std::size_t{x.n});
+      if (!(Copy && ps == 1)) emit(pos, x.ids, std::size_t{x.n});
       pos += x.n;
       cur = c;
       if (inside) break;
