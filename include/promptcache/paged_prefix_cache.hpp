@@ -236,12 +236,14 @@ class PagedPrefixCache {
   /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
-    return walk<true>(
-        tokens, ns, std::min(tokens.size() / page_size_, out.size()),
-        [&](std::size_t at, const PageId* ids, std::size_t n) {
-          std::memcpy(out.data() + at, ids, n * sizeof(PageId));
-        },
-        out.data());
+    const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
+    const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
+      std::memcpy(out.data() + at, ids, n * sizeof(PageId));
+    };
+    // With one token per page the ids are as many bytes as the tokens: the compare copies
+    // them in the same pass (see find_child).
+    if (page_size_ == 1) return walk<true>(tokens, ns, q_pages, emit, out.data());
+    return walk<false>(tokens, ns, q_pages, emit, nullptr);
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
@@ -762,6 +764,7 @@ class PagedPrefixCache {
   // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
   // calls between lookups keeps them in registers instead of reloading the members. `head`,
   // when `known`, is the edge-chain head of (parent, q[0]) from the previous level's Found.
+  // With Copy (page size 1 only), the ids of the matched pages are written to out[0, pages).
   // A leaf is answered from its node, without probing the edge table (a likely cache miss):
   // every query that matches a whole cached sequence ends at one. Only a partial match pays
   // for the division by the page size.
@@ -800,16 +803,18 @@ class PagedPrefixCache {
           edges.prefetch(c, q[pages * ps]);
         }
       }
-      // Every node of a path but the last matches whole, so "all equal" is asked first, of
-      // memcmp: the C library picks the CPU's widest compare when the program loads, and
-      // answers in fewer instructions than mismatch, which only a partial match then pays.
+      // Copy (page size 1, into a caller's table): one pass compares the tokens and copies
+      // the ids of the matching ones to out, instead of a compare and then a second pass
+      // over as many id bytes.
+      // Otherwise every node of a path but the last matches whole, so "all equal" is asked
+      // first, of memcmp: the C library picks the CPU's widest compare when the program
+      // loads, and answers in fewer instructions than mismatch, which only a partial match
+      // then pays.
       if constexpr (Copy) {
-        if (ps == 1) {
-          const std::size_t same = detail::mismatch_copy(x.tok, q, x.ids, out, pages);
-          if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
-          if (same > 0) return {c, static_cast<std::uint32_t>(same)};
-          continue;
-        }
+        const std::size_t same = detail::mismatch_copy(x.tok, q, x.ids, out, pages);
+        if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
+        if (same > 0) return {c, static_cast<std::uint32_t>(same)};
+        continue;
       }
       if (std::memcmp(x.tok, q, cmp) == 0)
         return {c, static_cast<std::uint32_t>(pages), next, ahead};
@@ -840,7 +845,8 @@ class PagedPrefixCache {
   }
 
   // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
-  // count) the ids of each matched node in path order.
+  // count) the ids of each matched node in path order; with Copy (page size 1) the compare
+  // writes them to out instead and emit is not called.
   template <bool Copy, class Emit>
   MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
                 Emit&& emit, PageId* out) {
@@ -875,7 +881,7 @@ class PagedPrefixCache {
       }
       touch_match(c, ns);
       const Node& x = nodes[c];
-      if (!(Copy && ps == 1)) emit(pos, x.ids, std::size_t{x.n});
+      if constexpr (!Copy) emit(pos, x.ids, std::size_t{x.n});
       pos += x.n;
       cur = c;
       if (inside) break;
