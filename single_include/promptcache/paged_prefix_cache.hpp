@@ -805,6 +805,69 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned 
   if (eq != 0xFFFFFFFFU) return {n - 32 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
   return {n, false};
 }
+
+// The 8 elements of p from element e (unaligned).
+PROMPTCACHE_DETAIL_AVX2_TARGET inline __m256i load8_avx2(const std::uint32_t* p,
+                                                         std::size_t e) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e));
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline void store8_avx2(std::uint32_t* p, std::size_t e,
+                                                       __m256i v) noexcept {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + e), v);
+}
+
+// The fused compare and copy of mismatch_copy() for 4-byte elements: one pass that reads a, b
+// and src together and writes dst, instead of a compare over a and b followed by a copy that
+// starts a third stream cold. A step stores its ids only once its tokens are known equal, so
+// dst past the first difference is never written. Requires n >= 8.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const void* pa,
+                                                                       const void* pb,
+                                                                       const void* psrc, void* pdst,
+                                                                       std::size_t n) noexcept {
+  const auto* a = static_cast<const std::uint32_t*>(pa);
+  const auto* b = static_cast<const std::uint32_t*>(pb);
+  const auto* src = static_cast<const std::uint32_t*>(psrc);
+  auto* dst = static_cast<std::uint32_t*>(pdst);
+  std::size_t i = 0;
+  // 32 elements (128 token bytes) per step while they last: one branch per four compares.
+  for (; n - i >= 32; i += 32) {
+    const __m256i e0 = _mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i));
+    const __m256i e1 = _mm256_cmpeq_epi32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
+    const __m256i e2 = _mm256_cmpeq_epi32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
+    const __m256i e3 = _mm256_cmpeq_epi32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
+    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
+    if (_mm256_movemask_epi8(all) != -1) break;
+    store8_avx2(dst, i, load8_avx2(src, i));
+    store8_avx2(dst, i + 8, load8_avx2(src, i + 8));
+    store8_avx2(dst, i + 16, load8_avx2(src, i + 16));
+    store8_avx2(dst, i + 24, load8_avx2(src, i + 24));
+  }
+  for (; n - i >= 8; i += 8) {
+    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
+    if (eq != 0xFFU) {
+      const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
+      for (; i < end; ++i)
+        dst[i] = src[i];
+      return end;
+    }
+    store8_avx2(dst, i, load8_avx2(src, i));
+  }
+  if (i == n) return n;
+  // The last 8 elements, overlapping equal ones (their mask bits are set, and their ids are
+  // stored again with the same values).
+  const std::size_t j = n - 8;
+  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j)))));
+  if (eq != 0xFFU) {
+    const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
+    for (; i < end; ++i)
+      dst[i] = src[i];
+    return end;
+  }
+  store8_avx2(dst, j, load8_avx2(src, j));
+  return n;
+}
 #undef PROMPTCACHE_DETAIL_AVX2_TARGET
 #endif
 
@@ -842,6 +905,30 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
   while (i < n && a[i] == b[i])
     ++i;
   return i;
+}
+
+/// The number of leading equal elements of the token arrays a[0, n) and b[0, n), having
+/// copied src[i] to dst[i] for each of them: a prefix compare that hands back the ids stored
+/// beside the matched tokens in the same pass. dst is written at [0, result) only; src and dst
+/// must not overlap. 4-byte ids take one fused AVX2 pass where the CPU has it; otherwise a
+/// compare, then a copy. O(n).
+template <class Id>
+inline std::size_t mismatch_copy(const std::uint32_t* a, const std::uint32_t* b, const Id* src,
+                                 Id* dst, std::size_t n) noexcept {
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+  if constexpr (sizeof(Id) == 4) {
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+    if (n >= 8 && cpu_avx2) return mismatch_copy32_avx2(a, b, src, dst, n);
+#else
+    if (n >= 8) return mismatch_copy32_avx2(a, b, src, dst, n);
+#endif
+  }
+#endif
+  std::size_t same = n;
+  if (n != 0 && std::memcmp(a, b, n * sizeof(std::uint32_t)) != 0)
+    same = mismatch(a, b, n * sizeof(std::uint32_t)) / sizeof(std::uint32_t);
+  if (same != 0) std::memcpy(dst, src, same * sizeof(Id));
+  return same;
 }
 
 }  // namespace promptcache::detail
@@ -5413,10 +5500,12 @@ class PagedPrefixCache {
   /// reuse its capacity.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
     pages.clear();
-    return walk(tokens, ns, tokens.size() / page_size_,
-                [&](std::size_t, const PageId* ids, std::size_t n) {
-                  pages.insert(pages.end(), ids, ids + n);
-                });
+    return walk<false>(
+        tokens, ns, tokens.size() / page_size_,
+        [&](std::size_t, const PageId* ids, std::size_t n) {
+          pages.insert(pages.end(), ids, ids + n);
+        },
+        nullptr);
   }
 
   /// As match() above, writing the page ids to out[0, matched / page_size()), as an engine
@@ -5424,10 +5513,14 @@ class PagedPrefixCache {
   /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
-    return walk(tokens, ns, std::min(tokens.size() / page_size_, out.size()),
-                [&](std::size_t at, const PageId* ids, std::size_t n) {
-                  std::memcpy(out.data() + at, ids, n * sizeof(PageId));
-                });
+    const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
+    const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
+      std::memcpy(out.data() + at, ids, n * sizeof(PageId));
+    };
+    // With one token per page the ids are as many bytes as the tokens: the compare copies
+    // them in the same pass (see find_child).
+    if (page_size_ == 1) return walk<true>(tokens, ns, q_pages, emit, out.data());
+    return walk<false>(tokens, ns, q_pages, emit, nullptr);
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
@@ -5441,8 +5534,8 @@ class PagedPrefixCache {
     std::size_t pos = 0;
     Found f;
     while (pos < q_pages) {
-      f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                     q_pages - pos, f.next, f.ahead);
+      f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                            q_pages - pos, f.next, f.ahead, nullptr);
       if (f.node == npos) break;
       pos += f.pages;
       if (f.pages < nodes_[f.node].n) break;
@@ -5552,8 +5645,8 @@ class PagedPrefixCache {
     if (cur != npos) {
       Found f;
       while (pos < q_pages) {
-        f = find_child(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                       q_pages - pos, f.next, f.ahead);
+        f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
+                              q_pages - pos, f.next, f.ahead, nullptr);
         if (f.node == npos) break;
         const Node& x = nodes_[f.node];
         const PageId* ids = page_ids(x);
@@ -5948,6 +6041,7 @@ class PagedPrefixCache {
   // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
   // calls between lookups keeps them in registers instead of reloading the members. `head`,
   // when `known`, is the edge-chain head of (parent, q[0]) from the previous level's Found.
+  // With Copy (page size 1 only), the ids of the matched pages are written to out[0, pages).
   // A leaf is answered from its node, without probing the edge table (a likely cache miss):
   // every query that matches a whole cached sequence ends at one. Only a partial match pays
   // for the division by the page size.
@@ -5960,11 +6054,12 @@ class PagedPrefixCache {
   // more than they save: only the next edge slot is prefetched.
   // Forced inline: out of line, saving and restoring its registers cost as much as the edge
   // probe on short pages.
+  template <bool Copy>
   [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
                                                         detail::PagedEdgeTable::View edges,
                                                         std::uint32_t parent, const token_type* q,
                                                         std::size_t q_pages, std::uint32_t head,
-                                                        bool known) const noexcept {
+                                                        bool known, PageId* out) const noexcept {
     if (nodes[parent].first_child == npos) return {};
     const std::size_t ps = page_size_;
     const std::size_t pb = ps * sizeof(token_type);
@@ -5985,9 +6080,19 @@ class PagedPrefixCache {
           edges.prefetch(c, q[pages * ps]);
         }
       }
-      // Every node of a path but the last matches whole, so "all equal" is asked first, of
-      // memcmp: the C library picks the CPU's widest compare when the program loads, and
-      // answers in fewer instructions than mismatch, which only a partial match then pays.
+      // Copy (page size 1, into a caller's table): one pass compares the tokens and copies
+      // the ids of the matching ones to out, instead of a compare and then a second pass
+      // over as many id bytes.
+      // Otherwise every node of a path but the last matches whole, so "all equal" is asked
+      // first, of memcmp: the C library picks the CPU's widest compare when the program
+      // loads, and answers in fewer instructions than mismatch, which only a partial match
+      // then pays.
+      if constexpr (Copy) {
+        const std::size_t same = detail::mismatch_copy(x.tok, q, x.ids, out, pages);
+        if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
+        if (same > 0) return {c, static_cast<std::uint32_t>(same)};
+        continue;
+      }
       if (std::memcmp(x.tok, q, cmp) == 0)
         return {c, static_cast<std::uint32_t>(pages), next, ahead};
       const std::size_t same = detail::mismatch(x.tok, q, cmp);
@@ -6017,10 +6122,11 @@ class PagedPrefixCache {
   }
 
   // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
-  // count) the ids of each matched node in path order.
-  template <class Emit>
+  // count) the ids of each matched node in path order; with Copy (page size 1) the compare
+  // writes them to out instead and emit is not called.
+  template <bool Copy, class Emit>
   MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
-                Emit&& emit) {
+                Emit&& emit, PageId* out) {
     ++stats_.lookups;
     stats_.query_tokens += tokens.size();
     ++tick_;
@@ -6037,7 +6143,8 @@ class PagedPrefixCache {
     std::size_t pos = 0;
     Found f;
     while (pos < q_pages) {
-      f = find_child(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead);
+      f = find_child<Copy>(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead,
+                           Copy ? out + pos : nullptr);
       if (f.node == npos) break;
       std::uint32_t c = f.node;
       const std::size_t k = f.pages;
@@ -6051,7 +6158,7 @@ class PagedPrefixCache {
       }
       touch_match(c, ns);
       const Node& x = nodes[c];
-      emit(pos, x.ids, std::size_t{x.n});
+      if constexpr (!Copy) emit(pos, x.ids, std::size_t{x.n});
       pos += x.n;
       cur = c;
       if (inside) break;

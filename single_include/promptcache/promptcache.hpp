@@ -5356,6 +5356,69 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned 
   if (eq != 0xFFFFFFFFU) return {n - 32 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
   return {n, false};
 }
+
+// The 8 elements of p from element e (unaligned).
+PROMPTCACHE_DETAIL_AVX2_TARGET inline __m256i load8_avx2(const std::uint32_t* p,
+                                                         std::size_t e) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e));
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline void store8_avx2(std::uint32_t* p, std::size_t e,
+                                                       __m256i v) noexcept {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + e), v);
+}
+
+// The fused compare and copy of mismatch_copy() for 4-byte elements: one pass that reads a, b
+// and src together and writes dst, instead of a compare over a and b followed by a copy that
+// starts a third stream cold. A step stores its ids only once its tokens are known equal, so
+// dst past the first difference is never written. Requires n >= 8.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const void* pa,
+                                                                       const void* pb,
+                                                                       const void* psrc, void* pdst,
+                                                                       std::size_t n) noexcept {
+  const auto* a = static_cast<const std::uint32_t*>(pa);
+  const auto* b = static_cast<const std::uint32_t*>(pb);
+  const auto* src = static_cast<const std::uint32_t*>(psrc);
+  auto* dst = static_cast<std::uint32_t*>(pdst);
+  std::size_t i = 0;
+  // 32 elements (128 token bytes) per step while they last: one branch per four compares.
+  for (; n - i >= 32; i += 32) {
+    const __m256i e0 = _mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i));
+    const __m256i e1 = _mm256_cmpeq_epi32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
+    const __m256i e2 = _mm256_cmpeq_epi32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
+    const __m256i e3 = _mm256_cmpeq_epi32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
+    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
+    if (_mm256_movemask_epi8(all) != -1) break;
+    store8_avx2(dst, i, load8_avx2(src, i));
+    store8_avx2(dst, i + 8, load8_avx2(src, i + 8));
+    store8_avx2(dst, i + 16, load8_avx2(src, i + 16));
+    store8_avx2(dst, i + 24, load8_avx2(src, i + 24));
+  }
+  for (; n - i >= 8; i += 8) {
+    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
+    if (eq != 0xFFU) {
+      const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
+      for (; i < end; ++i)
+        dst[i] = src[i];
+      return end;
+    }
+    store8_avx2(dst, i, load8_avx2(src, i));
+  }
+  if (i == n) return n;
+  // The last 8 elements, overlapping equal ones (their mask bits are set, and their ids are
+  // stored again with the same values).
+  const std::size_t j = n - 8;
+  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j)))));
+  if (eq != 0xFFU) {
+    const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
+    for (; i < end; ++i)
+      dst[i] = src[i];
+    return end;
+  }
+  store8_avx2(dst, j, load8_avx2(src, j));
+  return n;
+}
 #undef PROMPTCACHE_DETAIL_AVX2_TARGET
 #endif
 
@@ -5393,6 +5456,30 @@ inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexc
   while (i < n && a[i] == b[i])
     ++i;
   return i;
+}
+
+/// The number of leading equal elements of the token arrays a[0, n) and b[0, n), having
+/// copied src[i] to dst[i] for each of them: a prefix compare that hands back the ids stored
+/// beside the matched tokens in the same pass. dst is written at [0, result) only; src and dst
+/// must not overlap. 4-byte ids take one fused AVX2 pass where the CPU has it; otherwise a
+/// compare, then a copy. O(n).
+template <class Id>
+inline std::size_t mismatch_copy(const std::uint32_t* a, const std::uint32_t* b, const Id* src,
+                                 Id* dst, std::size_t n) noexcept {
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+  if constexpr (sizeof(Id) == 4) {
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+    if (n >= 8 && cpu_avx2) return mismatch_copy32_avx2(a, b, src, dst, n);
+#else
+    if (n >= 8) return mismatch_copy32_avx2(a, b, src, dst, n);
+#endif
+  }
+#endif
+  std::size_t same = n;
+  if (n != 0 && std::memcmp(a, b, n * sizeof(std::uint32_t)) != 0)
+    same = mismatch(a, b, n * sizeof(std::uint32_t)) / sizeof(std::uint32_t);
+  if (same != 0) std::memcpy(dst, src, same * sizeof(Id));
+  return same;
 }
 
 }  // namespace promptcache::detail
