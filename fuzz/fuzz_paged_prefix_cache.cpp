@@ -3,7 +3,7 @@
 // factor and step from the input, zeros included), whether an event sink is attached, a few
 // documents (shared prefixes, a three-token alphabet, the largest token id) and
 // then a sequence of operations on four namespaces (the largest id included):
-// match (both overloads) and peek of truncated, mutated and extended documents;
+// match (all three overloads) and peek of truncated, mutated and extended documents;
 // insert with cached, fresh, foreign and too few page ids and extreme priorities;
 // lock and unlock (below zero included) of kept handles; evict (with and without a
 // callback, up to SIZE_MAX pages); erase_namespace; clear; configure_namespace
@@ -16,11 +16,13 @@
 #include <fuzzer/FuzzedDataProvider.h>
 #include <promptcache/paged_prefix_cache.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -169,9 +171,30 @@ class Harness {
   }
 
   void match(const Tokens& t, std::uint64_t ns) {
-    const auto m = model_.match(t, ns);
     ++lookups_;
-    if (in_.ConsumeBool()) {
+    const int form = in_.ConsumeIntegralInRange<int>(0, 2);
+    if (form == 2) {
+      // Into a caller's table, sometimes shorter than the query (which caps the match like a
+      // shorter query would): only out[0, matched pages) may be written.
+      constexpr PageId unset = 0xA5A5A5A5U;
+      const std::size_t q = t.size() / ps_;
+      const std::size_t room = in_.ConsumeBool() ? q : pick(q + 2);
+      pages_.assign(room + 1, unset);
+      const auto r = cache_.match(t, ns, std::span<PageId>(pages_.data(), room));
+      const std::size_t used = std::min(room, q) * ps_;
+      const auto m =
+          model_.match(Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(used)), ns);
+      FUZZ_CHECK(r.matched == m.matched);
+      FUZZ_CHECK(std::equal(m.pages.begin(), m.pages.end(), pages_.begin()));
+      for (std::size_t i = m.pages.size(); i < pages_.size(); ++i)
+        FUZZ_CHECK(pages_[i] == unset);
+      FUZZ_CHECK(cache_.valid(r.handle));
+      FUZZ_CHECK(r.handle.empty() == (m.matched == 0));
+      keep(r.handle, m.handle);
+      return;
+    }
+    const auto m = model_.match(t, ns);
+    if (form == 0) {
       const auto r = cache_.match(t, ns);
       FUZZ_CHECK(r.matched == m.matched);
       FUZZ_CHECK(r.pages == m.pages);
