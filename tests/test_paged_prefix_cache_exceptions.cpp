@@ -5,9 +5,13 @@
 // failures.
 #include <promptcache/paged_prefix_cache.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <new>
+#include <span>
 #include <vector>
 
 #include "catch.hpp"
@@ -138,4 +142,56 @@ TEST_CASE("paged cache exceptions: a match that splits leaves the tree as it was
   // The walked pages' access times may have been refreshed, and a split made
   // before the failure (growing the result) may remain: it changes no answer.
   CHECK(fail_every_allocation([](Cache& c) { (void)c.match(seq(100, 4)); }, true) > 0);
+}
+
+TEST_CASE("paged cache exceptions: a split while matching into a table at page size 1") {
+  // One token per page: the compare writes the ids as it goes, so a failed split may leave
+  // the ids of the pages matched so far in the table, but nothing past them.
+  constexpr std::uint32_t unset = 0xFFFFFFFFU;
+  const auto make = [] {
+    auto c = std::make_unique<Cache>(1);
+    c->insert(cat(seq(0, 10), seq(50, 20)), ids(100, 30));
+    c->insert(cat(seq(0, 10), seq(80, 20)), ids(200, 30));
+    return c;
+  };
+  // The query leaves the first request inside its own 20 pages: the match splits there.
+  const Tokens q = cat(cat(seq(0, 10), seq(50, 12)), seq(900, 3));
+  std::vector<std::uint32_t> want(q.size() + 2, unset);
+  auto clean = make();
+  const std::uint64_t splits = clean->stats().splits;
+  const auto done = clean->match(q, 0, std::span<std::uint32_t>(want));
+  REQUIRE(done.matched == 22);
+  REQUIRE(clean->stats().splits == splits + 1);
+  int failures = 0;
+  for (long k = 0; k < 1000; ++k) {
+    auto c = make();
+    const std::size_t nodes = c->node_count();
+    std::vector<std::uint32_t> table(q.size() + 2, unset);
+    bool threw = false;
+    test_alloc::countdown = k;
+    try {
+      (void)c->match(q, 0, std::span<std::uint32_t>(table));
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    test_alloc::countdown = -1;
+    INFO("allocation " << k << " failed");
+    REQUIRE(c->check_invariants());
+    if (!threw) {
+      CHECK(table == want);
+      break;
+    }
+    ++failures;
+    CHECK(c->node_count() == nodes);
+    CHECK(c->peek(q) == 22);
+    // A prefix of the ids a successful match writes, then entries as they were.
+    std::size_t i = 0;
+    while (i < table.size() && table[i] != unset)
+      ++i;
+    CHECK(std::equal(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(i), want.begin()));
+    CHECK(i <= 22);
+    CHECK(std::all_of(table.begin() + static_cast<std::ptrdiff_t>(i), table.end(),
+                      [](std::uint32_t p) { return p == unset; }));
+  }
+  CHECK(failures > 0);
 }
