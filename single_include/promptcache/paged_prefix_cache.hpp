@@ -5512,6 +5512,8 @@ class PagedPrefixCache {
   /// filling its own page table wants them; out's other entries are left as they were.
   /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
+  /// If that split throws std::bad_alloc, out may already hold a prefix of the ids a
+  /// successful call writes (never an entry past them); the cache is as above.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
     const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
     const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
