@@ -495,7 +495,9 @@ class KvTree {
 
   /// add_child() with `slot` as the new node's one holder (one row lookup
   /// instead of two). Requires room from reserve(); then it cannot throw.
-  std::uint32_t add_held_child(std::uint64_t path, std::uint32_t parent, std::uint32_t slot) {
+  /// Always inlined: a store runs it once per new node.
+  [[gnu::always_inline]] std::uint32_t add_held_child(std::uint64_t path, std::uint32_t parent,
+                                                      std::uint32_t slot) {
     const std::uint32_t child = nodes_.allocate_held(path, parent, slot);
     edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
     return child;
