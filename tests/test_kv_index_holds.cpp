@@ -68,7 +68,14 @@ TEST_CASE("hold store: parents and sibling links through random changes", "[kv_i
       // Mostly shallow, wide trees: many siblings per parent.
       const std::uint32_t p = live[rng() % std::min<std::size_t>(live.size(), 8U)];
       s.reserve_extra(1);
-      const std::uint32_t h = s.allocate(0, 1, p);
+      std::uint32_t h;
+      if (step % 2 == 0) {
+        h = s.allocate(0, 1, p);
+      } else {  // the same through the parent's element, as a chain's store does
+        const KvHoldStore::Placed x = s.allocate_child(0, 1, p, s[p]);
+        REQUIRE(x.hold == &s[x.index]);
+        h = x.index;
+      }
       s[h].block_hash = h * 10U;
       parent_of[h] = p;
     } else {  // release a childless hold (first, middle or last sibling)
@@ -76,8 +83,12 @@ TEST_CASE("hold store: parents and sibling links through random changes", "[kv_i
       for (const std::uint32_t h : live)
         if (h != root && s[h].first_child == kv_npos) leaves.push_back(h);
       const std::uint32_t h = leaves[rng() % leaves.size()];
-      s.release(h);
+      if (step % 2 == 0)
+        s.release(h);
+      else
+        s.release(h, s[h]);
       REQUIRE(s.is_free(h));
+      REQUIRE(KvHoldStore::is_free(s[h]));
       parent_of.erase(h);
     }
     if (step % 200 == 0) check_tree(s, parent_of);

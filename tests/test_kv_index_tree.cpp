@@ -311,3 +311,44 @@ TEST_CASE("kv path mix: inverted exactly, spreads small inputs over the fingerpr
   CHECK(tree.t.nodes().tokens_hash(a) == 77U);
   CHECK(tree.t.nodes().tokens_hash(b) == 1234567U);
 }
+
+TEST_CASE("kv node store: a node added with its holder, a holder added once", "[kv_index]") {
+  // Word form (slots below 64), then the sparse forms past it.
+  for (const std::uint32_t width : {2U, 100U}) {
+    KvTree t;
+    t.nodes().ensure_slots(width);
+    const std::uint32_t a_slot = 0;
+    const std::uint32_t b_slot = width - 1U;
+    t.reserve(3);
+    const std::uint64_t pa = key(KvTree::root_path_hash, 1);
+    const std::uint64_t pb = key(pa, 2);
+    const std::uint32_t a = t.add_held_child(pa, 0, a_slot);
+    const std::uint32_t b = t.add_held_child(pb, a, b_slot);
+    CHECK(t.nodes().count(a) == 1U);
+    CHECK(t.nodes().test(a, a_slot));
+    CHECK_FALSE(t.nodes().test(a, b_slot));
+    CHECK(t.nodes().parent(b) == a);
+    CHECK(t.nodes().path_hash(b) == pb);
+    CHECK(t.find_child(pb, a) == b);
+    CHECK(t.nodes().test(b, b_slot));
+    CHECK(t.check());
+
+    // A holder already there is not added again; a new one is, once.
+    CHECK_FALSE(t.nodes().add_holder(a, a_slot));
+    CHECK(t.nodes().count(a) == 1U);
+    CHECK(t.nodes().add_holder(a, b_slot));
+    CHECK(t.nodes().count(a) == 2U);
+    CHECK(t.nodes().test(a, b_slot));
+    CHECK_FALSE(t.nodes().add_holder(a, b_slot));
+    CHECK(t.nodes().count(a) == 2U);
+
+    // Released like any node: holders first, then the row.
+    CHECK(t.nodes().reset_bit(b, b_slot) == 0U);
+    t.remove_node(b);
+    CHECK(t.nodes().reset_bit(a, b_slot) == 1U);
+    CHECK(t.nodes().reset_bit(a, a_slot) == 0U);
+    t.remove_node(a);
+    CHECK(t.nodes().live() == 0U);
+    CHECK(t.check());
+  }
+}

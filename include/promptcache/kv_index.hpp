@@ -821,7 +821,9 @@ class KvIndex {
       cur_hold = find_name(workers_[slot], *parent_hash);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
-    std::uint32_t cur_node = holds_[cur_hold].node;
+    // The chain's last hold, kept at hand: the next new hold links under it.
+    detail::KvHold* cur = &holds_[cur_hold];
+    std::uint32_t cur_node = cur->node;
     std::size_t added = 0;
     // Path hashes follow from the tokens hashes alone, so the probes of a whole
     // chunk are issued up front and their cache misses overlap.
@@ -848,31 +850,36 @@ class KvIndex {
         // node cannot exist yet.
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
-        if (child == detail::kv_npos) {
-          child = tree_.add_child(paths[j], cur_node);
+        if (child == detail::kv_npos) {  // a new node, held by this slot from the start
+          child = tree_.add_held_child(paths[j], cur_node, slot);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
         const auto name = names.probe(
             name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
         if (name.value != detail::kv_npos) {
-          if (holds_[name.value].node == child) {  // re-store of a held block
+          detail::KvHold& held = holds_[name.value];
+          if (held.node == child) {  // re-store of a held block (never on a new node)
             ++r.blocks_already_held;
             cur_hold = name.value;
+            cur = &held;
             cur_node = child;
             continue;
           }
-        } else if (fresh_node || !tree_.nodes().test(child, slot)) {
-          const std::uint32_t h = holds_.allocate(b.block_hash, child, cur_hold);
-          names.insert_at(name, name_fps[j], h);
-          tree_.nodes().set(child, slot);
+        } else if (fresh_node || tree_.nodes().add_holder(child, slot)) {
+          const auto h = holds_.allocate_child(b.block_hash, child, cur_hold, *cur);
+          names.insert_at(name, name_fps[j], h.index);
           ++added;
-          cur_hold = h;
+          cur_hold = h.index;
+          cur = h.hold;
           cur_node = child;
           continue;
         }
         // Conflict: the name is held elsewhere, or the position under another name.
-        if (fresh_node) free_node(child);
+        if (fresh_node) {
+          (void)tree_.nodes().reset_bit(child, slot);
+          free_node(child);
+        }
         workers_[slot].blocks += added;  // undo_chain takes them off again
         undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
@@ -904,6 +911,7 @@ class KvIndex {
     auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
+    detail::KvHold* hp[chunk];  // the elements of hs[j], found once for all stages
     std::uint32_t name_fps[chunk];
     std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
@@ -918,27 +926,32 @@ class KvIndex {
         const auto first = names.first_slot(name_fps[j]);
         hs[j] = first.value;
         name_slots[j] = first.pos;
-        if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
+        if (hs[j] != detail::kv_npos) {
+          hp[j] = &holds_[hs[j]];
+          detail::KvHoldStore::prefetch(*hp[j]);
+        }
       }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos && holds_[hs[j]].block_hash != block_hashes[base + j])
+        if (hs[j] != detail::kv_npos && hp[j]->block_hash != block_hashes[base + j]) {
           hs[j] = find_name(workers_[slot], block_hashes[base + j]);
+          if (hs[j] != detail::kv_npos) hp[j] = &holds_[hs[j]];
+        }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
+        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(hp[j]->node);
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos)
-          tree_.prefetch_edge(tree_.nodes().path_hash(holds_[hs[j]].node));
+        if (hs[j] != detail::kv_npos) tree_.prefetch_edge(tree_.nodes().path_hash(hp[j]->node));
       for (std::size_t j = 0; j < m; ++j) {
         // An earlier name of this event may have cascaded it away. A removal
-        // allocates nothing, so a freed hold is not reused meanwhile.
+        // allocates nothing, so a freed hold is not reused meanwhile (and its
+        // element stays where hp[j] points).
         const std::uint32_t h = hs[j];
-        if (h == detail::kv_npos || holds_.is_free(h)) {
+        if (h == detail::kv_npos || detail::KvHoldStore::is_free(*hp[j])) {
           ++r.blocks_not_held;
           continue;
         }
         ++r.blocks_removed;
-        if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, name_fps[j], true, name_slots[j]);
+        if (hp[j]->first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
+          release_hold(slot, h, *hp[j], name_fps[j], true, name_slots[j]);
         else
           r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
@@ -987,12 +1000,19 @@ class KvIndex {
   [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
                                            bool shrink = true,
                                            std::size_t name_slot = ~std::size_t{0}) noexcept {
-    const detail::KvHold& x = holds_[h];
+    release_hold(slot, h, holds_[h], fp, shrink, name_slot);
+  }
+
+  // As above, with `x` the element of hold `h` (a caller that has it saves
+  // the page-table step).
+  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, detail::KvHold& x,
+                                           std::uint32_t fp, bool shrink = true,
+                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
     Slot& s = workers_[slot];
     s.names.erase_hint(name_slot, fp, h, shrink);
     --s.blocks;
     if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
-    holds_.release(h);
+    holds_.release(h, x);
   }
 
   void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }

@@ -1178,6 +1178,15 @@ class KvHoldStore {
 #endif
   }
 
+  /// Hints the CPU to load element `x` (found with operator[]). O(1).
+  static void prefetch(const KvHold& x) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&x);
+#else
+    (void)x;
+#endif
+  }
+
   /// The parent of hold `h` (kv_npos for a sentinel): O(1) for a first
   /// child, else O(earlier siblings), found through the first one.
   [[nodiscard]] std::uint32_t parent(std::uint32_t h) const noexcept {
@@ -1196,37 +1205,47 @@ class KvHoldStore {
     holds_.reserve(holds_.size() + extra - free_count_);
   }
 
+  /// A new hold and its element, as allocate_child() returns them.
+  struct Placed {
+    std::uint32_t index;  ///< the hold
+    KvHold* hold;         ///< its element; valid until release() of the last hold
+  };
+
   /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
   /// Always inlined: it runs once per stored block (other compilers ignore
   /// the gnu:: attribute).
   [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
                                                 std::uint32_t parent) {
-    std::uint32_t h;
-    if (free_head_ != kv_npos) {
-      h = free_head_;
-      free_head_ = holds_[h].next;
-      --free_count_;
-      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
-    } else {
-      h = append();
+    if (parent == kv_npos) {
+      const Placed x = take();
+      *x.hold = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
+      return x.index;
     }
-    KvHold& x = holds_[h];
-    x = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
-    if (parent != kv_npos) {
-      KvHold& p = holds_[parent];
-      x.link = parent | kv_hold_parent_bit;
-      x.next = p.first_child;
-      if (x.next != kv_npos) holds_[x.next].link = h;
-      p.first_child = h;
-    }
-    ++live_;
-    return h;
+    return allocate_child(block_hash, node, parent, holds_[parent]).index;
+  }
+
+  /// allocate() under `parent` (not kv_npos) whose element `p` the caller
+  /// already has, e.g. the previous hold of a chain being stored: each
+  /// element found again costs a page-table step. Returns the new hold and
+  /// its element. O(1); always inlined (once per stored block).
+  [[gnu::always_inline]] Placed allocate_child(std::uint64_t block_hash, std::uint32_t node,
+                                               std::uint32_t parent, KvHold& p) {
+    const Placed x = take();
+    *x.hold = KvHold{block_hash, node, kv_npos, p.first_child, parent | kv_hold_parent_bit};
+    if (p.first_child != kv_npos) holds_[p.first_child].link = x.index;
+    p.first_child = x.index;
+    return x;
   }
 
   /// Unlinks hold `h` (which must have no children) and frees it. O(1).
   /// Always inlined: it runs once per removed block.
   [[gnu::always_inline]] void release(std::uint32_t h) noexcept {
-    KvHold& x = holds_[h];
+    release(h, holds_[h]);
+  }
+
+  /// release() of hold `h` whose element `x` the caller already has (saves a
+  /// page-table step). O(1); always inlined.
+  [[gnu::always_inline]] void release(std::uint32_t h, KvHold& x) noexcept {
     if (x.link != kv_npos) {
       if ((x.link & kv_hold_parent_bit) != 0U)
         holds_[x.link & ~kv_hold_parent_bit].first_child = x.next;
@@ -1254,6 +1273,11 @@ class KvHoldStore {
     return holds_[h].node == kv_npos;
   }
 
+  /// is_free() of the hold whose element is `x`. O(1).
+  [[nodiscard]] static bool is_free(const KvHold& x) noexcept {
+    return x.node == kv_npos;
+  }
+
   /// Holds in use (sentinels included). O(1).
   [[nodiscard]] std::size_t live() const noexcept {
     return live_;
@@ -1266,7 +1290,25 @@ class KvHoldStore {
  private:
   static constexpr std::size_t max_holds = kv_hold_parent_bit - 1U;  // indices below 2^31 - 1
 
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  // A free hold (from the free list, else appended), counted live; the
+  // caller writes its element.
+  [[gnu::always_inline]] Placed take() {
+    std::uint32_t h;
+    if (free_head_ != kv_npos) {
+      h = free_head_;
+      KvHold& x = holds_[h];
+      free_head_ = x.next;
+      --free_count_;
+      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
+      ++live_;
+      return Placed{h, &x};
+    }
+    h = append();
+    ++live_;
+    return Placed{h, &holds_[h]};
+  }
+
+  // take()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append() {
     if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
     const auto h = static_cast<std::uint32_t>(holds_.size());
@@ -1364,6 +1406,7 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 // ---- begin promptcache/detail/kv_index_fingerprints.hpp ----
@@ -1988,6 +2031,17 @@ class KvNodeStore {
     holders_.insert(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot);
     r.links += std::uint64_t{1} << 32U;
   }
+  /// set() unless `slot` already holds `n` (then false and nothing changes):
+  /// test() and set() on one row lookup. Cannot throw after reserve_holders.
+  /// O(holders).
+  bool add_holder(std::uint32_t n, std::uint32_t slot) {
+    Row& r = rows_[n];
+    const auto count = static_cast<std::uint32_t>(r.links >> 32U);
+    if (holders_.contains(r.holders, count, slot)) return false;
+    holders_.insert(r.holders, count, slot);
+    r.links += std::uint64_t{1} << 32U;
+    return true;
+  }
   /// Removes holder `slot` of `n` (it must be one); returns the new count.
   /// Never allocates. O(holders).
   std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
@@ -2028,18 +2082,18 @@ class KvNodeStore {
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
   /// it noexcept.
   std::uint32_t allocate(std::uint64_t path, std::uint32_t parent_node) {
-    std::uint32_t n;
-    if (free_head_ != kv_npos) {
-      n = free_head_;
-      free_head_ = parent(n);
-      --free_count_;
-      // The next allocation reads that row (free rows are usually cold).
-      if (free_head_ != kv_npos) prefetch(free_head_);
-    } else {
-      n = append_row();
-    }
-    rows_[n] = Row{path, parent_node, KvHolderSets::empty_word};
-    ++live_;
+    const auto [n, r] = take_row();
+    *r = Row{path, parent_node, KvHolderSets::empty_word};
+    return n;
+  }
+
+  /// allocate() with `slot` as its one holder: set() on the row just written,
+  /// without finding it again. Call reserve_extra and reserve_holders first
+  /// to make it noexcept.
+  std::uint32_t allocate_held(std::uint64_t path, std::uint32_t parent_node, std::uint32_t slot) {
+    const auto [n, r] = take_row();
+    *r = Row{path, parent_node | (std::uint64_t{1} << 32U), KvHolderSets::empty_word};
+    holders_.insert(r->holders, 0, slot);
     return n;
   }
 
@@ -2164,7 +2218,7 @@ class KvNodeStore {
     holders_.end_word_form();
   }
 
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  // take_row()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
     if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
     if (rows_.empty())  // the root's row first; its parent is "none"
@@ -2179,6 +2233,26 @@ class KvNodeStore {
     std::uint64_t links = 0;
     std::uint64_t holders = 0;
   };
+
+  // A free row (from the free list, else appended), counted live, with its
+  // element; the caller writes it.
+  std::pair<std::uint32_t, Row*> take_row() {
+    std::uint32_t n;
+    Row* r;
+    if (free_head_ != kv_npos) {
+      n = free_head_;
+      r = &rows_[n];
+      free_head_ = static_cast<std::uint32_t>(r->links & 0xffffffffULL);
+      --free_count_;
+      // The next allocation reads that row (free rows are usually cold).
+      if (free_head_ != kv_npos) prefetch(free_head_);
+    } else {
+      n = append_row();
+      r = &rows_[n];
+    }
+    ++live_;
+    return {n, r};
+  }
 
   // The holder count of row `r` when it is the child of `parent_node` with
   // path hash `path`, else 0: one read of the row confirms and counts.
@@ -2284,6 +2358,16 @@ class KvTree {
   /// throw.
   std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
     const std::uint32_t child = nodes_.allocate(path, parent);
+    edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
+    return child;
+  }
+
+  /// add_child() with `slot` as the new node's one holder (one row lookup
+  /// instead of two). Requires room from reserve(); then it cannot throw.
+  /// Always inlined: a store runs it once per new node.
+  [[gnu::always_inline]] std::uint32_t add_held_child(std::uint64_t path, std::uint32_t parent,
+                                                      std::uint32_t slot) {
+    const std::uint32_t child = nodes_.allocate_held(path, parent, slot);
     edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
@@ -3271,7 +3355,9 @@ class KvIndex {
       cur_hold = find_name(workers_[slot], *parent_hash);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
-    std::uint32_t cur_node = holds_[cur_hold].node;
+    // The chain's last hold, kept at hand: the next new hold links under it.
+    detail::KvHold* cur = &holds_[cur_hold];
+    std::uint32_t cur_node = cur->node;
     std::size_t added = 0;
     // Path hashes follow from the tokens hashes alone, so the probes of a whole
     // chunk are issued up front and their cache misses overlap.
@@ -3298,31 +3384,36 @@ class KvIndex {
         // node cannot exist yet.
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
-        if (child == detail::kv_npos) {
-          child = tree_.add_child(paths[j], cur_node);
+        if (child == detail::kv_npos) {  // a new node, held by this slot from the start
+          child = tree_.add_held_child(paths[j], cur_node, slot);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
         const auto name = names.probe(
             name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
         if (name.value != detail::kv_npos) {
-          if (holds_[name.value].node == child) {  // re-store of a held block
+          detail::KvHold& held = holds_[name.value];
+          if (held.node == child) {  // re-store of a held block (never on a new node)
             ++r.blocks_already_held;
             cur_hold = name.value;
+            cur = &held;
             cur_node = child;
             continue;
           }
-        } else if (fresh_node || !tree_.nodes().test(child, slot)) {
-          const std::uint32_t h = holds_.allocate(b.block_hash, child, cur_hold);
-          names.insert_at(name, name_fps[j], h);
-          tree_.nodes().set(child, slot);
+        } else if (fresh_node || tree_.nodes().add_holder(child, slot)) {
+          const auto h = holds_.allocate_child(b.block_hash, child, cur_hold, *cur);
+          names.insert_at(name, name_fps[j], h.index);
           ++added;
-          cur_hold = h;
+          cur_hold = h.index;
+          cur = h.hold;
           cur_node = child;
           continue;
         }
         // Conflict: the name is held elsewhere, or the position under another name.
-        if (fresh_node) free_node(child);
+        if (fresh_node) {
+          (void)tree_.nodes().reset_bit(child, slot);
+          free_node(child);
+        }
         workers_[slot].blocks += added;  // undo_chain takes them off again
         undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
@@ -3354,6 +3445,7 @@ class KvIndex {
     auto& names = workers_[slot].names;
     constexpr std::size_t chunk = 32;
     std::uint32_t hs[chunk];
+    detail::KvHold* hp[chunk];  // the elements of hs[j], found once for all stages
     std::uint32_t name_fps[chunk];
     std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
     for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
@@ -3368,27 +3460,32 @@ class KvIndex {
         const auto first = names.first_slot(name_fps[j]);
         hs[j] = first.value;
         name_slots[j] = first.pos;
-        if (hs[j] != detail::kv_npos) holds_.prefetch(hs[j]);
+        if (hs[j] != detail::kv_npos) {
+          hp[j] = &holds_[hs[j]];
+          detail::KvHoldStore::prefetch(*hp[j]);
+        }
       }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos && holds_[hs[j]].block_hash != block_hashes[base + j])
+        if (hs[j] != detail::kv_npos && hp[j]->block_hash != block_hashes[base + j]) {
           hs[j] = find_name(workers_[slot], block_hashes[base + j]);
+          if (hs[j] != detail::kv_npos) hp[j] = &holds_[hs[j]];
+        }
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(holds_[hs[j]].node);
+        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(hp[j]->node);
       for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos)
-          tree_.prefetch_edge(tree_.nodes().path_hash(holds_[hs[j]].node));
+        if (hs[j] != detail::kv_npos) tree_.prefetch_edge(tree_.nodes().path_hash(hp[j]->node));
       for (std::size_t j = 0; j < m; ++j) {
         // An earlier name of this event may have cascaded it away. A removal
-        // allocates nothing, so a freed hold is not reused meanwhile.
+        // allocates nothing, so a freed hold is not reused meanwhile (and its
+        // element stays where hp[j] points).
         const std::uint32_t h = hs[j];
-        if (h == detail::kv_npos || holds_.is_free(h)) {
+        if (h == detail::kv_npos || detail::KvHoldStore::is_free(*hp[j])) {
           ++r.blocks_not_held;
           continue;
         }
         ++r.blocks_removed;
-        if (holds_[h].first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, name_fps[j], true, name_slots[j]);
+        if (hp[j]->first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
+          release_hold(slot, h, *hp[j], name_fps[j], true, name_slots[j]);
         else
           r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
       }
@@ -3437,12 +3534,19 @@ class KvIndex {
   [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
                                            bool shrink = true,
                                            std::size_t name_slot = ~std::size_t{0}) noexcept {
-    const detail::KvHold& x = holds_[h];
+    release_hold(slot, h, holds_[h], fp, shrink, name_slot);
+  }
+
+  // As above, with `x` the element of hold `h` (a caller that has it saves
+  // the page-table step).
+  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, detail::KvHold& x,
+                                           std::uint32_t fp, bool shrink = true,
+                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
     Slot& s = workers_[slot];
     s.names.erase_hint(name_slot, fp, h, shrink);
     --s.blocks;
     if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
-    holds_.release(h);
+    holds_.release(h, x);
   }
 
   void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }

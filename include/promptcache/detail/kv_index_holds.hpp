@@ -59,6 +59,15 @@ class KvHoldStore {
 #endif
   }
 
+  /// Hints the CPU to load element `x` (found with operator[]). O(1).
+  static void prefetch(const KvHold& x) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&x);
+#else
+    (void)x;
+#endif
+  }
+
   /// The parent of hold `h` (kv_npos for a sentinel): O(1) for a first
   /// child, else O(earlier siblings), found through the first one.
   [[nodiscard]] std::uint32_t parent(std::uint32_t h) const noexcept {
@@ -77,37 +86,47 @@ class KvHoldStore {
     holds_.reserve(holds_.size() + extra - free_count_);
   }
 
+  /// A new hold and its element, as allocate_child() returns them.
+  struct Placed {
+    std::uint32_t index;  ///< the hold
+    KvHold* hold;         ///< its element; valid until release() of the last hold
+  };
+
   /// A new hold linked as the first child of `parent` (kv_npos: a sentinel).
   /// Always inlined: it runs once per stored block (other compilers ignore
   /// the gnu:: attribute).
   [[gnu::always_inline]] std::uint32_t allocate(std::uint64_t block_hash, std::uint32_t node,
                                                 std::uint32_t parent) {
-    std::uint32_t h;
-    if (free_head_ != kv_npos) {
-      h = free_head_;
-      free_head_ = holds_[h].next;
-      --free_count_;
-      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
-    } else {
-      h = append();
+    if (parent == kv_npos) {
+      const Placed x = take();
+      *x.hold = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
+      return x.index;
     }
-    KvHold& x = holds_[h];
-    x = KvHold{block_hash, node, kv_npos, kv_npos, kv_npos};
-    if (parent != kv_npos) {
-      KvHold& p = holds_[parent];
-      x.link = parent | kv_hold_parent_bit;
-      x.next = p.first_child;
-      if (x.next != kv_npos) holds_[x.next].link = h;
-      p.first_child = h;
-    }
-    ++live_;
-    return h;
+    return allocate_child(block_hash, node, parent, holds_[parent]).index;
+  }
+
+  /// allocate() under `parent` (not kv_npos) whose element `p` the caller
+  /// already has, e.g. the previous hold of a chain being stored: each
+  /// element found again costs a page-table step. Returns the new hold and
+  /// its element. O(1); always inlined (once per stored block).
+  [[gnu::always_inline]] Placed allocate_child(std::uint64_t block_hash, std::uint32_t node,
+                                               std::uint32_t parent, KvHold& p) {
+    const Placed x = take();
+    *x.hold = KvHold{block_hash, node, kv_npos, p.first_child, parent | kv_hold_parent_bit};
+    if (p.first_child != kv_npos) holds_[p.first_child].link = x.index;
+    p.first_child = x.index;
+    return x;
   }
 
   /// Unlinks hold `h` (which must have no children) and frees it. O(1).
   /// Always inlined: it runs once per removed block.
   [[gnu::always_inline]] void release(std::uint32_t h) noexcept {
-    KvHold& x = holds_[h];
+    release(h, holds_[h]);
+  }
+
+  /// release() of hold `h` whose element `x` the caller already has (saves a
+  /// page-table step). O(1); always inlined.
+  [[gnu::always_inline]] void release(std::uint32_t h, KvHold& x) noexcept {
     if (x.link != kv_npos) {
       if ((x.link & kv_hold_parent_bit) != 0U)
         holds_[x.link & ~kv_hold_parent_bit].first_child = x.next;
@@ -135,6 +154,11 @@ class KvHoldStore {
     return holds_[h].node == kv_npos;
   }
 
+  /// is_free() of the hold whose element is `x`. O(1).
+  [[nodiscard]] static bool is_free(const KvHold& x) noexcept {
+    return x.node == kv_npos;
+  }
+
   /// Holds in use (sentinels included). O(1).
   [[nodiscard]] std::size_t live() const noexcept {
     return live_;
@@ -147,7 +171,25 @@ class KvHoldStore {
  private:
   static constexpr std::size_t max_holds = kv_hold_parent_bit - 1U;  // indices below 2^31 - 1
 
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  // A free hold (from the free list, else appended), counted live; the
+  // caller writes its element.
+  [[gnu::always_inline]] Placed take() {
+    std::uint32_t h;
+    if (free_head_ != kv_npos) {
+      h = free_head_;
+      KvHold& x = holds_[h];
+      free_head_ = x.next;
+      --free_count_;
+      if (free_head_ != kv_npos) prefetch(free_head_);  // the next allocation reads it
+      ++live_;
+      return Placed{h, &x};
+    }
+    h = append();
+    ++live_;
+    return Placed{h, &holds_[h]};
+  }
+
+  // take()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append() {
     if (holds_.size() >= max_holds) throw std::length_error("kv index: too many blocks");
     const auto h = static_cast<std::uint32_t>(holds_.size());

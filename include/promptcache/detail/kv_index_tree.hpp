@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "promptcache/detail/kv_index_fingerprints.hpp"
@@ -161,6 +162,17 @@ class KvNodeStore {
     holders_.insert(r.holders, static_cast<std::uint32_t>(r.links >> 32U), slot);
     r.links += std::uint64_t{1} << 32U;
   }
+  /// set() unless `slot` already holds `n` (then false and nothing changes):
+  /// test() and set() on one row lookup. Cannot throw after reserve_holders.
+  /// O(holders).
+  bool add_holder(std::uint32_t n, std::uint32_t slot) {
+    Row& r = rows_[n];
+    const auto count = static_cast<std::uint32_t>(r.links >> 32U);
+    if (holders_.contains(r.holders, count, slot)) return false;
+    holders_.insert(r.holders, count, slot);
+    r.links += std::uint64_t{1} << 32U;
+    return true;
+  }
   /// Removes holder `slot` of `n` (it must be one); returns the new count.
   /// Never allocates. O(holders).
   std::uint32_t reset_bit(std::uint32_t n, std::uint32_t slot, bool shrink = true) noexcept {
@@ -201,18 +213,18 @@ class KvNodeStore {
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
   /// it noexcept.
   std::uint32_t allocate(std::uint64_t path, std::uint32_t parent_node) {
-    std::uint32_t n;
-    if (free_head_ != kv_npos) {
-      n = free_head_;
-      free_head_ = parent(n);
-      --free_count_;
-      // The next allocation reads that row (free rows are usually cold).
-      if (free_head_ != kv_npos) prefetch(free_head_);
-    } else {
-      n = append_row();
-    }
-    rows_[n] = Row{path, parent_node, KvHolderSets::empty_word};
-    ++live_;
+    const auto [n, r] = take_row();
+    *r = Row{path, parent_node, KvHolderSets::empty_word};
+    return n;
+  }
+
+  /// allocate() with `slot` as its one holder: set() on the row just written,
+  /// without finding it again. Call reserve_extra and reserve_holders first
+  /// to make it noexcept.
+  std::uint32_t allocate_held(std::uint64_t path, std::uint32_t parent_node, std::uint32_t slot) {
+    const auto [n, r] = take_row();
+    *r = Row{path, parent_node | (std::uint64_t{1} << 32U), KvHolderSets::empty_word};
+    holders_.insert(r->holders, 0, slot);
     return n;
   }
 
@@ -337,7 +349,7 @@ class KvNodeStore {
     holders_.end_word_form();
   }
 
-  // allocate()'s slow path, kept out of line so the free-list path inlines.
+  // take_row()'s slow path, kept out of line so the free-list path inlines.
   std::uint32_t append_row() {
     if (rows() >= max_rows) throw std::length_error("kv index: too many nodes");
     if (rows_.empty())  // the root's row first; its parent is "none"
@@ -352,6 +364,26 @@ class KvNodeStore {
     std::uint64_t links = 0;
     std::uint64_t holders = 0;
   };
+
+  // A free row (from the free list, else appended), counted live, with its
+  // element; the caller writes it.
+  std::pair<std::uint32_t, Row*> take_row() {
+    std::uint32_t n;
+    Row* r;
+    if (free_head_ != kv_npos) {
+      n = free_head_;
+      r = &rows_[n];
+      free_head_ = static_cast<std::uint32_t>(r->links & 0xffffffffULL);
+      --free_count_;
+      // The next allocation reads that row (free rows are usually cold).
+      if (free_head_ != kv_npos) prefetch(free_head_);
+    } else {
+      n = append_row();
+      r = &rows_[n];
+    }
+    ++live_;
+    return {n, r};
+  }
 
   // The holder count of row `r` when it is the child of `parent_node` with
   // path hash `path`, else 0: one read of the row confirms and counts.
@@ -457,6 +489,16 @@ class KvTree {
   /// throw.
   std::uint32_t add_child(std::uint64_t path, std::uint32_t parent) {
     const std::uint32_t child = nodes_.allocate(path, parent);
+    edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
+    return child;
+  }
+
+  /// add_child() with `slot` as the new node's one holder (one row lookup
+  /// instead of two). Requires room from reserve(); then it cannot throw.
+  /// Always inlined: a store runs it once per new node.
+  [[gnu::always_inline]] std::uint32_t add_held_child(std::uint64_t path, std::uint32_t parent,
+                                                      std::uint32_t slot) {
+    const std::uint32_t child = nodes_.allocate_held(path, parent, slot);
     edges_.insert_reserved(KvFingerprintTable::fingerprint(path), child);
     return child;
   }
