@@ -198,3 +198,28 @@ TEST_CASE("mismatch_copy: the fused AVX2 pass alone, where the CPU has AVX2") {
   });
 }
 #endif
+
+TEST_CASE("mismatch_copy: dst may be b's own storage, the ids overwriting the tokens they match") {
+  // A caller matching into the query's buffer: every lane compared before its id lands there.
+  constexpr std::size_t kMax = 100;
+  std::vector<std::uint32_t> a(kMax), b(kMax), src(kMax);
+  for (std::size_t i = 0; i < kMax; ++i) {
+    a[i] = static_cast<std::uint32_t>(i * 2654435761U);
+    src[i] = static_cast<std::uint32_t>(1000 + i);
+  }
+  for (std::size_t n = 0; n <= kMax; ++n) {
+    for (std::size_t diff = 0; diff <= n; ++diff) {
+      std::copy(a.begin(), a.end(), b.begin());
+      if (diff < n) b[diff] ^= 0x00010000U;
+      const std::vector<std::uint32_t> query = b;
+      const std::size_t got = d::mismatch_copy(a.data(), b.data(), src.data(), b.data(), n);
+      bool ok = got == diff;
+      for (std::size_t i = 0; i < kMax; ++i)
+        ok = ok && b[i] == (i < diff ? src[i] : query[i]);
+      if (!ok) {
+        INFO("n " << n << ", first difference " << diff << ", got " << got);
+        REQUIRE(ok);
+      }
+    }
+  }
+}

@@ -129,6 +129,28 @@ TEST_CASE("paged cache: match into a caller's table writes only the matched ids"
   CHECK(c.stats().lookups == 7);
 }
 
+TEST_CASE("paged cache: match into the query's own buffer, the ids overwriting the tokens") {
+  // The ids of a node are written while (page size 1) or after its tokens are compared, and
+  // never ahead of the tokens still to compare: one buffer can be the query and the table.
+  for (const std::size_t ps : {std::size_t{1}, std::size_t{2}}) {
+    PagedPrefixCache<> c(ps);
+    const Tokens head = seq(1, 12 * ps);  // 12 pages, then a 13-page tail: no node a multiple
+    const Tokens full = cat(head, seq(500, 13 * ps));  // of the fused compare's 8-token steps
+    c.insert(head, ids(100, 12));
+    c.insert(full, ids(100, 25));
+    const std::size_t nodes = c.node_count();
+    const Tokens query = cat(full, seq(900, ps));  // and one page the cache does not hold
+    Tokens buf = query;
+    const auto e = c.match(buf, 0, std::span<std::uint32_t>(buf.data(), buf.size() / ps));
+    INFO("page size " << ps);
+    CHECK(e.matched == 25 * ps);
+    CHECK(Pages(buf.begin(), buf.begin() + 25) == ids(100, 25));
+    CHECK(Tokens(buf.begin() + 25, buf.end()) == Tokens(query.begin() + 25, query.end()));
+    CHECK(c.node_count() == nodes);  // no split
+    CHECK(c.check_invariants());
+  }
+}
+
 TEST_CASE("paged cache: a namespace's slot reused by another namespace is not matched") {
   // match() remembers the last namespace slot it used; erasing the namespace and creating
   // another in the same slot must not let a query of the old id see the new one's pages.

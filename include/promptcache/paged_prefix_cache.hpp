@@ -236,7 +236,8 @@ class PagedPrefixCache {
   /// Matches at most out.size() pages (a shorter span caps the match, splitting a node
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   /// If that split throws std::bad_alloc, out may already hold a prefix of the ids a
-  /// successful call writes (never an entry past them); the cache is as above.
+  /// successful call writes (never an entry past them); the cache is as above. out may be
+  /// the query's own storage (out.data() == tokens.data()): ids land only on compared tokens.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
     const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
     const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
