@@ -802,22 +802,22 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const voi
         _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
     if (eq != 0xFFU) {
       const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
-      for (; i < end; ++i)
-        dst[i] = src[i];
+      std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
       return end;
     }
     store8_avx2(dst, i, load8_avx2(src, i));
   }
   if (i == n) return n;
-  // The last 8 elements, overlapping equal ones (their mask bits are set, and their ids are
-  // stored again with the same values).
+  // The last 8 elements, overlapping the equal ones below i: their lanes are taken as equal
+  // without their compare (dst may be b's own storage, a caller matching into the query's
+  // buffer, so they may already hold ids), and their ids are stored again with the same values.
   const std::size_t j = n - 8;
-  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
-      _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j)))));
+  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
+                      _mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j))))) |
+                  ((1U << (i - j)) - 1U);
   if (eq != 0xFFU) {
     const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
-    for (; i < end; ++i)
-      dst[i] = src[i];
+    std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
     return end;
   }
   store8_avx2(dst, j, load8_avx2(src, j));
