@@ -687,10 +687,17 @@ class KvIndex {
   }
 
   // Appends a match at `depth` for every slot in the word-form set `bits`.
+  // One resize per set, then plain stores: GCC compiled a push_back per
+  // match as a call (growth path included), about 27 instructions per match
+  // against about 24 here, the zero fill of the resize included.
   void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
-    for (; bits != 0U; bits &= bits - 1U)
-      out.push_back(KvWorkerMatch{
-          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
+    if (bits == 0U) return;
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(std::popcount(bits)));
+    KvWorkerMatch* m = out.data() + at;
+    for (; bits != 0U; bits &= bits - 1U, ++m)
+      *m =
+          KvWorkerMatch{workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth};
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
