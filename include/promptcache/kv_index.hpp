@@ -449,12 +449,15 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     // Path hashes depend on the query only, so the edge probes of a chunk are
     // issued one chunk ahead: their misses overlap the walk of the previous one.
-    const auto issue = [&](std::size_t base, std::uint64_t* dst) {
+    // The prefetcher keeps the edge table's address and size in registers (the
+    // table itself would be re-read after each store of a path hash).
+    const auto prefetch_edge = tree_.edge_prefetcher();
+    const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         dst[j] = path;
-        tree_.prefetch_edge(path);
+        prefetch_edge(detail::KvFingerprintTable::fingerprint(path));
       }
       return m;
     };
@@ -467,7 +470,7 @@ class KvIndex {
     std::size_t depth = 0;
     std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
     for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
-      const std::size_t got = tree_.walk(paths[k], m, cur, found, counts);
+      const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);
       bool stop = got < m;
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
