@@ -454,6 +454,12 @@ class KvIndex {
     const auto prefetch_edge = tree_.edge_prefetcher();
     const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      // A query's hashes are usually cold: the next chunk's lines are
+      // requested now, together, rather than one by one as the chain of path
+      // hashes reaches them.
+      if (base + m < tokens_hashes.size())
+        detail::KvTree::prefetch_hashes(tokens_hashes.data() + base + m,
+                                        std::min(chunk, tokens_hashes.size() - base - m));
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         dst[j] = path;
@@ -468,6 +474,7 @@ class KvIndex {
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
+    detail::KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
     std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
     for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
       const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);

@@ -519,6 +519,20 @@ class KvTree {
     return nodes_.memory_bytes() + edges_.memory_bytes();
   }
 
+  /// Hints the CPU to load the cache lines of the `n` hashes at `p` (a
+  /// query's tokens hashes, usually cold). O(n).
+  static void prefetch_hashes(const std::uint64_t* p, std::size_t n) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    // Line by line on addresses (GCC 12 at -O2 dropped every prefetch of a
+    // loop over p + i followed by a prefetch of the last element).
+    const auto end = reinterpret_cast<std::uintptr_t>(p + n);
+    for (auto a = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63}; a < end; a += 64U)
+      __builtin_prefetch(reinterpret_cast<const void*>(a));
+#endif
+    (void)p;  // unused without the builtin
+    (void)n;
+  }
+
   /// Exchanges the contents with `other`. O(1).
   void swap(KvTree& other) noexcept {
     using std::swap;
