@@ -441,7 +441,13 @@ class KvIndex {
   /// reuse its capacity.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
-    out.clear();
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset. Then
+    // `out` is sized once, at the first level: every match is a holder of
+    // that node, once (see start_matches).
+    const bool word_form = nodes.word_form();
+    KvWorkerMatch* next = nullptr;  // word form: where the next match goes
+    if (!word_form) out.clear();
     constexpr std::size_t chunk = 32;
     std::uint64_t paths[2][chunk];
     std::uint32_t found[chunk];
@@ -467,9 +473,6 @@ class KvIndex {
       }
       return m;
     };
-    const detail::KvNodeStore& nodes = tree_.nodes();
-    // While every slot is below 64 a holder word is the set's bitset.
-    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
@@ -502,7 +505,7 @@ class KvIndex {
           if (i == got) break;
           const std::uint32_t child = found[i];
           if (word_form) {
-            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, next);
           } else {
             detail::KvHolderSets::View had;
             detail::KvHolderSets::View has;
@@ -512,6 +515,8 @@ class KvIndex {
               out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
             });
           }
+        } else if (word_form) {
+          next = start_matches(nodes.holder_word(found[i]), out);
         }
         prev = found[i];
         prev_count = counts[i];
@@ -524,9 +529,12 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev == detail::kv_npos) return;
+    if (prev == detail::kv_npos) {
+      out.clear();
+      return;
+    }
     if (word_form) {
-      emit(nodes.holder_word(prev), depth, out);
+      emit(nodes.holder_word(prev), depth, next);
       return;
     }
     detail::KvHolderSets::View has;
@@ -696,17 +704,27 @@ class KvIndex {
     tree_.set_edge_load(before.edges);
   }
 
-  // Appends a match at `depth` for every slot in the word-form set `bits`.
-  // One resize per set, then plain stores: GCC compiled a push_back per
-  // match as a call (growth path included), about 27 instructions per match
-  // against about 24 here, the zero fill of the resize included.
-  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
-    if (bits == 0U) return;
-    const std::size_t at = out.size();
-    out.resize(at + static_cast<std::size_t>(std::popcount(bits)));
-    KvWorkerMatch* m = out.data() + at;
-    for (; bits != 0U; bits &= bits - 1U, ++m)
-      *m =
+  // Sizes `out` for the matches of a word-form query whose first node has
+  // the holder word `first` and returns where they start. By the subset rule
+  // each holder of the first node leaves the path at exactly one level or
+  // stays to the end, so it gets exactly one match; every element is then
+  // written by emit, so the old contents need no clearing and a vector
+  // reused from an earlier query of as many matches is not filled first
+  // (a resize per holder word filled them with zeros, and was a call). When
+  // `out` must grow it is cleared first, so a failed allocation leaves it
+  // empty.
+  static KvWorkerMatch* start_matches(std::uint64_t first, std::vector<KvWorkerMatch>& out) {
+    const auto n = static_cast<std::size_t>(std::popcount(first));
+    if (out.capacity() < n) out.clear();
+    out.resize(n);
+    return out.data();
+  }
+
+  // Writes a match at `depth` for every slot in the word-form set `bits` at
+  // `next`, and advances it.
+  void emit(std::uint64_t bits, std::size_t depth, KvWorkerMatch*& next) const noexcept {
+    for (; bits != 0U; bits &= bits - 1U, ++next)
+      *next =
           KvWorkerMatch{workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth};
   }
 
