@@ -654,6 +654,36 @@ TEST_CASE("the span entry points match apply", "[kv_index]") {
   CHECK(out.empty());
 }
 
+TEST_CASE("a reused result vector holds exactly the matches of each query", "[kv_index]") {
+  KvIndex index;
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4, 5})).ok());
+  REQUIRE(index.apply(B, stored(0, {1, 2, 3}, std::nullopt, 2000)).ok());
+  REQUIRE(index.apply(C, stored(0, {1}, std::nullopt, 3000)).ok());
+  // Longer, shorter, empty and regrown results in turn, into one vector that
+  // starts with stale entries.
+  std::vector<KvWorkerMatch> out(10, KvWorkerMatch{C, 99});
+  const auto sorted = [&] {
+    auto m = out;
+    std::sort(m.begin(), m.end());
+    return m;
+  };
+  const std::vector<KvWorkerMatch> all{{A, 5}, {B, 3}, {C, 1}};
+  index.find_matches(Hashes{1, 2, 3, 4, 5, 6}, false, out);
+  CHECK(sorted() == all);
+  index.find_matches(Hashes{1, 2}, false, out);
+  CHECK(sorted() == std::vector<KvWorkerMatch>{{A, 2}, {B, 2}, {C, 1}});
+  index.find_matches(Hashes{1, 2, 3, 4}, true, out);
+  CHECK(sorted() == std::vector<KvWorkerMatch>{{A, 4}, {B, 3}, {C, 1}});
+  index.find_matches(Hashes{2, 3}, false, out);
+  CHECK(out.empty());
+  out.shrink_to_fit();
+  index.find_matches(Hashes{1, 2, 3, 4, 5}, false, out);
+  CHECK(sorted() == all);
+  REQUIRE(index.apply(C, removed(1, {3001})).ok());
+  index.find_matches(Hashes{1, 2, 3}, false, out);
+  CHECK(sorted() == std::vector<KvWorkerMatch>{{A, 3}, {B, 3}});
+}
+
 TEST_CASE("replace_worker with every slot in use keeps the other views", "[kv_index]") {
   KvIndex index;
   for (std::uint32_t w = 0; w < 64; ++w)

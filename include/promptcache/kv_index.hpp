@@ -441,7 +441,13 @@ class KvIndex {
   /// reuse its capacity.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
-    out.clear();
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset. Then
+    // `out` is sized once, at the first level: every match is a holder of
+    // that node, once (see start_matches).
+    const bool word_form = nodes.word_form();
+    KvWorkerMatch* next = nullptr;  // word form: where the next match goes
+    if (!word_form) out.clear();
     constexpr std::size_t chunk = 32;
     std::uint64_t paths[2][chunk];
     std::uint32_t found[chunk];
@@ -449,25 +455,32 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     // Path hashes depend on the query only, so the edge probes of a chunk are
     // issued one chunk ahead: their misses overlap the walk of the previous one.
-    const auto issue = [&](std::size_t base, std::uint64_t* dst) {
+    // The prefetcher keeps the edge table's address and size in registers (the
+    // table itself would be re-read after each store of a path hash).
+    const auto prefetch_edge = tree_.edge_prefetcher();
+    const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      // A query's hashes are usually cold: the next chunk's lines are
+      // requested now, together, rather than one by one as the chain of path
+      // hashes reaches them.
+      if (base + m < tokens_hashes.size())
+        detail::KvTree::prefetch_hashes(tokens_hashes.data() + base + m,
+                                        std::min(chunk, tokens_hashes.size() - base - m));
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         dst[j] = path;
-        tree_.prefetch_edge(path);
+        prefetch_edge(detail::KvFingerprintTable::fingerprint(path));
       }
       return m;
     };
-    const detail::KvNodeStore& nodes = tree_.nodes();
-    // While every slot is below 64 a holder word is the set's bitset.
-    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
+    detail::KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
     std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
     for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
-      const std::size_t got = tree_.walk(paths[k], m, cur, found, counts);
+      const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);
       bool stop = got < m;
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
@@ -492,7 +505,7 @@ class KvIndex {
           if (i == got) break;
           const std::uint32_t child = found[i];
           if (word_form) {
-            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, next);
           } else {
             detail::KvHolderSets::View had;
             detail::KvHolderSets::View has;
@@ -502,6 +515,8 @@ class KvIndex {
               out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
             });
           }
+        } else if (word_form) {
+          next = start_matches(nodes.holder_word(found[i]), out);
         }
         prev = found[i];
         prev_count = counts[i];
@@ -514,9 +529,12 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev == detail::kv_npos) return;
+    if (prev == detail::kv_npos) {
+      out.clear();
+      return;
+    }
     if (word_form) {
-      emit(nodes.holder_word(prev), depth, out);
+      emit(nodes.holder_word(prev), depth, next);
       return;
     }
     detail::KvHolderSets::View has;
@@ -686,11 +704,28 @@ class KvIndex {
     tree_.set_edge_load(before.edges);
   }
 
-  // Appends a match at `depth` for every slot in the word-form set `bits`.
-  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
-    for (; bits != 0U; bits &= bits - 1U)
-      out.push_back(KvWorkerMatch{
-          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
+  // Sizes `out` for the matches of a word-form query whose first node has
+  // the holder word `first` and returns where they start. By the subset rule
+  // each holder of the first node leaves the path at exactly one level or
+  // stays to the end, so it gets exactly one match; every element is then
+  // written by emit, so the old contents need no clearing and a vector
+  // reused from an earlier query of as many matches is not filled first
+  // (a resize per holder word filled them with zeros, and was a call). When
+  // `out` must grow it is cleared first, so a failed allocation leaves it
+  // empty.
+  static KvWorkerMatch* start_matches(std::uint64_t first, std::vector<KvWorkerMatch>& out) {
+    const auto n = static_cast<std::size_t>(std::popcount(first));
+    if (out.capacity() < n) out.clear();
+    out.resize(n);
+    return out.data();
+  }
+
+  // Writes a match at `depth` for every slot in the word-form set `bits` at
+  // `next`, and advances it.
+  void emit(std::uint64_t bits, std::size_t depth, KvWorkerMatch*& next) const noexcept {
+    for (; bits != 0U; bits &= bits - 1U, ++next)
+      *next =
+          KvWorkerMatch{workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth};
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so

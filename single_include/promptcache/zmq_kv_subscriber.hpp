@@ -2217,6 +2217,34 @@ class KvFingerprintTable {
 #endif
   }
 
+  /// prefetch() for many fingerprints in one loop: holds the slot array's
+  /// address and size, so the loop need not re-read them from the table for
+  /// each slot. Invalidated by any change to the table.
+  class Prefetcher {
+   public:
+    /// Hints the CPU to load the home slot of `fp`. O(1).
+    void operator()(std::uint32_t fp) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+      // Integer arithmetic: an empty table (no array, size 0) prefetches
+      // address 0, which is harmless, instead of branching.
+      __builtin_prefetch(reinterpret_cast<const void*>(base_ + ((std::uint64_t{fp} * cap_) >> 32U) *
+                                                                   sizeof(Entry)));
+#else
+      (void)fp;
+#endif
+    }
+
+   private:
+    friend class KvFingerprintTable;
+    Prefetcher(std::uintptr_t base, std::uint64_t cap) noexcept : base_(base), cap_(cap) {}
+    std::uintptr_t base_;
+    std::uint64_t cap_;
+  };
+  /// A Prefetcher for the current slots. O(1).
+  [[nodiscard]] Prefetcher prefetcher() const noexcept {
+    return Prefetcher(reinterpret_cast<std::uintptr_t>(slots_.get()), cap_);
+  }
+
   /// The first value stored under `fp`, unconfirmed, or kv_npos when no
   /// entry has that fingerprint (then no key with it is present). Lets a
   /// caller prefetch the element before confirming. O(1) expected.
@@ -2660,31 +2688,34 @@ class KvNodeStore {
     return row_child_count(rows_[n], path, parent_node);
   }
   /// From level `j` on, while row at + 1 is the live child of row `at` with
-  /// path hash paths[j], records it in found[j] (and its holder count in
-  /// counts[j] when `counts` is not null) and steps to it; returns the first
-  /// level where that guess fails (or `m`), with `at` the last node reached.
+  /// path hash paths[j], records it in found[j] (and, with `Counted`, its
+  /// holder count in counts[j]) and steps to it; returns the first level
+  /// where that guess fails (or `m`), with `at` the last node reached.
   /// Consecutive rows of a page are read through one pointer instead of an
-  /// index each. O(levels followed).
+  /// index each, and each run of them is cut to the levels left, so a level
+  /// costs one bound test. O(levels followed).
+  template <bool Counted>
   std::size_t follow_rows(const std::uint64_t* paths, std::size_t j, std::size_t m,
                           std::uint32_t& at, std::uint32_t* found,
                           std::uint32_t* counts) const noexcept {
     constexpr std::size_t page = decltype(rows_)::page_size;
     const std::size_t n_rows = rows();
-    while (j < m) {
-      std::size_t g = std::size_t{at} + 1U;
-      if (g >= n_rows) return j;
+    std::size_t g = std::size_t{at} + 1U;  // the row guessed for level j
+    while (j < m && g < n_rows) {
       const Row* r = &rows_[g];
-      const Row* const end = r + std::min(page - (g & (page - 1U)), n_rows - g);
-      for (; r != end; ++r, ++g) {
+      const std::size_t run = std::min({page - (g & (page - 1U)), n_rows - g, m - j});
+      for (const Row* const end = r + run; r != end; ++r, ++g, ++j) {
         // A free row has count 0, whatever its path field holds.
-        const std::uint32_t k = row_child_count(*r, paths[j], at);
-        if (k == 0U) return j;
-        at = static_cast<std::uint32_t>(g);
-        found[j] = at;
-        if (counts != nullptr) counts[j] = k;
-        if (++j == m) return j;
+        const std::uint32_t k = row_child_count(*r, paths[j], static_cast<std::uint32_t>(g - 1U));
+        if (k == 0U) {
+          at = static_cast<std::uint32_t>(g - 1U);
+          return j;
+        }
+        found[j] = static_cast<std::uint32_t>(g);
+        if constexpr (Counted) counts[j] = k;
       }
     }
+    at = static_cast<std::uint32_t>(g - 1U);
     return j;
   }
 
@@ -2976,6 +3007,11 @@ class KvTree {
   void prefetch_edge(std::uint64_t path) const noexcept {
     edges_.prefetch(KvFingerprintTable::fingerprint(path));
   }
+  /// prefetch_edge for many paths in one loop: call it with each path's
+  /// fingerprint. Invalidated by any change to the tree. O(1).
+  [[nodiscard]] KvFingerprintTable::Prefetcher edge_prefetcher() const noexcept {
+    return edges_.prefetcher();
+  }
 
   /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
   /// sets found[j] to the node at depth j + 1 and, when `counts` is not null,
@@ -2989,10 +3025,18 @@ class KvTree {
   /// back to a full lookup). O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
                    std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
+    return counts != nullptr ? walk_rows<true>(paths, m, from, found, counts)
+                             : walk_rows<false>(paths, m, from, found, nullptr);
+  }
+  /// walk(), writing `counts` when `Counted` (the query walk) and not
+  /// testing for it per level. O(m) expected.
+  template <bool Counted>
+  std::size_t walk_rows(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
+                        std::uint32_t* found, std::uint32_t* counts) const noexcept {
     std::uint32_t at = from;
     std::size_t j = 0;
     while (j < m) {
-      j = nodes_.follow_rows(paths, j, m, at, found, counts);
+      j = nodes_.follow_rows<Counted>(paths, j, m, at, found, counts);
       if (j == m) break;
       // A miss: probing the table level by level would wait for each row in
       // turn, so a few levels are probed at once and their rows load together.
@@ -3011,7 +3055,7 @@ class KvTree {
           if (found[j] == kv_npos) return j;
           k = nodes_.count(found[j]);
         }
-        if (counts != nullptr) counts[j] = k;
+        if constexpr (Counted) counts[j] = k;
         at = found[j];
       }
       if (c < e) return c;
@@ -3086,6 +3130,20 @@ class KvTree {
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return nodes_.memory_bytes() + edges_.memory_bytes();
+  }
+
+  /// Hints the CPU to load the cache lines of the `n` hashes at `p` (a
+  /// query's tokens hashes, usually cold). O(n).
+  static void prefetch_hashes(const std::uint64_t* p, std::size_t n) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    // Line by line on addresses (GCC 12 at -O2 dropped every prefetch of a
+    // loop over p + i followed by a prefetch of the last element).
+    const auto end = reinterpret_cast<std::uintptr_t>(p + n);
+    for (auto a = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63}; a < end; a += 64U)
+      __builtin_prefetch(reinterpret_cast<const void*>(a));
+#endif
+    (void)p;  // unused without the builtin
+    (void)n;
   }
 
   /// Exchanges the contents with `other`. O(1).
@@ -3649,7 +3707,13 @@ class KvIndex {
   /// reuse its capacity.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
-    out.clear();
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    // While every slot is below 64 a holder word is the set's bitset. Then
+    // `out` is sized once, at the first level: every match is a holder of
+    // that node, once (see start_matches).
+    const bool word_form = nodes.word_form();
+    KvWorkerMatch* next = nullptr;  // word form: where the next match goes
+    if (!word_form) out.clear();
     constexpr std::size_t chunk = 32;
     std::uint64_t paths[2][chunk];
     std::uint32_t found[chunk];
@@ -3657,25 +3721,32 @@ class KvIndex {
     std::uint64_t path = detail::KvTree::root_path_hash;
     // Path hashes depend on the query only, so the edge probes of a chunk are
     // issued one chunk ahead: their misses overlap the walk of the previous one.
-    const auto issue = [&](std::size_t base, std::uint64_t* dst) {
+    // The prefetcher keeps the edge table's address and size in registers (the
+    // table itself would be re-read after each store of a path hash).
+    const auto prefetch_edge = tree_.edge_prefetcher();
+    const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      // A query's hashes are usually cold: the next chunk's lines are
+      // requested now, together, rather than one by one as the chain of path
+      // hashes reaches them.
+      if (base + m < tokens_hashes.size())
+        detail::KvTree::prefetch_hashes(tokens_hashes.data() + base + m,
+                                        std::min(chunk, tokens_hashes.size() - base - m));
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
         dst[j] = path;
-        tree_.prefetch_edge(path);
+        prefetch_edge(detail::KvFingerprintTable::fingerprint(path));
       }
       return m;
     };
-    const detail::KvNodeStore& nodes = tree_.nodes();
-    // While every slot is below 64 a holder word is the set's bitset.
-    const bool word_form = nodes.word_form();
     std::uint32_t cur = 0;                 // last node reached (root at first)
     std::uint32_t prev = detail::kv_npos;  // last node accounted for
     std::uint32_t prev_count = 0;          // its holder count
     std::size_t depth = 0;
+    detail::KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
     std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
     for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
-      const std::size_t got = tree_.walk(paths[k], m, cur, found, counts);
+      const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);
       bool stop = got < m;
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
@@ -3700,7 +3771,7 @@ class KvIndex {
           if (i == got) break;
           const std::uint32_t child = found[i];
           if (word_form) {
-            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, out);
+            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, next);
           } else {
             detail::KvHolderSets::View had;
             detail::KvHolderSets::View has;
@@ -3710,6 +3781,8 @@ class KvIndex {
               out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
             });
           }
+        } else if (word_form) {
+          next = start_matches(nodes.holder_word(found[i]), out);
         }
         prev = found[i];
         prev_count = counts[i];
@@ -3722,9 +3795,12 @@ class KvIndex {
       }
       if (stop) break;
     }
-    if (prev == detail::kv_npos) return;
+    if (prev == detail::kv_npos) {
+      out.clear();
+      return;
+    }
     if (word_form) {
-      emit(nodes.holder_word(prev), depth, out);
+      emit(nodes.holder_word(prev), depth, next);
       return;
     }
     detail::KvHolderSets::View has;
@@ -3894,11 +3970,28 @@ class KvIndex {
     tree_.set_edge_load(before.edges);
   }
 
-  // Appends a match at `depth` for every slot in the word-form set `bits`.
-  void emit(std::uint64_t bits, std::size_t depth, std::vector<KvWorkerMatch>& out) const {
-    for (; bits != 0U; bits &= bits - 1U)
-      out.push_back(KvWorkerMatch{
-          workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth});
+  // Sizes `out` for the matches of a word-form query whose first node has
+  // the holder word `first` and returns where they start. By the subset rule
+  // each holder of the first node leaves the path at exactly one level or
+  // stays to the end, so it gets exactly one match; every element is then
+  // written by emit, so the old contents need no clearing and a vector
+  // reused from an earlier query of as many matches is not filled first
+  // (a resize per holder word filled them with zeros, and was a call). When
+  // `out` must grow it is cleared first, so a failed allocation leaves it
+  // empty.
+  static KvWorkerMatch* start_matches(std::uint64_t first, std::vector<KvWorkerMatch>& out) {
+    const auto n = static_cast<std::size_t>(std::popcount(first));
+    if (out.capacity() < n) out.clear();
+    out.resize(n);
+    return out.data();
+  }
+
+  // Writes a match at `depth` for every slot in the word-form set `bits` at
+  // `next`, and advances it.
+  void emit(std::uint64_t bits, std::size_t depth, KvWorkerMatch*& next) const noexcept {
+    for (; bits != 0U; bits &= bits - 1U, ++next)
+      *next =
+          KvWorkerMatch{workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth};
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so

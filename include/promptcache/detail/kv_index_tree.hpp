@@ -117,31 +117,34 @@ class KvNodeStore {
     return row_child_count(rows_[n], path, parent_node);
   }
   /// From level `j` on, while row at + 1 is the live child of row `at` with
-  /// path hash paths[j], records it in found[j] (and its holder count in
-  /// counts[j] when `counts` is not null) and steps to it; returns the first
-  /// level where that guess fails (or `m`), with `at` the last node reached.
+  /// path hash paths[j], records it in found[j] (and, with `Counted`, its
+  /// holder count in counts[j]) and steps to it; returns the first level
+  /// where that guess fails (or `m`), with `at` the last node reached.
   /// Consecutive rows of a page are read through one pointer instead of an
-  /// index each. O(levels followed).
+  /// index each, and each run of them is cut to the levels left, so a level
+  /// costs one bound test. O(levels followed).
+  template <bool Counted>
   std::size_t follow_rows(const std::uint64_t* paths, std::size_t j, std::size_t m,
                           std::uint32_t& at, std::uint32_t* found,
                           std::uint32_t* counts) const noexcept {
     constexpr std::size_t page = decltype(rows_)::page_size;
     const std::size_t n_rows = rows();
-    while (j < m) {
-      std::size_t g = std::size_t{at} + 1U;
-      if (g >= n_rows) return j;
+    std::size_t g = std::size_t{at} + 1U;  // the row guessed for level j
+    while (j < m && g < n_rows) {
       const Row* r = &rows_[g];
-      const Row* const end = r + std::min(page - (g & (page - 1U)), n_rows - g);
-      for (; r != end; ++r, ++g) {
+      const std::size_t run = std::min({page - (g & (page - 1U)), n_rows - g, m - j});
+      for (const Row* const end = r + run; r != end; ++r, ++g, ++j) {
         // A free row has count 0, whatever its path field holds.
-        const std::uint32_t k = row_child_count(*r, paths[j], at);
-        if (k == 0U) return j;
-        at = static_cast<std::uint32_t>(g);
-        found[j] = at;
-        if (counts != nullptr) counts[j] = k;
-        if (++j == m) return j;
+        const std::uint32_t k = row_child_count(*r, paths[j], static_cast<std::uint32_t>(g - 1U));
+        if (k == 0U) {
+          at = static_cast<std::uint32_t>(g - 1U);
+          return j;
+        }
+        found[j] = static_cast<std::uint32_t>(g);
+        if constexpr (Counted) counts[j] = k;
       }
     }
+    at = static_cast<std::uint32_t>(g - 1U);
     return j;
   }
 
@@ -433,6 +436,11 @@ class KvTree {
   void prefetch_edge(std::uint64_t path) const noexcept {
     edges_.prefetch(KvFingerprintTable::fingerprint(path));
   }
+  /// prefetch_edge for many paths in one loop: call it with each path's
+  /// fingerprint. Invalidated by any change to the tree. O(1).
+  [[nodiscard]] KvFingerprintTable::Prefetcher edge_prefetcher() const noexcept {
+    return edges_.prefetcher();
+  }
 
   /// Follows `paths[0..m)` (consecutive path hashes) down from node `from`:
   /// sets found[j] to the node at depth j + 1 and, when `counts` is not null,
@@ -446,10 +454,18 @@ class KvTree {
   /// back to a full lookup). O(m) expected.
   std::size_t walk(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
                    std::uint32_t* found, std::uint32_t* counts = nullptr) const noexcept {
+    return counts != nullptr ? walk_rows<true>(paths, m, from, found, counts)
+                             : walk_rows<false>(paths, m, from, found, nullptr);
+  }
+  /// walk(), writing `counts` when `Counted` (the query walk) and not
+  /// testing for it per level. O(m) expected.
+  template <bool Counted>
+  std::size_t walk_rows(const std::uint64_t* paths, std::size_t m, std::uint32_t from,
+                        std::uint32_t* found, std::uint32_t* counts) const noexcept {
     std::uint32_t at = from;
     std::size_t j = 0;
     while (j < m) {
-      j = nodes_.follow_rows(paths, j, m, at, found, counts);
+      j = nodes_.follow_rows<Counted>(paths, j, m, at, found, counts);
       if (j == m) break;
       // A miss: probing the table level by level would wait for each row in
       // turn, so a few levels are probed at once and their rows load together.
@@ -468,7 +484,7 @@ class KvTree {
           if (found[j] == kv_npos) return j;
           k = nodes_.count(found[j]);
         }
-        if (counts != nullptr) counts[j] = k;
+        if constexpr (Counted) counts[j] = k;
         at = found[j];
       }
       if (c < e) return c;
@@ -543,6 +559,20 @@ class KvTree {
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return nodes_.memory_bytes() + edges_.memory_bytes();
+  }
+
+  /// Hints the CPU to load the cache lines of the `n` hashes at `p` (a
+  /// query's tokens hashes, usually cold). O(n).
+  static void prefetch_hashes(const std::uint64_t* p, std::size_t n) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    // Line by line on addresses (GCC 12 at -O2 dropped every prefetch of a
+    // loop over p + i followed by a prefetch of the last element).
+    const auto end = reinterpret_cast<std::uintptr_t>(p + n);
+    for (auto a = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63}; a < end; a += 64U)
+      __builtin_prefetch(reinterpret_cast<const void*>(a));
+#endif
+    (void)p;  // unused without the builtin
+    (void)n;
   }
 
   /// Exchanges the contents with `other`. O(1).
