@@ -2146,13 +2146,7 @@ class KvFingerprintTable {
   }
 
   /// Hints the CPU to load the first slot a lookup of `fp` reads. O(1).
-  void prefetch(std::uint32_t fp) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    if (cap_ != 0U) __builtin_prefetch(&slots_[home(fp)]);
-#else
-    (void)fp;
-#endif
-  }
+  void prefetch(std::uint32_t fp) const noexcept { prefetcher()(fp); }
 
   /// prefetch() for many fingerprints in one loop: holds the slot array's
   /// address and size, so the loop need not re-read them from the table for
