@@ -180,8 +180,8 @@ struct KvIndexCounters {
 /// holders of a node the call touches (adding or dropping a holder costs
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
-/// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^20 live pairs
-/// on; below that, while memory is small, load 1/8..1/2 for speed), whatever the number
+/// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^19 live pairs
+/// on; below that, while memory is small, load 1/16..1/4 for speed), whatever the number
 /// of worker ranks: up to 64 ranks the row's holder word is the bitset of its
 /// holders; with more, up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
@@ -666,13 +666,16 @@ class KvIndex {
   using Slot = detail::KvWorkerSlot<KvWorker>;
 
   // Below this many (worker, block) pairs the edge and name tables run at
-  // load 1/8..1/2 instead of 2/5..4/5: inserts and deletions shift far
-  // shorter runs while the extra bytes are few (a table keeps roomy slots
-  // only until its next resize, at most 8 per entry it then held).
+  // load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
+  // shorter runs, and most probes end at their home slot (fewer mispredicted
+  // loop exits), while the extra bytes are few (a table keeps roomy slots
+  // only until its next resize, at most 16 per entry it then held). The
+  // threshold bounds a roomy table at about 32 MiB (8 slots of 8 bytes per
+  // entry after its last doubling).
   // From this many on they run compact, so large indexes keep their size;
   // between half of it and it each table keeps the policy it has, so an
   // index hovering at the threshold does not resize back and forth.
-  static constexpr std::size_t compact_tables_from = std::size_t{1} << 20U;
+  static constexpr std::size_t compact_tables_from = std::size_t{1} << 19U;
 
   struct TableLoads {
     detail::KvTableLoad names;

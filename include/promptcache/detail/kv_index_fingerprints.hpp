@@ -36,8 +36,8 @@ namespace promptcache::detail {
 enum class KvTableLoad : std::uint8_t {
   compact,  ///< Load 2/5 to 4/5: grows by half above 4/5 (doubles below 4,096
             ///< slots), shrinks to 3/5 below 2/5.
-  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2 (quadruples below 4,096
-            ///< slots), shrinks to 1/3 below 1/8.
+  roomy,    ///< Load 1/16 to 1/4: doubles above 1/4 (quadruples below 4,096
+            ///< slots), shrinks to 1/6 below 1/16.
 };
 
 /// Open-addressing table (ordered linear probing, backward-shift deletion, no
@@ -323,7 +323,7 @@ class KvFingerprintTable {
       // Below 32 KiB the bytes hardly matter but each rehash costs a pass,
       // so small arrays grow fourfold.
       const std::size_t grown = (cap_ < small_capacity ? 4U : 2U) * cap_;
-      rehash(std::max({need * 2U + 1U, grown, min_capacity}));
+      rehash(std::max({need * 4U + 1U, grown, min_capacity}));
       return;
     }
     // Small arrays double (rehashing is what costs there, not the bytes).
@@ -333,7 +333,7 @@ class KvFingerprintTable {
 
  public:
   /// Shrinks the array if the load is below the policy's lowest (2/5, or
-  /// 1/8 when roomy), to load 3/5 (1/3 when roomy); releases it when empty.
+  /// 1/16 when roomy), to load 3/5 (1/6 when roomy); releases it when empty.
   /// Keeps the current array when a smaller one cannot be allocated.
   /// O(capacity).
   void shrink_to_load() noexcept {
@@ -342,7 +342,7 @@ class KvFingerprintTable {
       return;
     }
     if (cap_ <= min_capacity || !below_load()) return;
-    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 3U : size_ * 5U / 3U;
+    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 6U : size_ * 5U / 3U;
     try {
       rehash(std::max(target + 1U, min_capacity));
     } catch (...) {  // shrinking is an optimisation
@@ -405,9 +405,9 @@ class KvFingerprintTable {
   // Turns the load bounds of the policy into entry counts for this capacity,
   // so that the checks of every insert and deletion are one comparison.
   void set_limits() noexcept {
-    if (load_ == KvTableLoad::roomy) {  // size * 2 > cap grows, size * 8 < cap shrinks
-      grow_above_ = cap_ / 2U;
-      shrink_below_ = (cap_ + 7U) / 8U;
+    if (load_ == KvTableLoad::roomy) {  // size * 4 > cap grows, size * 16 < cap shrinks
+      grow_above_ = cap_ / 4U;
+      shrink_below_ = (cap_ + 15U) / 16U;
     } else {  // size * 5 > cap * 4 grows, size * 5 < cap * 2 shrinks
       grow_above_ = cap_ * 4U / 5U;
       shrink_below_ = (cap_ * 2U + 4U) / 5U;
