@@ -2058,8 +2058,8 @@ namespace promptcache::detail {
 enum class KvTableLoad : std::uint8_t {
   compact,  ///< Load 2/5 to 4/5: grows by half above 4/5 (doubles below 4,096
             ///< slots), shrinks to 3/5 below 2/5.
-  roomy,    ///< Load 1/8 to 1/2: doubles above 1/2 (quadruples below 4,096
-            ///< slots), shrinks to 1/3 below 1/8.
+  roomy,    ///< Load 1/16 to 1/4: doubles above 1/4 (quadruples below 4,096
+            ///< slots), shrinks to 1/6 below 1/16.
 };
 
 /// Open-addressing table (ordered linear probing, backward-shift deletion, no
@@ -2345,7 +2345,7 @@ class KvFingerprintTable {
       // Below 32 KiB the bytes hardly matter but each rehash costs a pass,
       // so small arrays grow fourfold.
       const std::size_t grown = (cap_ < small_capacity ? 4U : 2U) * cap_;
-      rehash(std::max({need * 2U + 1U, grown, min_capacity}));
+      rehash(std::max({need * 4U + 1U, grown, min_capacity}));
       return;
     }
     // Small arrays double (rehashing is what costs there, not the bytes).
@@ -2355,7 +2355,7 @@ class KvFingerprintTable {
 
  public:
   /// Shrinks the array if the load is below the policy's lowest (2/5, or
-  /// 1/8 when roomy), to load 3/5 (1/3 when roomy); releases it when empty.
+  /// 1/16 when roomy), to load 3/5 (1/6 when roomy); releases it when empty.
   /// Keeps the current array when a smaller one cannot be allocated.
   /// O(capacity).
   void shrink_to_load() noexcept {
@@ -2364,7 +2364,7 @@ class KvFingerprintTable {
       return;
     }
     if (cap_ <= min_capacity || !below_load()) return;
-    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 3U : size_ * 5U / 3U;
+    const std::size_t target = load_ == KvTableLoad::roomy ? size_ * 6U : size_ * 5U / 3U;
     try {
       rehash(std::max(target + 1U, min_capacity));
     } catch (...) {  // shrinking is an optimisation
@@ -2427,9 +2427,9 @@ class KvFingerprintTable {
   // Turns the load bounds of the policy into entry counts for this capacity,
   // so that the checks of every insert and deletion are one comparison.
   void set_limits() noexcept {
-    if (load_ == KvTableLoad::roomy) {  // size * 2 > cap grows, size * 8 < cap shrinks
-      grow_above_ = cap_ / 2U;
-      shrink_below_ = (cap_ + 7U) / 8U;
+    if (load_ == KvTableLoad::roomy) {  // size * 4 > cap grows, size * 16 < cap shrinks
+      grow_above_ = cap_ / 4U;
+      shrink_below_ = (cap_ + 15U) / 16U;
     } else {  // size * 5 > cap * 4 grows, size * 5 < cap * 2 shrinks
       grow_above_ = cap_ * 4U / 5U;
       shrink_below_ = (cap_ * 2U + 4U) / 5U;
@@ -3377,8 +3377,8 @@ struct KvIndexCounters {
 /// holders of a node the call touches (adding or dropping a holder costs
 /// O(H) while the node's set is a sorted array, O(1) otherwise), D =
 /// descendants a removal drops. Memory: a tree node takes a 24-byte row plus
-/// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^20 live pairs
-/// on; below that, while memory is small, load 1/8..1/2 for speed), whatever the number
+/// its 8-byte slot in the edge table (at load 0.53..0.8 from 2^19 live pairs
+/// on; below that, while memory is small, load 1/16..1/4 for speed), whatever the number
 /// of worker ranks: up to 64 ranks the row's holder word is the bitset of its
 /// holders; with more, up to two holders fit in the row, a larger holder set
 /// takes a sorted array of 4-byte slot indices, or once that would be larger, a
@@ -3863,13 +3863,16 @@ class KvIndex {
   using Slot = detail::KvWorkerSlot<KvWorker>;
 
   // Below this many (worker, block) pairs the edge and name tables run at
-  // load 1/8..1/2 instead of 2/5..4/5: inserts and deletions shift far
-  // shorter runs while the extra bytes are few (a table keeps roomy slots
-  // only until its next resize, at most 8 per entry it then held).
+  // load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
+  // shorter runs, and most probes end at their home slot (fewer mispredicted
+  // loop exits), while the extra bytes are few (a table keeps roomy slots
+  // only until its next resize, at most 16 per entry it then held). The
+  // threshold bounds a roomy table at about 32 MiB (8 slots of 8 bytes per
+  // entry after its last doubling).
   // From this many on they run compact, so large indexes keep their size;
   // between half of it and it each table keeps the policy it has, so an
   // index hovering at the threshold does not resize back and forth.
-  static constexpr std::size_t compact_tables_from = std::size_t{1} << 20U;
+  static constexpr std::size_t compact_tables_from = std::size_t{1} << 19U;
 
   struct TableLoads {
     detail::KvTableLoad names;
