@@ -2105,8 +2105,10 @@ class KvNodeStore {
     return static_cast<std::uint32_t>(r.links >> 32U);
   }
 
-  /// Hints the CPU to load node `n`'s row. O(1).
-  void prefetch(std::uint32_t n) const noexcept {
+  /// Hints the CPU to load node `n`'s row. O(1). Always inlined: GCC 12 at
+  /// -O2 finds a function made only of prefetches free of side effects and
+  /// deletes calls to it before inlining, so no prefetch was emitted.
+  [[gnu::always_inline]] void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     // A 24-byte row may straddle two cache lines.
     const auto* p = reinterpret_cast<const char*>(&rows_[n]);
