@@ -2116,10 +2116,9 @@ class KvNodeStore {
     (void)n;
 #endif
   }
-  /// prefetch(), always inlined, for the query walk. GCC 12 at -O2 finds a
-  /// function made only of prefetches free of side effects and deletes calls
-  /// to it unless they were inlined first: the walk's calls to prefetch()
-  /// emitted no prefetch at all. O(1).
+  /// prefetch(), always inlined, for the query walk: GCC 12 at -O2 emitted
+  /// neither of prefetch()'s two prefetches where the walk called it (nor in
+  /// a function calling only it), and emits this copy's. O(1).
   [[gnu::always_inline]] void prefetch_row(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     // A 24-byte row may straddle two cache lines.
