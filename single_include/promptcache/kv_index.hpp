@@ -2370,7 +2370,7 @@ class KvTree {
       if (j == m) break;
       // A miss: probing the table level by level would wait for each row in
       // turn, so a few levels are probed at once and their rows load together.
-      const std::size_t e = std::min(m, j + walk_batch);
+      const std::size_t e = std::min(m, j + (Counted ? query_walk_batch : walk_batch));
       std::size_t c = j;
       for (; c < e; ++c) {
         const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
@@ -2485,6 +2485,12 @@ class KvTree {
 
  private:
   static constexpr std::size_t walk_batch = 4;  // levels probed together after a miss
+  // The same for the query walk: a deep query misses the row n + 1 guess
+  // about once in 4 levels, so with 4 it waited for a new batch of rows after
+  // nearly every miss. With 16 the rows of half a chunk load together (32 was
+  // faster still, but its table lookups for levels the guess would have
+  // found cost 7% more instructions per query).
+  static constexpr std::size_t query_walk_batch = 16;
 
   KvNodeStore nodes_;
   KvFingerprintTable edges_;
