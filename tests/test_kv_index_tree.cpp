@@ -304,6 +304,21 @@ TEST_CASE("kv path mix: inverted exactly, spreads small inputs over the fingerpr
   for (std::uint64_t t = 1; t <= 65536; ++t)
     homes.insert((KvTree::child_path(parent, t) >> 32U) >> 16U);
   CHECK(homes.size() > 65536U * 58U / 100U);
+  // A chain of one repeated tokens hash (a prompt of identical blocks) adds
+  // no entropy per level: the path hashes must still spread like random keys
+  // and never repeat.
+  for (const std::uint64_t t : {std::uint64_t{0}, std::uint64_t{1}, ~std::uint64_t{0}}) {
+    std::set<std::uint64_t> chain_homes;
+    std::set<std::uint64_t> paths;
+    std::uint64_t path = parent;
+    for (int level = 0; level < 65536; ++level) {
+      path = KvTree::child_path(path, t);
+      chain_homes.insert((path >> 32U) >> 16U);
+      paths.insert(path);
+    }
+    CHECK(chain_homes.size() > 65536U * 58U / 100U);
+    CHECK(paths.size() == 65536U);
+  }
   // The tokens hash comes back from the two path hashes.
   Tree tree;
   const std::uint32_t a = tree.add(KvTree::child_path(parent, 77), 0);

@@ -28,6 +28,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -726,9 +727,20 @@ class KvIndex {
   // Writes a match at `depth` for every slot in the word-form set `bits` at
   // `next`, and advances it.
   void emit(std::uint64_t bits, std::size_t depth, KvWorkerMatch*& next) const noexcept {
-    for (; bits != 0U; bits &= bits - 1U, ++next)
-      *next =
-          KvWorkerMatch{workers_[static_cast<std::uint32_t>(std::countr_zero(bits))].worker, depth};
+    if (bits == 0U) return;
+    // The slots are contiguous: indexing from the first one's address keeps
+    // the vector's data pointer out of the loop, and the KvWorker is copied
+    // whole (one 16-byte load and store instead of a field each).
+    const Slot* const slots = &workers_[0];
+    KvWorkerMatch* at = next;
+    do {
+      const auto slot = static_cast<unsigned>(std::countr_zero(bits));
+      std::memcpy(static_cast<void*>(&at->worker), &slots[slot].worker, sizeof(KvWorker));
+      at->blocks = depth;
+      ++at;
+      bits &= bits - 1U;
+    } while (bits != 0U);
+    next = at;
   }
 
   // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
