@@ -2747,21 +2747,10 @@ class KvNodeStore {
     return static_cast<std::uint32_t>(r.links >> 32U);
   }
 
-  /// Hints the CPU to load node `n`'s row. O(1).
-  void prefetch(std::uint32_t n) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    // A 24-byte row may straddle two cache lines.
-    const auto* p = reinterpret_cast<const char*>(&rows_[n]);
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + sizeof(Row) - 1U);
-#else
-    (void)n;
-#endif
-  }
-  /// prefetch(), always inlined, for the query walk: GCC 12 at -O2 emitted
-  /// neither of prefetch()'s two prefetches where the walk called it (nor in
-  /// a function calling only it), and emits this copy's. O(1).
-  [[gnu::always_inline]] void prefetch_row(std::uint32_t n) const noexcept {
+  /// Hints the CPU to load node `n`'s row. O(1). Always inlined: GCC 12 at -O2
+  /// emitted neither of its prefetches where a caller's loop called it out of
+  /// line (nor in a function calling only it).
+  [[gnu::always_inline]] void prefetch(std::uint32_t n) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     // A 24-byte row may straddle two cache lines.
     const auto* p = reinterpret_cast<const char*>(&rows_[n]);
@@ -3050,7 +3039,7 @@ class KvTree {
         const std::uint32_t n = edges_.first(KvFingerprintTable::fingerprint(paths[c]));
         if (n == kv_npos) break;
         found[c] = n;
-        nodes_.prefetch_row(n);
+        nodes_.prefetch(n);
       }
       for (; j < c; ++j) {
         std::uint32_t k = nodes_.child_count(found[j], paths[j], at);
