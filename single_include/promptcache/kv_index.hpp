@@ -3029,7 +3029,8 @@ class KvIndex {
   }
 
   /// As find_matches above, writing into `out` (cleared first) so a caller can
-  /// reuse its capacity.
+  /// reuse its capacity. If growing `out` throws, `out` holds some of the
+  /// matches or none; the index is unchanged.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
     const detail::KvNodeStore& nodes = tree_.nodes();
