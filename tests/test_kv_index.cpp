@@ -754,6 +754,48 @@ TEST_CASE("long stores and queries across internal chunk boundaries", "[kv_index
   CHECK(index.check_invariants());
 }
 
+TEST_CASE("long removals across internal chunk boundaries", "[kv_index]") {
+  KvIndex index;
+  Hashes chain;
+  for (std::uint64_t i = 0; i < 150; ++i)
+    chain.push_back(i * 31U + 7U);
+  REQUIRE(index.apply(A, stored(0, chain)).ok());
+  REQUIRE(index.apply(B, stored(0, Hashes(chain.begin(), chain.begin() + 70), std::nullopt, 5000))
+              .ok());
+  // Leaves first, as an LRU evicts: 140 names in one event, with an unknown
+  // name first and a name removed earlier in the same event.
+  Hashes names{424242};
+  for (std::size_t i = 149; i >= 10; --i) {
+    names.push_back(chain[i] + 1000);
+    if (i == 50) names.push_back(chain[149] + 1000);
+  }
+  const auto r = index.apply(A, removed(1, names));
+  CHECK(r.status == KvEventStatus::applied);
+  CHECK(r.blocks_removed == 140);
+  CHECK(r.blocks_not_held == 2);
+  CHECK(r.blocks_cascaded == 0);
+  CHECK(index.block_count(A) == 10);
+  CHECK(index.node_count() == 70);
+  CHECK(matches(index, chain) == std::vector<KvWorkerMatch>{{A, 10}, {B, 70}});
+  CHECK(index.check_invariants());
+
+  // A cascade past the first chunk, then a name it took away.
+  REQUIRE(index.apply(A, stored(2, Hashes(chain.begin() + 10, chain.end()), chain[9] + 1000)).ok());
+  Hashes late;
+  for (std::uint64_t i = 0; i < 100; ++i)
+    late.push_back(900000 + i);
+  late.push_back(chain[5] + 1000);
+  late.push_back(chain[140] + 1000);
+  const auto c = index.apply(A, removed(3, late));
+  CHECK(c.blocks_removed == 1);
+  CHECK(c.blocks_cascaded == 144);
+  CHECK(c.blocks_not_held == 101);
+  CHECK(index.block_count(A) == 5);
+  CHECK(index.node_count() == 70);
+  CHECK(matches(index, chain) == std::vector<KvWorkerMatch>{{A, 5}, {B, 70}});
+  CHECK(index.check_invariants());
+}
+
 TEST_CASE("a moved-from index is empty and usable", "[kv_index]") {
   STATIC_REQUIRE(std::is_nothrow_default_constructible_v<KvIndex>);
   STATIC_REQUIRE(std::is_nothrow_move_constructible_v<KvIndex>);
