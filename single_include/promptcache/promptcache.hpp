@@ -3648,17 +3648,25 @@ class KvIndex {
     // A software pipeline over chunks: each stage prefetches what the next
     // one reads (name slot, hold, node row, edge slot), so the misses overlap.
     auto& names = workers_[slot].names;
-    constexpr std::size_t chunk = 32;
+    constexpr std::size_t chunk = 64;
     std::uint32_t hs[chunk];
-    detail::KvHold* hp[chunk];  // the elements of hs[j], found once for all stages
-    std::uint32_t name_fps[chunk];
+    detail::KvHold* hp[chunk];      // the elements of hs[j], found once for all stages
+    std::uint32_t fps[2][chunk];    // this chunk's name fingerprints and the next one's
     std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
-    for (std::size_t base = 0; base < block_hashes.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      for (std::size_t j = 0; j < m; ++j) {
-        name_fps[j] = detail::kv_name_fingerprint(block_hashes[base + j]);
-        names.prefetch(name_fps[j]);
+    // The name slots are prefetched a chunk ahead: they are the first miss of
+    // each block, and the other stages depend on them.
+    const auto issue_names = [&](std::size_t from, std::uint32_t* dst) {
+      const std::size_t k = std::min(chunk, block_hashes.size() - from);
+      for (std::size_t j = 0; j < k; ++j) {
+        dst[j] = detail::kv_name_fingerprint(block_hashes[from + j]);
+        names.prefetch(dst[j]);
       }
+    };
+    if (!block_hashes.empty()) issue_names(0, fps[0]);
+    for (std::size_t base = 0, cur = 0; base < block_hashes.size(); base += chunk, cur ^= 1U) {
+      const std::size_t m = std::min(chunk, block_hashes.size() - base);
+      const std::uint32_t* name_fps = fps[cur];
+      if (base + chunk < block_hashes.size()) issue_names(base + chunk, fps[cur ^ 1U]);
       // Candidates by fingerprint first, so the holds that confirm them load
       // together.
       for (std::size_t j = 0; j < m; ++j) {
