@@ -241,3 +241,41 @@ TEST_CASE("kv_router: the generator overload draws one 53-bit uniform number", "
   (void)router(1.0, 0.0, 16).select(64, matches, loads, c);
   CHECK(c() == untouched());
 }
+
+TEST_CASE("kv_router: cached tokens at the extremes of request and block sizes", "[kv_router]") {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  const pc::KvRouter one = router(1.0, 0.0, 1);
+  // SIZE_MAX tokens of 1-token blocks: the guard itself must not wrap.
+  pc::KvRouteCandidate c = one.candidate(w(0), max, 5, 0);
+  CHECK(c.cached_tokens == 5);
+  CHECK(c.prefill_blocks == static_cast<double>(max - 5));
+  c = one.candidate(w(0), max, max - 1, 0);
+  CHECK(c.cached_tokens == max - 1);
+  CHECK(c.prefill_blocks == 1.0);
+  c = one.candidate(w(0), max, max, 0);
+  CHECK(c.cached_tokens == max);
+  CHECK(c.prefill_blocks == 0.0);
+  c = one.candidate(w(0), max - 1, max, 0);
+  CHECK(c.cached_tokens == max - 1);
+  CHECK(one.candidate(w(0), max, 0, 0).cached_tokens == 0);
+
+  // A match of more blocks than the request has: the boundary is request_tokens / block_size.
+  const pc::KvRouter sixteen = router(1.0, 0.0, 16);
+  CHECK(sixteen.candidate(w(0), 100, 6, 0).cached_tokens == 96);
+  CHECK(sixteen.candidate(w(0), 100, 7, 0).cached_tokens == 100);
+  CHECK(sixteen.candidate(w(0), 96, 6, 0).cached_tokens == 96);
+  CHECK(sixteen.candidate(w(0), 96, 7, 0).cached_tokens == 96);
+  CHECK(sixteen.candidate(w(0), 0, 3, 0).cached_tokens == 0);
+  CHECK(sixteen.candidate(w(0), max, max / 16 + 1, 0).cached_tokens == max);
+  CHECK(sixteen.candidate(w(0), max, max / 16, 0).cached_tokens == max / 16 * 16);
+
+  // Blocks of SIZE_MAX tokens: one block covers any request.
+  const pc::KvRouter huge = router(1.0, 0.0, max);
+  CHECK(huge.candidate(w(0), max, 1, 0).cached_tokens == max);
+  CHECK(huge.candidate(w(0), max, 2, 0).cached_tokens == max);
+  CHECK(huge.candidate(w(0), max - 1, 1, 0).cached_tokens == max - 1);
+  CHECK(huge.candidate(w(0), 5, max, 0).cached_tokens == 5);
+  c = huge.candidate(w(0), max, 0, 0);
+  CHECK(c.cached_tokens == 0);
+  CHECK(c.prefill_blocks == 1.0);
+}

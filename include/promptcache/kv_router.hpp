@@ -100,7 +100,7 @@ class KvRouter {
   /// The cost terms of routing a request of `request_tokens` tokens to a
   /// worker holding `matched_blocks` of its leading blocks and carrying
   /// `decode_blocks` in flight. A match longer than the request counts as the
-  /// whole request. O(1).
+  /// whole request, for any request and block size up to SIZE_MAX. O(1).
   [[nodiscard]] KvRouteCandidate candidate(const KvWorker& worker, std::size_t request_tokens,
                                            std::size_t matched_blocks,
                                            std::size_t decode_blocks) const noexcept {
@@ -108,10 +108,9 @@ class KvRouter {
     c.worker = worker;
     c.matched_blocks = matched_blocks;
     const std::size_t bs = config_.block_size;
-    // matched_blocks * bs may overflow for absurd inputs: compare by division.
-    c.cached_tokens = matched_blocks >= request_tokens / bs + 1
-                          ? request_tokens
-                          : std::min(request_tokens, matched_blocks * bs);
+    // Up to request_tokens / bs blocks the product is at most request_tokens, so
+    // it cannot overflow; one block more already covers the whole request.
+    c.cached_tokens = matched_blocks > request_tokens / bs ? request_tokens : matched_blocks * bs;
     c.prefill_blocks =
         static_cast<double>(request_tokens - c.cached_tokens) / static_cast<double>(bs);
     c.decode_blocks = static_cast<double>(decode_blocks);
