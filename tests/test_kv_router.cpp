@@ -279,3 +279,93 @@ TEST_CASE("kv_router: cached tokens at the extremes of request and block sizes",
   CHECK(c.cached_tokens == 0);
   CHECK(c.prefill_blocks == 1.0);
 }
+
+TEST_CASE("kv_router: a vanishing temperature draws as temperature 0 does", "[kv_router]") {
+  const double denorm = std::numeric_limits<double>::denorm_min();
+  // Costs 4.5 and 5: the range times the temperature underflows to 0.
+  const pc::KvRouter r(pc::KvRouterConfig{0.5, denorm, 16});
+  const std::vector<pc::KvWorkerMatch> matches{{w(0), 1}};
+  const std::vector<pc::KvWorkerLoad> two{{w(0), 0, 0}, {w(1), 0, 0}};
+  const auto cands = r.candidates(160, matches, two);
+  REQUIRE(cands[0].cost == 4.5);
+  REQUIRE(cands[1].cost == 5.0);
+  const auto p = r.probabilities(cands);
+  CHECK(p[0] == 1.0);
+  CHECK(p[1] == 0.0);
+  for (double u : {0.0, 0.5, 0.999999, 1.0})
+    CHECK(r.select(160, matches, two, u)->chosen.worker == w(0));
+
+  // Two cheapest workers and a costlier one, at temperatures down to the smallest
+  // double: exactly temperature 0's distribution, halves on the cheapest pair.
+  const std::vector<pc::KvWorkerLoad> three{{w(3), 6, 0}, {w(1), 2, 0}, {w(2), 2, 0}};
+  const pc::KvRouter greedy = router(1.0, 0.0, 16);
+  const auto g = greedy.probabilities(greedy.candidates(0, {}, three));
+  REQUIRE(g == std::vector<double>{0.0, 0.5, 0.5});
+  for (double t : {denorm, std::numeric_limits<double>::min(), 1e-300, 1e-6}) {
+    const pc::KvRouter cold = router(1.0, t, 16);
+    CHECK(cold.probabilities(cold.candidates(0, {}, three)) == g);
+    CHECK(cold.select(0, {}, three, 0.4)->chosen.worker == w(1));
+    CHECK(cold.select(0, {}, three, 0.6)->chosen.worker == w(2));
+    CHECK(cold.select(0, {}, three, 1.0)->chosen.worker == w(2));
+  }
+  // A small but usable temperature still gives the costlier worker a finite, tiny weight.
+  const pc::KvRouter cool = router(1.0, 0.01, 16);
+  const auto q = cool.probabilities(cool.candidates(0, {}, three));
+  CHECK(q[0] > 0.0);
+  CHECK(q[0] == Approx(std::exp(-100.0) / (2.0 + std::exp(-100.0))).epsilon(1e-12));
+}
+
+TEST_CASE("kv_router: infinite costs get probability 0 unless every cost is infinite",
+          "[kv_router]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  // Weight 1e308 times 1000 blocks to prefill overflows: worker 1 costs +infinity.
+  const pc::KvRouter r(pc::KvRouterConfig{1e308, 1.0, 1});
+  const std::vector<pc::KvWorkerMatch> full{{w(0), 1000}};
+  const std::vector<pc::KvWorkerLoad> two{{w(0), 0, 0}, {w(1), 0, 0}};
+  auto cands = r.candidates(1000, full, two);
+  REQUIRE(cands[0].cost == 0.0);
+  REQUIRE(cands[1].cost == inf);
+  CHECK(r.probabilities(cands) == std::vector<double>{1.0, 0.0});
+  for (double u : {0.0, 0.5, 0.99, 1.0})
+    CHECK(r.select(1000, full, two, u)->chosen.worker == w(0));
+  CHECK(pc::KvRouter(pc::KvRouterConfig{1e308, 0.0, 1}).select(1000, full, two)->chosen.worker ==
+        w(0));
+
+  // The finite costs are rescaled among themselves: 0 and 1e300 become 0 and 1.
+  const pc::KvRouter big(pc::KvRouterConfig{1e300, 1.0, 1});
+  const std::size_t n = 1000000000;
+  const std::vector<pc::KvWorkerMatch> some{{w(1), n}, {w(2), n - 1}};
+  const std::vector<pc::KvWorkerLoad> mixed{{w(1), 0, 0}, {w(2), 0, 0}, {w(3), 0, 0}};
+  cands = big.candidates(n, some, mixed);
+  REQUIRE(cands[0].cost == 0.0);
+  REQUIRE(cands[1].cost == 1e300);
+  REQUIRE(cands[2].cost == inf);
+  const auto p = big.probabilities(cands);
+  const double e1 = std::exp(-1.0);
+  CHECK(p[0] == Approx(1.0 / (1.0 + e1)));
+  CHECK(p[1] == Approx(e1 / (1.0 + e1)));
+  CHECK(p[2] == 0.0);
+  CHECK(big.select(n, some, mixed, 0.999999)->chosen.worker == w(2));
+  CHECK(big.select(n, some, mixed, 1.0)->chosen.worker == w(2));
+  // One finite cost and the rest infinite: all the weight on it.
+  const std::vector<pc::KvWorkerMatch> one_full{{w(2), n}};
+  CHECK(big.probabilities(big.candidates(n, one_full, mixed)) ==
+        std::vector<double>{0.0, 1.0, 0.0});
+
+  // Every cost infinite counts as all costs equal: a uniform draw, and at
+  // temperature 0 the usual tie-break (fewer cached blocks, then the smaller id).
+  const pc::KvRouter huge(pc::KvRouterConfig{1e308, 1.0, 1});
+  const std::vector<pc::KvWorkerLoad> loads{{w(1), 5, 7}, {w(3), 0, 3}, {w(2), 0, 3}};
+  const auto all_inf = huge.candidates(1000, {}, loads);
+  for (const auto& c : all_inf)
+    REQUIRE(c.cost == inf);
+  const auto u = huge.probabilities(all_inf);
+  for (double x : u)
+    CHECK(x == 1.0 / 3.0);
+  CHECK(huge.select(1000, {}, loads, 0.0)->chosen.worker == w(1));
+  CHECK(huge.select(1000, {}, loads, 0.5)->chosen.worker == w(2));
+  CHECK(huge.select(1000, {}, loads, 0.9)->chosen.worker == w(3));
+  const pc::KvRouter huge0(pc::KvRouterConfig{1e308, 0.0, 1});
+  CHECK(huge0.select(1000, {}, loads)->chosen.worker == w(2));
+  CHECK(huge0.probabilities(all_inf) == u);
+}
