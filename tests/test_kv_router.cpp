@@ -278,6 +278,11 @@ TEST_CASE("kv_router: cached tokens at the extremes of request and block sizes",
   c = huge.candidate(w(0), max, 0, 0);
   CHECK(c.cached_tokens == 0);
   CHECK(c.prefill_blocks == 1.0);
+
+  // SIZE_MAX tokens queued on top of a SIZE_MAX-token request: summed in double.
+  c = one.candidate(w(0), max, 0, max, max);
+  CHECK(c.prefill_blocks == 2.0 * static_cast<double>(max));
+  CHECK(c.cost == 3.0 * static_cast<double>(max));
 }
 
 TEST_CASE("kv_router: a vanishing temperature draws as temperature 0 does", "[kv_router]") {
@@ -368,4 +373,46 @@ TEST_CASE("kv_router: infinite costs get probability 0 unless every cost is infi
   const pc::KvRouter huge0(pc::KvRouterConfig{1e308, 0.0, 1});
   CHECK(huge0.select(1000, {}, loads)->chosen.worker == w(2));
   CHECK(huge0.probabilities(all_inf) == u);
+}
+
+TEST_CASE("kv_router: in-flight prefill tokens join the prefill term, as in Dynamo",
+          "[kv_router]") {
+  const pc::KvRouter r = router(1.0, 0.0, 16);
+  // 160 tokens = 10 blocks. Worker 1 holds 8 of them and carries 5 decode blocks,
+  // with 96 tokens still to prefill: (96 + 160 - 128) / 16 = 8 prefill blocks, cost 13.
+  // Worker 2 holds nothing, carries 4 decode blocks, idle prefill: 10 + 4 = 14.
+  const std::vector<pc::KvWorkerMatch> matches{{w(1), 8}};
+  std::vector<pc::KvWorkerLoad> loads{{w(1), 5, 0, 96}, {w(2), 4, 0, 0}};
+  auto cands = r.candidates(160, matches, loads);
+  CHECK(cands[0].cached_tokens == 128);
+  CHECK(cands[0].prefill_blocks == 8.0);
+  CHECK(cands[0].cost == 13.0);
+  CHECK(cands[1].prefill_blocks == 10.0);
+  CHECK(cands[1].cost == 14.0);
+  CHECK(r.select(160, matches, loads)->chosen.worker == w(1));
+
+  // 32 more tokens queued on worker 1: (128 + 32) / 16 = 10 blocks, cost 15 > 14.
+  loads[0].prefill_tokens = 128;
+  CHECK(r.candidates(160, matches, loads)[0].cost == 15.0);
+  CHECK(r.select(160, matches, loads)->chosen.worker == w(2));
+  // Without the queue (the default), the old cost: 2 + 5 = 7.
+  loads[0].prefill_tokens = 0;
+  CHECK(r.candidates(160, matches, loads)[0].cost == 7.0);
+
+  // Fractions of a block count, weighted: 8 queued tokens are half a block, so
+  // 3 * (8 + 100 - 48) / 16 + 10 = 3 * 3.75 + 10.
+  const pc::KvRouter heavy = router(3.0, 0.0, 16);
+  const pc::KvRouteCandidate c = heavy.candidate(w(7), 100, 3, 10, 8);
+  CHECK(c.cached_tokens == 48);
+  CHECK(c.prefill_blocks == 3.75);
+  CHECK(c.cost == 21.25);
+  // A match covering the request leaves only the queue: 40 / 16 = 2.5 blocks.
+  CHECK(heavy.candidate(w(7), 100, 9, 0, 40).prefill_blocks == 2.5);
+
+  // The queue moves the softmax too: worker 2's idle queue makes it the cheaper one.
+  const pc::KvRouter soft = router(1.0, 1.0, 16);
+  const std::vector<pc::KvWorkerLoad> queued{{w(1), 0, 0, 320}, {w(2), 0, 0, 0}};
+  const auto p = soft.probabilities(soft.candidates(160, {}, queued));
+  CHECK(p[1] == Approx(1.0 / (1.0 + std::exp(-1.0))));
+  CHECK(p[0] == Approx(std::exp(-1.0) / (1.0 + std::exp(-1.0))));
 }

@@ -5,13 +5,15 @@
 // minimizes NVIDIA Dynamo's default cost
 //
 //     cost(w) = overlap_weight * prefill_blocks(w) + decode_blocks(w)
-//     prefill_blocks(w) = (request_tokens - cached_tokens(w)) / block_size
+//     prefill_blocks(w) = (prefill_tokens(w) + request_tokens - cached_tokens(w)) / block_size
 //     cached_tokens(w) = min(request_tokens, matched_blocks(w) * block_size)
 //
-// where decode_blocks(w) is the KV blocks of the requests in flight on w.
-// The first term is the prefill work the request would cost on w, the second
-// the decode work w already carries: a large overlap_weight chases cache hits,
-// 0 balances load alone.
+// where prefill_tokens(w) is the tokens still to prefill of the requests in
+// flight on w and decode_blocks(w) the KV blocks they hold (see
+// docs/kv_router.md for what Dynamo counts in each). The first term is the
+// prefill work queued on w if the request goes there, the second the decode
+// work w carries: a large overlap_weight chases cache hits, 0 balances load
+// alone.
 //
 // With temperature 0 the cheapest worker wins; ties go to the worker holding
 // fewer blocks in total (the one whose cache loses least from the extra
@@ -61,9 +63,14 @@ struct KvRouterConfig {
 
 /// One routable worker rank and its current load.
 struct KvWorkerLoad {
-  KvWorker worker;                ///< The worker rank.
-  std::size_t decode_blocks = 0;  ///< KV blocks of the requests in flight on it.
+  KvWorker worker;  ///< The worker rank.
+  /// KV blocks of the requests in flight on it; for Dynamo's cost, plus the
+  /// request's full blocks not among them (see docs/kv_router.md).
+  std::size_t decode_blocks = 0;
   std::size_t cached_blocks = 0;  ///< Blocks it holds in total (tie-break; 0 if unknown).
+  /// Tokens still to prefill of the requests in flight on it, each without the
+  /// prefix it found cached (Dynamo's active prefill tokens; 0: an idle queue).
+  std::size_t prefill_tokens = 0;
 };
 
 /// The cost terms of one candidate, as used by a decision.
@@ -71,8 +78,9 @@ struct KvRouteCandidate {
   KvWorker worker;                 ///< The worker rank.
   std::size_t matched_blocks = 0;  ///< Leading blocks of the request it holds.
   std::size_t cached_tokens = 0;   ///< min(request tokens, matched_blocks * block_size).
-  double prefill_blocks = 0.0;     ///< (request tokens - cached_tokens) / block_size.
-  double decode_blocks = 0.0;      ///< KvWorkerLoad::decode_blocks.
+  /// (in-flight prefill tokens + request tokens - cached_tokens) / block_size.
+  double prefill_blocks = 0.0;
+  double decode_blocks = 0.0;  ///< KvWorkerLoad::decode_blocks.
   double cost = 0.0;  ///< overlap_weight * prefill_blocks + decode_blocks; may be +infinity.
 };
 
@@ -105,13 +113,13 @@ class KvRouter {
   [[nodiscard]] const KvRouterConfig& config() const noexcept { return config_; }
 
   /// The cost terms of routing a request of `request_tokens` tokens to a
-  /// worker holding `matched_blocks` of its leading blocks and carrying
-  /// `decode_blocks` in flight. A match longer than the request counts as the
-  /// whole request, for any request and block size up to SIZE_MAX; a huge
-  /// overlap_weight can make the cost +infinity. O(1).
+  /// worker holding `matched_blocks` of its leading blocks, carrying
+  /// `decode_blocks` in flight and `prefill_tokens` still to prefill. A match
+  /// longer than the request counts as the whole request; no input overflows
+  /// an integer, but a huge overlap_weight can make the cost +infinity. O(1).
   [[nodiscard]] KvRouteCandidate candidate(const KvWorker& worker, std::size_t request_tokens,
-                                           std::size_t matched_blocks,
-                                           std::size_t decode_blocks) const noexcept {
+                                           std::size_t matched_blocks, std::size_t decode_blocks,
+                                           std::size_t prefill_tokens = 0) const noexcept {
     KvRouteCandidate c;
     c.worker = worker;
     c.matched_blocks = matched_blocks;
@@ -119,8 +127,10 @@ class KvRouter {
     // Up to request_tokens / bs blocks the product is at most request_tokens, so
     // it cannot overflow; one block more already covers the whole request.
     c.cached_tokens = matched_blocks > request_tokens / bs ? request_tokens : matched_blocks * bs;
-    c.prefill_blocks =
-        static_cast<double>(request_tokens - c.cached_tokens) / static_cast<double>(bs);
+    // In double: the sum of two token counts may exceed SIZE_MAX.
+    c.prefill_blocks = (static_cast<double>(prefill_tokens) +
+                        static_cast<double>(request_tokens - c.cached_tokens)) /
+                       static_cast<double>(bs);
     c.decode_blocks = static_cast<double>(decode_blocks);
     c.cost = config_.overlap_weight * c.prefill_blocks + c.decode_blocks;
     return c;
@@ -157,7 +167,8 @@ class KvRouter {
             break;
           }
       }
-      out.push_back(candidate(w.worker, request_tokens, matched, w.decode_blocks));
+      out.push_back(
+          candidate(w.worker, request_tokens, matched, w.decode_blocks, w.prefill_tokens));
     }
     return out;
   }
