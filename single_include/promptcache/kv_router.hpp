@@ -10,22 +10,29 @@
 // minimizes NVIDIA Dynamo's default cost
 //
 //     cost(w) = overlap_weight * prefill_blocks(w) + decode_blocks(w)
-//     prefill_blocks(w) = (request_tokens - cached_tokens(w)) / block_size
+//     prefill_blocks(w) = (prefill_tokens(w) + request_tokens - cached_tokens(w)) / block_size
 //     cached_tokens(w) = min(request_tokens, matched_blocks(w) * block_size)
 //
-// where decode_blocks(w) is the KV blocks of the requests in flight on w.
-// The first term is the prefill work the request would cost on w, the second
-// the decode work w already carries: a large overlap_weight chases cache hits,
-// 0 balances load alone.
+// where prefill_tokens(w) is the tokens still to prefill of the requests in
+// flight on w and decode_blocks(w) the KV blocks they hold (see
+// docs/kv_router.md for what Dynamo counts in each). The first term is the
+// prefill work queued on w if the request goes there, the second the decode
+// work w carries: a large overlap_weight chases cache hits, 0 balances load
+// alone.
 //
 // With temperature 0 the cheapest worker wins; ties go to the worker holding
 // fewer blocks in total (the one whose cache loses least from the extra
 // blocks), then to the smallest (worker_id, dp_rank), so a decision is a pure
 // function of its inputs. With temperature T > 0 a worker is drawn with
-// probability proportional to exp(-(cost - min) / ((max - min) * T)): costs
-// are rescaled to [0, 1] first, so T means the same whatever the magnitudes
-// (all costs equal: uniform). The draw takes a uniform number in [0, 1) from
-// the caller, so tests and simulations control the randomness.
+// probability proportional to exp(-x / T), x = (cost - min) / (max - min):
+// costs are rescaled to [0, 1] first, so T means the same whatever the
+// magnitudes (all costs equal: uniform). Dividing the rescaled cost, never the
+// range times T, keeps every weight a number: a T so small that x / T
+// overflows gives the costlier workers weight 0, the limit of the softmax as T
+// goes to 0. A cost that overflowed to infinity (a huge weight times a huge
+// prefill) gets weight 0 and is left out of min and max; when every cost is
+// infinite they count as equal. The draw takes a uniform number in [0, 1)
+// from the caller, so tests and simulations control the randomness.
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
@@ -3726,15 +3733,22 @@ namespace promptcache {
 /// `--router-temperature` and the engine's KV block size).
 struct KvRouterConfig {
   double overlap_weight = 1.0;  ///< Weight of the prefill term; >= 0 and finite.
-  double temperature = 0.0;     ///< 0: cheapest worker; > 0: softmax sampling. Finite.
+  /// 0: cheapest worker; > 0: softmax sampling (so small a T that the costlier
+  /// weights underflow draws among the cheapest only). Finite.
+  double temperature = 0.0;
   std::size_t block_size = 16;  ///< Tokens per KV block (as hashed for the index); > 0.
 };
 
 /// One routable worker rank and its current load.
 struct KvWorkerLoad {
-  KvWorker worker;                ///< The worker rank.
-  std::size_t decode_blocks = 0;  ///< KV blocks of the requests in flight on it.
+  KvWorker worker;  ///< The worker rank.
+  /// KV blocks of the requests in flight on it; for Dynamo's cost, plus the
+  /// request's full blocks not among them (see docs/kv_router.md).
+  std::size_t decode_blocks = 0;
   std::size_t cached_blocks = 0;  ///< Blocks it holds in total (tie-break; 0 if unknown).
+  /// Tokens still to prefill of the requests in flight on it, each without the
+  /// prefix it found cached (Dynamo's active prefill tokens; 0: an idle queue).
+  std::size_t prefill_tokens = 0;
 };
 
 /// The cost terms of one candidate, as used by a decision.
@@ -3742,9 +3756,10 @@ struct KvRouteCandidate {
   KvWorker worker;                 ///< The worker rank.
   std::size_t matched_blocks = 0;  ///< Leading blocks of the request it holds.
   std::size_t cached_tokens = 0;   ///< min(request tokens, matched_blocks * block_size).
-  double prefill_blocks = 0.0;     ///< (request tokens - cached_tokens) / block_size.
-  double decode_blocks = 0.0;      ///< KvWorkerLoad::decode_blocks.
-  double cost = 0.0;               ///< overlap_weight * prefill_blocks + decode_blocks.
+  /// (in-flight prefill tokens + request tokens - cached_tokens) / block_size.
+  double prefill_blocks = 0.0;
+  double decode_blocks = 0.0;  ///< KvWorkerLoad::decode_blocks.
+  double cost = 0.0;  ///< overlap_weight * prefill_blocks + decode_blocks; may be +infinity.
 };
 
 /// A routing decision: the chosen candidate and where it stood in the input.
@@ -3776,22 +3791,24 @@ class KvRouter {
   [[nodiscard]] const KvRouterConfig& config() const noexcept { return config_; }
 
   /// The cost terms of routing a request of `request_tokens` tokens to a
-  /// worker holding `matched_blocks` of its leading blocks and carrying
-  /// `decode_blocks` in flight. A match longer than the request counts as the
-  /// whole request. O(1).
+  /// worker holding `matched_blocks` of its leading blocks, carrying
+  /// `decode_blocks` in flight and `prefill_tokens` still to prefill. A match
+  /// longer than the request counts as the whole request; no input overflows
+  /// an integer, but a huge overlap_weight can make the cost +infinity. O(1).
   [[nodiscard]] KvRouteCandidate candidate(const KvWorker& worker, std::size_t request_tokens,
-                                           std::size_t matched_blocks,
-                                           std::size_t decode_blocks) const noexcept {
+                                           std::size_t matched_blocks, std::size_t decode_blocks,
+                                           std::size_t prefill_tokens = 0) const noexcept {
     KvRouteCandidate c;
     c.worker = worker;
     c.matched_blocks = matched_blocks;
     const std::size_t bs = config_.block_size;
-    // matched_blocks * bs may overflow for absurd inputs: compare by division.
-    c.cached_tokens = matched_blocks >= request_tokens / bs + 1
-                          ? request_tokens
-                          : std::min(request_tokens, matched_blocks * bs);
-    c.prefill_blocks =
-        static_cast<double>(request_tokens - c.cached_tokens) / static_cast<double>(bs);
+    // Up to request_tokens / bs blocks the product is at most request_tokens, so
+    // it cannot overflow; one block more already covers the whole request.
+    c.cached_tokens = matched_blocks > request_tokens / bs ? request_tokens : matched_blocks * bs;
+    // In double: the sum of two token counts may exceed SIZE_MAX.
+    c.prefill_blocks = (static_cast<double>(prefill_tokens) +
+                        static_cast<double>(request_tokens - c.cached_tokens)) /
+                       static_cast<double>(bs);
     c.decode_blocks = static_cast<double>(decode_blocks);
     c.cost = config_.overlap_weight * c.prefill_blocks + c.decode_blocks;
     return c;
@@ -3828,7 +3845,8 @@ class KvRouter {
             break;
           }
       }
-      out.push_back(candidate(w.worker, request_tokens, matched, w.decode_blocks));
+      out.push_back(
+          candidate(w.worker, request_tokens, matched, w.decode_blocks, w.prefill_tokens));
     }
     return out;
   }
@@ -3836,9 +3854,10 @@ class KvRouter {
   /// Picks the worker for a request of `request_tokens` tokens among
   /// `workers`. Temperature 0: the cheapest (ties: fewer cached_blocks, then
   /// the smallest worker id and rank), `sample` is unused. Temperature > 0:
-  /// softmax over the rescaled costs, walked in (worker_id, dp_rank) order with
-  /// the uniform number `sample` (clamped into [0, 1); NaN counts as 0).
-  /// Returns nullopt when `workers` is empty. O(candidates() + |workers| log |workers|).
+  /// probabilities() walked in (worker_id, dp_rank) order with the uniform
+  /// number `sample` (clamped into [0, 1); NaN counts as 0), so a worker of
+  /// probability 0 is never drawn. Returns nullopt when `workers` is empty.
+  /// O(candidates() + |workers| log |workers|).
   [[nodiscard]] std::optional<KvRouteDecision> select(std::size_t request_tokens,
                                                       std::span<const KvWorkerMatch> matches,
                                                       std::span<const KvWorkerLoad> workers,
@@ -3878,7 +3897,8 @@ class KvRouter {
       cum += p[i];
       if (u < cum) return KvRouteDecision{cands[i], i};
     }
-    // Rounding left the sum just below u: the last worker with p > 0 takes it.
+    // Rounding left the sum just below u: the last worker with p > 0 takes it
+    // (there is one: the cheapest worker's p is at least 1 / |workers|).
     for (auto it = order.rbegin(); it != order.rend(); ++it)
       if (p[*it] > 0.0) return KvRouteDecision{cands[*it], *it};
     return KvRouteDecision{cands[order.back()], order.back()};
@@ -3902,17 +3922,22 @@ class KvRouter {
 
   /// The softmax probabilities select() draws from at this temperature, one
   /// per candidate in the given order (temperature 0: 1 for each cheapest
-  /// candidate divided by their count). O(|cands|).
+  /// candidate divided by their count). For candidates made by candidates()
+  /// always finite and summing to 1 (up to rounding): an infinite cost gets 0
+  /// unless every cost is infinite, which counts as all costs equal. O(|cands|).
   [[nodiscard]] std::vector<double> probabilities(std::span<const KvRouteCandidate> cands) const {
     std::vector<double> p(cands.size(), 0.0);
     if (cands.empty()) return p;
-    double lo = cands[0].cost;
-    double hi = cands[0].cost;
+    // min and max over the finite costs (costs are never NaN: all terms are >= 0).
+    double lo = std::numeric_limits<double>::infinity();
+    double hi = -std::numeric_limits<double>::infinity();
     for (const KvRouteCandidate& c : cands) {
+      if (!std::isfinite(c.cost)) continue;
       lo = std::min(lo, c.cost);
       hi = std::max(hi, c.cost);
     }
-    if (config_.temperature == 0.0 || lo == hi) {
+    if (config_.temperature == 0.0 || !(lo < hi)) {
+      // Mass on the cheapest set; all costs infinite: lo is infinite and all are in it.
       std::size_t n = 0;
       for (const KvRouteCandidate& c : cands)
         n += c.cost == lo ? 1U : 0U;
@@ -3920,11 +3945,14 @@ class KvRouter {
         p[i] = cands[i].cost == lo ? 1.0 / static_cast<double>(n) : 0.0;
       return p;
     }
-    const double scale = (hi - lo) * config_.temperature;
+    // hi - lo is finite (both are finite and >= 0) and > 0, so x is in [0, 1];
+    // x / T is in [0, +inf] for any T > 0, and exp of its negation in [0, 1].
+    const double range = hi - lo;
     double sum = 0.0;
     for (std::size_t i = 0; i < cands.size(); ++i) {
-      p[i] = std::exp(-(cands[i].cost - lo) / scale);  // in (0, 1], 1 at the minimum
-      sum += p[i];
+      const double c = cands[i].cost;
+      p[i] = std::isfinite(c) ? std::exp(-((c - lo) / range) / config_.temperature) : 0.0;
+      sum += p[i];  // the cheapest adds exp(0) = 1, so sum >= 1
     }
     for (double& x : p)
       x /= sum;
