@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -465,4 +467,140 @@ TEST_CASE("duplicate hashes and unknown parents decode; the index refuses them u
   CHECK(index.block_count(w) == 0);
   CHECK(index.node_count() == 0);
   CHECK(index.check_invariants());
+}
+
+namespace {
+
+// How a test writes an integer: as msgpack's compact unsigned encoding, or
+// in one fixed signed width (msgpack-cxx reports every signed width through
+// visit_negative_integer, non-negative values included).
+enum class IntFormat { compact, int8, int16, int32, int64 };
+
+void pack_int(msgpack::packer<Buffer>& p, IntFormat f, std::int64_t v) {
+  switch (f) {
+    case IntFormat::compact:
+      if (v >= 0)
+        p.pack(static_cast<std::uint64_t>(v));
+      else
+        p.pack(v);
+      break;
+    case IntFormat::int8:
+      p.pack_fix_int8(static_cast<std::int8_t>(v));
+      break;
+    case IntFormat::int16:
+      p.pack_fix_int16(static_cast<std::int16_t>(v));
+      break;
+    case IntFormat::int32:
+      p.pack_fix_int32(static_cast<std::int32_t>(v));
+      break;
+    case IntFormat::int64:
+      p.pack_fix_int64(v);
+      break;
+  }
+}
+
+// [ts, [BlockStored(hashes [7, 9], parent 3, tokens [1, 2, 3, 4], block_size 2,
+// group_idx 0), BlockRemoved([9], group_idx 1), BlockRemoved([7], group_idx
+// 0)], dp_rank 1], every integer but ts written in format `f`; `token` and
+// `block_size` replace one token id and the block size.
+Buffer pack_int_batch(IntFormat f, std::int64_t token = 2, std::int64_t block_size = 2,
+                      std::int64_t dp_rank = 1, std::int64_t removed_group = 1) {
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_array(3);
+  p.pack(2.5);
+  p.pack_array(3);
+  p.pack_array(10);
+  p.pack(std::string("BlockStored"));
+  p.pack_array(2);
+  pack_int(p, f, 7);
+  pack_int(p, f, 9);
+  pack_int(p, f, 3);  // parent
+  p.pack_array(4);
+  pack_int(p, f, 1);
+  pack_int(p, f, token);
+  pack_int(p, f, 3);
+  pack_int(p, f, 4);
+  pack_int(p, f, block_size);
+  p.pack_nil();  // lora_id
+  p.pack(std::string("GPU"));
+  p.pack_nil();  // lora_name
+  p.pack_nil();  // extra_keys
+  pack_int(p, f, 0);
+  for (const std::int64_t group : {removed_group, std::int64_t{0}}) {
+    p.pack_array(4);
+    p.pack(std::string("BlockRemoved"));
+    p.pack_array(1);
+    pack_int(p, f, group == 0 ? 7 : 9);
+    p.pack(std::string("GPU"));
+    pack_int(p, f, group);
+  }
+  pack_int(p, f, dp_rank);
+  return buf;
+}
+
+KvWireStatus decode_status(const Buffer& buf, KvWireBatch& out) {
+  return KvEventWireDecoder().decode(buf.data(), buf.size(), out);
+}
+
+}  // namespace
+
+TEST_CASE("non-negative integers in signed msgpack formats read as the same unsigned values",
+          "[kv_event_wire]") {
+  const KvWireBatch want = decode_ok(pack_int_batch(IntFormat::compact));
+  // The reference itself: the group 1 removal skipped, the group 0 one kept.
+  REQUIRE(want.events.size() == 2);
+  CHECK(want.ignored_events == 1);
+  CHECK(want.dp_rank == 1u);
+  CHECK(std::get<kv_event::Stored>(want.events[0]).parent_hash == 3u);
+  CHECK(std::get<kv_event::Removed>(want.events[1]).block_hashes == std::vector<std::uint64_t>{7});
+
+  for (const IntFormat f :
+       {IntFormat::int8, IntFormat::int16, IntFormat::int32, IntFormat::int64}) {
+    INFO("format " << static_cast<int>(f));
+    // Token ids, block_size, hashes, the parent, group_idx and the dp rank.
+    check_same(decode_ok(pack_int_batch(f)), want);
+
+    // Negative values are still refused where they were, and still decode
+    // where a negative value has a meaning (two's complement hashes).
+    KvWireBatch out;
+    KvWireStatus st = decode_status(pack_int_batch(f, -1), out);
+    CHECK(st.code == KvWireErrc::bad_value);
+    CHECK(out.events.empty());
+    st = decode_status(pack_int_batch(f, 2, -2), out);
+    CHECK(st.code == KvWireErrc::bad_value);
+    st = decode_status(pack_int_batch(f, 2, 2, -1), out);
+    CHECK(st.code == KvWireErrc::bad_batch);
+    // A negative group_idx names no group: the removal applies, as before.
+    const KvWireBatch neg = decode_ok(pack_int_batch(f, 2, 2, 1, -1));
+    CHECK(neg.events.size() == 3);
+    CHECK(neg.ignored_events == 0);
+  }
+
+  // The widest values: above 2^32 - 1 is still too big for a token id or a
+  // block size; 2^63 - 1 as a hash is the same name as its unsigned form.
+  KvWireBatch out;
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_value);
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, 2, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_value);
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, 2, 2, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_batch);
+  const std::int64_t top = std::numeric_limits<std::int64_t>::max();
+  Buffer a, b;
+  msgpack::packer<Buffer> pa(a), pb(b);
+  for (auto [p, f] : {std::pair{&pa, IntFormat::int64}, std::pair{&pb, IntFormat::compact}}) {
+    p->pack_array(2);
+    pack_int(*p, f, 0);  // an integer ts
+    p->pack_array(1);
+    p->pack_array(2);
+    p->pack(std::string("BlockRemoved"));
+    p->pack_array(2);
+    pack_int(*p, f, top);
+    pack_int(*p, f, 0);
+  }
+  const KvWireBatch ra = decode_ok(a);
+  check_same(ra, decode_ok(b));
+  CHECK(std::get<kv_event::Removed>(ra.events.at(0)).block_hashes ==
+        std::vector<std::uint64_t>{static_cast<std::uint64_t>(top), 0});
 }

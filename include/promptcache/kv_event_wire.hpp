@@ -193,7 +193,8 @@ enum class MpKind : std::uint8_t { nil, boolean, uint, sint, real, str, bin, ext
 // it; `end` is the index past its last descendant (for a scalar, its own
 // index + 1), so any value is skipped in O(1).
 struct MpNode {
-  std::uint64_t bits = 0;  // uint, sint (two's complement), real (bit pattern), str/bin offset
+  std::uint64_t bits = 0;  // uint (>= 0 in any format), sint (< 0, two's complement),
+                           // real (bit pattern), str/bin offset
   std::uint32_t size = 0;  // array: elements; map: pairs; str/bin/ext: bytes
   std::uint32_t end = 0;
   MpKind kind = MpKind::nil;
@@ -211,8 +212,12 @@ class MpTapeBuilder : public msgpack::null_visitor {
   bool visit_nil() { return leaf(MpKind::nil, 0, 0); }
   bool visit_boolean(bool v) { return leaf(MpKind::boolean, v ? 1U : 0U, 0); }
   bool visit_positive_integer(std::uint64_t v) { return leaf(MpKind::uint, v, 0); }
+  // msgpack-cxx reports every value of the signed formats (int 8/16/32/64)
+  // here, non-negative ones included; the format allows 0xd0 0x01 for 1. A
+  // non-negative value is the same number in either format, so it goes on
+  // the tape as unsigned and every field reads it as the unsigned encoding.
   bool visit_negative_integer(std::int64_t v) {
-    return leaf(MpKind::sint, static_cast<std::uint64_t>(v), 0);
+    return leaf(v < 0 ? MpKind::sint : MpKind::uint, static_cast<std::uint64_t>(v), 0);
   }
   bool visit_float32(float v) {
     return leaf(MpKind::real, std::bit_cast<std::uint64_t>(static_cast<double>(v)), 0);
