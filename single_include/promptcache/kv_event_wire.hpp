@@ -4598,8 +4598,10 @@ class KvEventWireDecoder {
 
   /// Decodes one payload into `out` (cleared first). On any error `out` is
   /// left empty and the status says why; bad bytes never throw (only
-  /// std::bad_alloc can, with `out` then unspecified but valid).
-  /// O(payload bytes + tokens); hashing the tokens dominates.
+  /// std::bad_alloc can, with `out` then unspecified but valid). Learns no
+  /// attention group: an event without a kind is classified by the stateless
+  /// rule (group 0 is the main one). O(payload bytes + tokens); hashing the
+  /// tokens dominates.
   KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out) {
     out.clear();
     KvWireStatus st = decode_impl(payload, out);
