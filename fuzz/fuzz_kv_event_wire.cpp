@@ -14,9 +14,13 @@
 // ranks). The harness computes the batch the documented rules give, encodes the
 // events with msgpack-cxx in every layout the publishers use (array batch with
 // array events as SGLang and older vLLM send, array batch with map events, map
-// batch with map events; shortest or fixed-width integers, omitted or nil
-// defaults, keys in any order, unknown keys and trailing elements), decodes each
-// and compares. Then every strict prefix of one encoding must be rejected as
+// batch with map events; shortest or fixed-width integers, unsigned or in a
+// signed format that holds the value, omitted or nil defaults, keys in any order,
+// unknown keys and trailing elements), decodes each and compares. The batches of
+// one input are also one publisher's stream: each is decoded with the stream's
+// KvWireStreamState too, against a model of the group kinds it learns (a plain
+// map, capped as documented), and a payload that is rejected must leave the
+// state as it was. Then every strict prefix of one encoding must be rejected as
 // truncated (empty at length 0) with an empty batch, a byte appended must be
 // rejected as trailing bytes, and the depth and size limits must cut exactly at
 // the encoding's depth and size.
@@ -33,6 +37,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -52,6 +57,7 @@ using promptcache::KvWireBatch;
 using promptcache::KvWireErrc;
 using promptcache::KvWireOptions;
 using promptcache::KvWireStatus;
+using promptcache::KvWireStreamState;
 namespace kv_event = promptcache::kv_event;
 using Bytes = std::vector<std::byte>;
 using Packer = msgpack::packer<msgpack::sbuffer>;
@@ -351,7 +357,7 @@ class Generator {
     e.trailing = in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? 1U + pick(2) : 0U;
     e.medium = opt_str({"GPU", "CPU", "cpu", "DISK", ""});
     e.medium_int = e.medium.state == OptStr::nil && in_.ConsumeBool();
-    e.group_idx = opt_uint({0, 0, 1, 5});
+    e.group_idx = opt_uint({0, 0, 1, 5, 2, 255, 256, u64max});
     e.spec_kind = opt_str(
         {"full_attention", "mla_attention", "sink_full_attention", "sliding_window", "mamba"});
     switch (e.type) {
@@ -413,12 +419,33 @@ class Generator {
 
 // ---- the batch the rules give --------------------------------------------------------------
 
-bool skipped_by_rule(const WireEvent& e, const KvWireOptions& o) {
+// The group kinds a stream state has learned, as the documentation states them:
+// group -> main, recorded only below the cap, the last record holding.
+using GroupModel = std::map<std::uint64_t, bool>;
+
+// `groups` null: the stateless rule; otherwise the stream's model, updated.
+bool skipped_by_rule(const WireEvent& e, const KvWireOptions& o, GroupModel* groups) {
+  const bool has_group = e.group_idx.state == OptUint::value;
+  bool other = false;
+  if (e.spec_kind.is_str()) {
+    const bool main = e.spec_kind.s == "full_attention" || e.spec_kind.s == "mla_attention" ||
+                      e.spec_kind.s == "sink_full_attention";
+    if (groups != nullptr && has_group && e.group_idx.v < KvWireStreamState::max_groups)
+      (*groups)[e.group_idx.v] = main;
+    other = !main;
+  } else if (has_group) {
+    const auto it = groups != nullptr ? groups->find(e.group_idx.v) : GroupModel::iterator();
+    other = groups != nullptr && it != groups->end() ? !it->second : e.group_idx.v != 0;
+  }
   if (o.device_only && e.medium.is_str() && e.medium.s != "GPU") return true;
-  if (e.spec_kind.is_str())
-    return !(e.spec_kind.s == "full_attention" || e.spec_kind.s == "mla_attention" ||
-             e.spec_kind.s == "sink_full_attention");
-  return e.group_idx.state == OptUint::value && e.group_idx.v != 0;
+  return other;
+}
+
+bool same_groups(const KvWireStreamState& s, const GroupModel& m) {
+  if (s.known_groups() != m.size()) return false;
+  for (const auto& [g, main] : m)
+    if (s.is_main_group(g) != main) return false;
+  return !s.is_main_group(KvWireStreamState::max_groups).has_value();
 }
 
 double ts_of(const WireBatch& b) {
@@ -435,7 +462,7 @@ double ts_of(const WireBatch& b) {
   return 0.0;
 }
 
-KvWireBatch expected(const WireBatch& wb, const KvWireOptions& o) {
+KvWireBatch expected(const WireBatch& wb, const KvWireOptions& o, GroupModel* groups = nullptr) {
   KvWireBatch out;
   out.ts = ts_of(wb);
   if (wb.rank.state == OptUint::value) out.dp_rank = static_cast<std::uint32_t>(wb.rank.v);
@@ -448,7 +475,7 @@ KvWireBatch expected(const WireBatch& wb, const KvWireOptions& o) {
       out.events.emplace_back(kv_event::Cleared{});
       continue;
     }
-    if (skipped_by_rule(e, o)) {
+    if (skipped_by_rule(e, o, groups)) {
       ++out.ignored_events;
       continue;
     }
@@ -563,10 +590,20 @@ class Encoder {
     p_.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
   }
 
-  // Shortest form mostly (as msgspec writes), fixed 64-bit width sometimes.
+  // Shortest form mostly (as msgspec writes), fixed 64-bit width sometimes, and
+  // sometimes a signed format wide enough for the value (the same number).
   void uint(std::uint64_t v) {
-    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0)
+    const int form = in_.ConsumeIntegralInRange<int>(0, 11);
+    if (form == 0)
       p_.pack_fix_uint64(v);
+    else if (form == 1 && v <= 0x7fU)
+      p_.pack_fix_int8(static_cast<std::int8_t>(v));
+    else if (form == 2 && v <= 0x7fffU)
+      p_.pack_fix_int16(static_cast<std::int16_t>(v));
+    else if (form == 3 && v <= 0x7fffffffU)
+      p_.pack_fix_int32(static_cast<std::int32_t>(v));
+    else if (form == 4 && v <= 0x7fffffffffffffffU)
+      p_.pack_fix_int64(static_cast<std::int64_t>(v));
     else
       p_.pack_uint64(v);
   }
@@ -906,6 +943,8 @@ class Encoder {
 void structured_mode(FuzzedDataProvider& in) {
   KvEventWireDecoder decoder;
   KvWireBatch got;
+  KvWireStreamState stream;  // the input's batches as one publisher's stream
+  GroupModel groups;
   // Several batches per input: each is encoded in every layout.
   while (in.remaining_bytes() > 0) {
     KvWireOptions o;
@@ -927,6 +966,9 @@ void structured_mode(FuzzedDataProvider& in) {
     }
     decoder = KvEventWireDecoder(o);
     const KvWireBatch want = expected(wb, o);
+    GroupModel next_groups = groups;
+    const KvWireBatch want_stream = expected(wb, o, &next_groups);
+    KvWireStreamState next_stream = stream;
     const auto truncated_layout = in.ConsumeIntegralInRange<int>(0, 2);
     for (int l = 0; l < 3; ++l) {
       msgpack::sbuffer buf;
@@ -938,6 +980,15 @@ void structured_mode(FuzzedDataProvider& in) {
       check_shape(st, got);
       FUZZ_CHECK(st.ok());
       FUZZ_CHECK(matches(got, want));
+      // The same payload as the next batch of the stream.
+      KvWireStreamState s = stream;
+      ++fuzz::operations();
+      const KvWireStatus ss = decoder.decode(payload, got, s);
+      check_shape(ss, got);
+      FUZZ_CHECK(ss.ok());
+      FUZZ_CHECK(matches(got, want_stream));
+      FUZZ_CHECK(same_groups(s, next_groups));
+      next_stream = s;
       if (l != truncated_layout) continue;
 
       // Every strict prefix is truncated; never half a batch.
@@ -945,9 +996,12 @@ void structured_mode(FuzzedDataProvider& in) {
         const Bytes prefix = exact_copy(payload.data(), n);
         ++fuzz::operations();
         ++truncations();
-        const KvWireStatus t = decoder.decode(prefix, got);
+        KvWireStreamState rejected = stream;
+        const KvWireStatus t =
+            n % 2 == 0 ? decoder.decode(prefix, got) : decoder.decode(prefix, got, rejected);
         check_shape(t, got);
         FUZZ_CHECK(t.code == (n == 0 ? KvWireErrc::empty : KvWireErrc::truncated));
+        FUZZ_CHECK(rejected == stream);  // a rejected payload teaches nothing
       }
       // A byte after the batch.
       Bytes longer = payload;
@@ -976,6 +1030,13 @@ void structured_mode(FuzzedDataProvider& in) {
       t = small.decode(payload, got);
       check_shape(t, got);
       FUZZ_CHECK(t.code == KvWireErrc::too_large);
+    }
+    stream = next_stream;
+    groups = std::move(next_groups);
+    if (in.ConsumeIntegralInRange<int>(0, 15) == 0) {  // the publisher restarts
+      stream.reset();
+      groups.clear();
+      FUZZ_CHECK(stream == KvWireStreamState());
     }
   }
 }

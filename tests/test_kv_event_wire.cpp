@@ -8,8 +8,12 @@
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -465,4 +469,445 @@ TEST_CASE("duplicate hashes and unknown parents decode; the index refuses them u
   CHECK(index.block_count(w) == 0);
   CHECK(index.node_count() == 0);
   CHECK(index.check_invariants());
+}
+
+namespace {
+
+// How a test writes an integer: as msgpack's compact unsigned encoding, or
+// in one fixed signed width (msgpack-cxx reports every signed width through
+// visit_negative_integer, non-negative values included).
+enum class IntFormat { compact, int8, int16, int32, int64 };
+
+void pack_int(msgpack::packer<Buffer>& p, IntFormat f, std::int64_t v) {
+  switch (f) {
+    case IntFormat::compact:
+      if (v >= 0)
+        p.pack(static_cast<std::uint64_t>(v));
+      else
+        p.pack(v);
+      break;
+    case IntFormat::int8:
+      p.pack_fix_int8(static_cast<std::int8_t>(v));
+      break;
+    case IntFormat::int16:
+      p.pack_fix_int16(static_cast<std::int16_t>(v));
+      break;
+    case IntFormat::int32:
+      p.pack_fix_int32(static_cast<std::int32_t>(v));
+      break;
+    case IntFormat::int64:
+      p.pack_fix_int64(v);
+      break;
+  }
+}
+
+// [ts, [BlockStored(hashes [7, 9], parent 3, tokens [1, 2, 3, 4], block_size 2,
+// group_idx 0), BlockRemoved([9], group_idx 1), BlockRemoved([7], group_idx
+// 0)], dp_rank 1], every integer but ts written in format `f`; `token` and
+// `block_size` replace one token id and the block size.
+Buffer pack_int_batch(IntFormat f, std::int64_t token = 2, std::int64_t block_size = 2,
+                      std::int64_t dp_rank = 1, std::int64_t removed_group = 1) {
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_array(3);
+  p.pack(2.5);
+  p.pack_array(3);
+  p.pack_array(10);
+  p.pack(std::string("BlockStored"));
+  p.pack_array(2);
+  pack_int(p, f, 7);
+  pack_int(p, f, 9);
+  pack_int(p, f, 3);  // parent
+  p.pack_array(4);
+  pack_int(p, f, 1);
+  pack_int(p, f, token);
+  pack_int(p, f, 3);
+  pack_int(p, f, 4);
+  pack_int(p, f, block_size);
+  p.pack_nil();  // lora_id
+  p.pack(std::string("GPU"));
+  p.pack_nil();  // lora_name
+  p.pack_nil();  // extra_keys
+  pack_int(p, f, 0);
+  for (const std::int64_t group : {removed_group, std::int64_t{0}}) {
+    p.pack_array(4);
+    p.pack(std::string("BlockRemoved"));
+    p.pack_array(1);
+    pack_int(p, f, group == 0 ? 7 : 9);
+    p.pack(std::string("GPU"));
+    pack_int(p, f, group);
+  }
+  pack_int(p, f, dp_rank);
+  return buf;
+}
+
+KvWireStatus decode_status(const Buffer& buf, KvWireBatch& out) {
+  return KvEventWireDecoder().decode(buf.data(), buf.size(), out);
+}
+
+}  // namespace
+
+TEST_CASE("non-negative integers in signed msgpack formats read as the same unsigned values",
+          "[kv_event_wire]") {
+  const KvWireBatch want = decode_ok(pack_int_batch(IntFormat::compact));
+  // The reference itself: the group 1 removal skipped, the group 0 one kept.
+  REQUIRE(want.events.size() == 2);
+  CHECK(want.ignored_events == 1);
+  CHECK(want.dp_rank == 1u);
+  CHECK(std::get<kv_event::Stored>(want.events[0]).parent_hash == 3u);
+  CHECK(std::get<kv_event::Removed>(want.events[1]).block_hashes == std::vector<std::uint64_t>{7});
+
+  for (const IntFormat f :
+       {IntFormat::int8, IntFormat::int16, IntFormat::int32, IntFormat::int64}) {
+    INFO("format " << static_cast<int>(f));
+    // Token ids, block_size, hashes, the parent, group_idx and the dp rank.
+    check_same(decode_ok(pack_int_batch(f)), want);
+
+    // Negative values are still refused where they were, and still decode
+    // where a negative value has a meaning (two's complement hashes).
+    KvWireBatch out;
+    KvWireStatus st = decode_status(pack_int_batch(f, -1), out);
+    CHECK(st.code == KvWireErrc::bad_value);
+    CHECK(out.events.empty());
+    st = decode_status(pack_int_batch(f, 2, -2), out);
+    CHECK(st.code == KvWireErrc::bad_value);
+    st = decode_status(pack_int_batch(f, 2, 2, -1), out);
+    CHECK(st.code == KvWireErrc::bad_batch);
+    // A negative group_idx names no group: the removal applies, as before.
+    const KvWireBatch neg = decode_ok(pack_int_batch(f, 2, 2, 1, -1));
+    CHECK(neg.events.size() == 3);
+    CHECK(neg.ignored_events == 0);
+  }
+
+  // The widest values: above 2^32 - 1 is still too big for a token id or a
+  // block size; 2^63 - 1 as a hash is the same name as its unsigned form.
+  KvWireBatch out;
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_value);
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, 2, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_value);
+  CHECK(decode_status(pack_int_batch(IntFormat::int64, 2, 2, std::int64_t{1} << 32), out).code ==
+        KvWireErrc::bad_batch);
+  const std::int64_t top = std::numeric_limits<std::int64_t>::max();
+  Buffer a, b;
+  msgpack::packer<Buffer> pa(a), pb(b);
+  for (auto [p, f] : {std::pair{&pa, IntFormat::int64}, std::pair{&pb, IntFormat::compact}}) {
+    p->pack_array(2);
+    pack_int(*p, f, 0);  // an integer ts
+    p->pack_array(1);
+    p->pack_array(2);
+    p->pack(std::string("BlockRemoved"));
+    p->pack_array(2);
+    pack_int(*p, f, top);
+    pack_int(*p, f, 0);
+  }
+  const KvWireBatch ra = decode_ok(a);
+  check_same(ra, decode_ok(b));
+  CHECK(std::get<kv_event::Removed>(ra.events.at(0)).block_hashes ==
+        std::vector<std::uint64_t>{static_cast<std::uint64_t>(top), 0});
+}
+
+namespace {
+
+using promptcache::KvWireStreamState;
+
+// vLLM's map events of a hybrid model: a stored block with its group and
+// spec kind, and a removal with its group only.
+struct GroupEvent {
+  bool stored = true;
+  std::uint64_t hash = 0;
+  std::optional<std::uint64_t> group;
+  const char* kind = nullptr;  // stored only; nullptr: no kv_cache_spec_kind
+  const char* medium = "GPU";
+};
+
+Buffer pack_group_batch(const std::vector<GroupEvent>& events, bool array_events = false) {
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_map(2);
+  p.pack(std::string("ts"));
+  p.pack(1.0);
+  p.pack(std::string("events"));
+  p.pack_array(static_cast<std::uint32_t>(events.size()));
+  for (const GroupEvent& e : events) {
+    const std::uint32_t extra = (e.group ? 1U : 0U) + (e.kind != nullptr ? 1U : 0U);
+    if (array_events) {
+      // msgspec's positions: a kind needs its group slot before it.
+      if (e.stored) {
+        p.pack_array(9U + (e.kind != nullptr ? 2U : (e.group ? 1U : 0U)));
+        p.pack(std::string("BlockStored"));
+        p.pack(std::vector<std::uint64_t>{e.hash});
+        p.pack_nil();
+        p.pack(std::vector<std::uint32_t>{1, 2});
+        p.pack(2U);
+        p.pack_nil();
+        p.pack(std::string(e.medium));
+        p.pack_nil();
+        p.pack_nil();
+      } else {
+        p.pack_array(3U + (e.group ? 1U : 0U));
+        p.pack(std::string("BlockRemoved"));
+        p.pack(std::vector<std::uint64_t>{e.hash});
+        p.pack(std::string(e.medium));
+      }
+      if (e.group)
+        p.pack(*e.group);
+      else if (e.kind != nullptr)
+        p.pack_nil();
+      if (e.kind != nullptr) p.pack(std::string(e.kind));
+      continue;
+    }
+    p.pack_map((e.stored ? 6U : 3U) + extra);
+    p.pack(std::string("type"));
+    p.pack(std::string(e.stored ? "BlockStored" : "BlockRemoved"));
+    p.pack(std::string("block_hashes"));
+    p.pack(std::vector<std::uint64_t>{e.hash});
+    p.pack(std::string("medium"));
+    p.pack(std::string(e.medium));
+    if (e.stored) {
+      p.pack(std::string("parent_block_hash"));
+      p.pack_nil();
+      p.pack(std::string("token_ids"));
+      p.pack(std::vector<std::uint32_t>{1, 2});
+      p.pack(std::string("block_size"));
+      p.pack(2U);
+    }
+    if (e.group) {
+      p.pack(std::string("group_idx"));
+      p.pack(*e.group);
+    }
+    if (e.kind != nullptr) {
+      p.pack(std::string("kv_cache_spec_kind"));
+      p.pack(std::string(e.kind));
+    }
+  }
+  return buf;
+}
+
+// Decodes with `state`, or statelessly when it is null; REQUIREs success.
+KvWireBatch decode_group(const std::vector<GroupEvent>& events, KvWireStreamState* state,
+                         bool array_events = false) {
+  const Buffer buf = pack_group_batch(events, array_events);
+  KvWireBatch b;
+  KvEventWireDecoder decoder;
+  const KvWireStatus st = state != nullptr ? decoder.decode(buf.data(), buf.size(), b, *state)
+                                           : decoder.decode(buf.data(), buf.size(), b);
+  INFO(promptcache::to_string(st.code) << " " << st.detail);
+  REQUIRE(st.ok());
+  return b;
+}
+
+GroupEvent stored_in(std::uint64_t hash, std::uint64_t group, const char* kind) {
+  return GroupEvent{true, hash, group, kind, "GPU"};
+}
+
+GroupEvent removed_in(std::uint64_t hash, std::optional<std::uint64_t> group) {
+  return GroupEvent{false, hash, group, nullptr, "GPU"};
+}
+
+}  // namespace
+
+TEST_CASE("stream state: removals of a main attention group with an index other than 0 apply",
+          "[kv_event_wire]") {
+  for (const bool array_events : {false, true}) {
+    INFO("array events " << array_events);
+    // A hybrid model whose full-attention layers are group 1.
+    promptcache::KvIndex with, without;
+    const promptcache::KvWorker w{1, 0};
+    KvWireStreamState state;
+    std::uint64_t id = 0;
+    for (const bool stateful : {true, false}) {
+      promptcache::KvIndex& index = stateful ? with : without;
+      KvWireStreamState* s = stateful ? &state : nullptr;
+      const KvWireBatch stored = decode_group({stored_in(7, 1, "full_attention")}, s, array_events);
+      REQUIRE(stored.events.size() == 1);
+      for (const KvEventData& e : stored.events)
+        index.apply(w, promptcache::KvEvent{id++, e});
+      const KvWireBatch removed = decode_group({removed_in(7, 1)}, s, array_events);
+      CHECK(removed.events.size() == (stateful ? 1U : 0U));
+      CHECK(removed.ignored_events == (stateful ? 0U : 1U));
+      for (const KvEventData& e : removed.events)
+        index.apply(w, promptcache::KvEvent{id++, e});
+    }
+    CHECK(state.is_main_group(1) == true);
+    CHECK(state.known_groups() == 1);
+    CHECK(with.block_count(w) == 0);
+    CHECK(without.block_count(w) == 1);  // the stateless rule keeps the evicted block
+    CHECK(with.check_invariants());
+  }
+}
+
+TEST_CASE("stream state: a sliding-window group is learned as another group; its removals skip",
+          "[kv_event_wire]") {
+  // Group 0 is the sliding window, group 1 the full attention (vLLM orders
+  // groups by layer, so either can come first).
+  KvWireStreamState state;
+  const KvWireBatch stored =
+      decode_group({stored_in(7, 0, "sliding_window"), stored_in(7, 1, "full_attention")}, &state);
+  CHECK(stored.events.size() == 1);
+  CHECK(stored.ignored_events == 1);
+  CHECK(state.is_main_group(0) == false);
+  CHECK(state.is_main_group(1) == true);
+
+  // The sliding window evicts block 7 while the full attention keeps it: the
+  // removal must not reach the index. Without the state, group 0 counts as
+  // the main group and the removal would drop a block still held.
+  const KvWireBatch with = decode_group({removed_in(7, 0)}, &state);
+  CHECK(with.events.empty());
+  CHECK(with.ignored_events == 1);
+  const KvWireBatch without = decode_group({removed_in(7, 0)}, nullptr);
+  CHECK(without.events.size() == 1);
+
+  // Other non-main kinds are learned the same way.
+  decode_group({stored_in(8, 2, "mamba"), stored_in(8, 3, "mla_attention")}, &state);
+  CHECK(state.is_main_group(2) == false);
+  CHECK(state.is_main_group(3) == true);
+  const KvWireBatch r = decode_group({removed_in(8, 2), removed_in(8, 3)}, &state);
+  REQUIRE(r.events.size() == 1);
+  CHECK(std::get<kv_event::Removed>(r.events[0]).block_hashes == std::vector<std::uint64_t>{8});
+  CHECK(r.ignored_events == 1);
+}
+
+TEST_CASE("stream state: unknown groups follow the stateless rule; a kind on the event decides",
+          "[kv_event_wire]") {
+  KvWireStreamState state;
+  decode_group({stored_in(7, 1, "full_attention")}, &state);
+  // Groups never named: 0 and no group apply, others skip, as without a state.
+  for (KvWireStreamState* s : {&state, static_cast<KvWireStreamState*>(nullptr)}) {
+    const KvWireBatch b =
+        decode_group({removed_in(1, 0), removed_in(2, std::nullopt), removed_in(3, 5)}, s);
+    REQUIRE(b.events.size() == 2);
+    CHECK(b.ignored_events == 1);
+  }
+  // A stored event without a kind in a learned group uses the learned kind.
+  const KvWireBatch b = decode_group({GroupEvent{true, 9, 1, nullptr, "GPU"}}, &state);
+  CHECK(b.events.size() == 1);
+  CHECK(decode_group({GroupEvent{true, 9, 1, nullptr, "GPU"}}, nullptr).events.empty());
+  // A kind on the event wins over the learned one, and is learned in turn:
+  // the last word on a group holds.
+  const KvWireBatch sw = decode_group({stored_in(9, 1, "sliding_window")}, &state);
+  CHECK(sw.events.empty());
+  CHECK(state.is_main_group(1) == false);
+  CHECK(decode_group({removed_in(7, 1)}, &state).events.empty());
+  // A group is learned from a stored event of another medium too.
+  decode_group({GroupEvent{true, 9, 4, "full_attention", "CPU"}}, &state);
+  CHECK(state.is_main_group(4) == true);
+  CHECK(decode_group({removed_in(9, 4)}, &state).events.size() == 1);
+  // A group_idx that is negative or not an integer names no group: nothing
+  // is learned, and a removal with it applies.
+  Buffer odd;
+  msgpack::packer<Buffer> p(odd);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(3);
+  p.pack_array(11);
+  p.pack(std::string("BlockStored"));
+  p.pack(std::vector<std::uint64_t>{11});
+  p.pack_nil();
+  p.pack(std::vector<std::uint32_t>{1, 2});
+  p.pack(2U);
+  for (int i = 0; i < 4; ++i)
+    p.pack_nil();
+  p.pack(-3);
+  p.pack(std::string("sliding_window"));
+  for (const bool text : {false, true}) {
+    p.pack_array(4);
+    p.pack(std::string("BlockRemoved"));
+    p.pack(std::vector<std::uint64_t>{7});
+    p.pack(std::string("GPU"));
+    if (text)
+      p.pack(std::string("1"));
+    else
+      p.pack(-1);
+  }
+  const std::size_t known = state.known_groups();
+  KvWireBatch ob;
+  REQUIRE(KvEventWireDecoder().decode(odd.data(), odd.size(), ob, state).ok());
+  CHECK(ob.events.size() == 2);  // both removals; the sliding-window store skips
+  CHECK(ob.ignored_events == 1);
+  CHECK(state.known_groups() == known);
+  // The kind of a group learned earlier in the same batch counts.
+  KvWireStreamState fresh;
+  const KvWireBatch same =
+      decode_group({stored_in(5, 6, "full_attention"), removed_in(5, 6)}, &fresh);
+  CHECK(same.events.size() == 2);
+}
+
+TEST_CASE("stream state: groups at or above max_groups are not learned", "[kv_event_wire]") {
+  constexpr std::uint64_t cap = KvWireStreamState::max_groups;
+  KvWireStreamState state;
+  const KvWireBatch stored =
+      decode_group({stored_in(7, cap - 1, "full_attention"), stored_in(8, cap, "full_attention"),
+                    stored_in(9, ~std::uint64_t{0}, "full_attention")},
+                   &state);
+  CHECK(stored.events.size() == 3);  // the kind on each event decides
+  CHECK(state.known_groups() == 1);
+  CHECK(state.is_main_group(cap - 1) == true);
+  CHECK_FALSE(state.is_main_group(cap).has_value());
+  CHECK_FALSE(state.is_main_group(~std::uint64_t{0}).has_value());
+  const KvWireBatch removed = decode_group(
+      {removed_in(7, cap - 1), removed_in(8, cap), removed_in(9, ~std::uint64_t{0})}, &state);
+  REQUIRE(removed.events.size() == 1);  // above the cap: a group other than 0 skips
+  CHECK(std::get<kv_event::Removed>(removed.events[0]).block_hashes ==
+        std::vector<std::uint64_t>{7});
+  CHECK(removed.ignored_events == 2);
+  // learn() at the cap is a no-op too.
+  KvWireStreamState direct;
+  direct.learn(cap, true);
+  CHECK(direct == KvWireStreamState());
+}
+
+TEST_CASE("stream state: unchanged by a payload that does not decode; reset forgets",
+          "[kv_event_wire]") {
+  KvWireStreamState state;
+  decode_group({stored_in(7, 1, "full_attention")}, &state);
+  const KvWireStreamState before = state;
+
+  // A batch that would teach group 2, then fails on its second event.
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(2);
+  p.pack_map(6);
+  p.pack(std::string("type"));
+  p.pack(std::string("BlockStored"));
+  p.pack(std::string("block_hashes"));
+  p.pack(std::vector<std::uint64_t>{3});
+  p.pack(std::string("token_ids"));
+  p.pack(std::vector<std::uint32_t>{1, 2});
+  p.pack(std::string("block_size"));
+  p.pack(2U);
+  p.pack(std::string("group_idx"));
+  p.pack(2U);
+  p.pack(std::string("kv_cache_spec_kind"));
+  p.pack(std::string("full_attention"));
+  p.pack_array(1);
+  p.pack(42U);  // an event tag that is not a string
+  KvWireBatch out;
+  KvEventWireDecoder decoder;
+  CHECK(decoder.decode(buf.data(), buf.size(), out, state).code == KvWireErrc::bad_event);
+  CHECK(out.events.empty());
+  CHECK(state == before);
+  CHECK_FALSE(state.is_main_group(2).has_value());
+  // The same through the free function, and for a payload that is not msgpack.
+  const auto span = std::as_bytes(std::span<const char>(buf.data(), buf.size()));
+  CHECK(promptcache::decode_kv_event_batch(span, out, state).code == KvWireErrc::bad_event);
+  CHECK(promptcache::decode_kv_event_batch(span.first(span.size() - 1), out, state).code ==
+        KvWireErrc::truncated);
+  CHECK(state == before);
+  // The decoder stays stateless for its next stateless decode.
+  const Buffer removal = pack_group_batch({removed_in(7, 1)});
+  CHECK(decoder.decode(removal.data(), removal.size(), out).ok());
+  CHECK(out.events.empty());
+  CHECK(promptcache::decode_kv_event_batch(
+            std::as_bytes(std::span<const char>(removal.data(), removal.size())), out, state)
+            .ok());
+  CHECK(out.events.size() == 1);
+
+  // A publisher restart: the new process may group its layers differently.
+  state.reset();
+  CHECK(state.known_groups() == 0);
+  CHECK(state == KvWireStreamState());
+  CHECK(decode_group({removed_in(7, 1)}, &state).events.empty());
 }

@@ -22,6 +22,11 @@
 // omitted map keys take their defaults; extra elements and unknown keys are
 // ignored. docs/kv_event_wire.md lists every rule.
 //
+// Events of attention groups other than the main one (sliding window, Mamba)
+// are skipped. vLLM names a group's kind on stored events only, so a
+// KvWireStreamState per publisher, passed to each decode of its stream,
+// remembers the kinds and classifies the removals that carry only a group.
+//
 // A payload either decodes completely or yields an error code and an empty
 // batch: bad bytes never throw, never crash, and never give half a batch.
 // The msgpack parser builds no object tree: values go to a flat tape whose
@@ -39,6 +44,7 @@
 #define PROMPTCACHE_KV_EVENT_WIRE_HPP
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -4383,6 +4389,70 @@ struct KvWireBatch {
   }
 };
 
+/// What a decoder has learned about one publisher's attention groups: for
+/// each group index below `max_groups`, whether its blocks are the main
+/// attention's (routed on) or another group's (sliding window, Mamba, ...).
+/// vLLM names a group's kind (`kv_cache_spec_kind`) only on stored events;
+/// its removals carry the group index alone, so a removal can be classified
+/// only by what earlier stored events of that publisher said. Keep one per
+/// publisher (stream), pass it to every decode of that stream, and reset it
+/// when the publisher restarts: a new process may group its layers
+/// differently. Fixed size (64 bytes), no allocation; copying is cheap.
+class KvWireStreamState {
+ public:
+  /// Group indices at or above this are never learned: events naming them
+  /// follow the stateless rule (a group other than 0 is not the main one).
+  static constexpr std::uint32_t max_groups = 256;
+
+  /// A state that knows no group. O(1).
+  constexpr KvWireStreamState() noexcept = default;
+
+  /// Whether group `group_idx` is the main attention group, as last learned;
+  /// nullopt when no decoded event has named its kind (or it is at or above
+  /// max_groups). O(1).
+  [[nodiscard]] constexpr std::optional<bool> is_main_group(
+      std::uint64_t group_idx) const noexcept {
+    if (group_idx >= max_groups) return std::nullopt;
+    const std::size_t w = static_cast<std::size_t>(group_idx / 64U);
+    const std::uint64_t bit = std::uint64_t{1} << (group_idx % 64U);
+    if ((known_[w] & bit) == 0) return std::nullopt;
+    return (main_[w] & bit) != 0;
+  }
+
+  /// The number of groups whose kind is known. O(1).
+  [[nodiscard]] constexpr std::size_t known_groups() const noexcept {
+    std::size_t n = 0;
+    for (const std::uint64_t w : known_)
+      n += static_cast<std::size_t>(std::popcount(w));
+    return n;
+  }
+
+  /// Forgets every group (a publisher restart). O(1).
+  constexpr void reset() noexcept { *this = KvWireStreamState(); }
+
+  /// Records that group `group_idx` is (or is not) the main attention group;
+  /// a later record replaces an earlier one. Indices at or above max_groups
+  /// are not recorded. O(1).
+  constexpr void learn(std::uint64_t group_idx, bool main) noexcept {
+    if (group_idx >= max_groups) return;
+    const std::size_t w = static_cast<std::size_t>(group_idx / 64U);
+    const std::uint64_t bit = std::uint64_t{1} << (group_idx % 64U);
+    known_[w] |= bit;
+    if (main)
+      main_[w] |= bit;
+    else
+      main_[w] &= ~bit;
+  }
+
+  /// Same groups, same kinds. O(1).
+  friend constexpr bool operator==(const KvWireStreamState&,
+                                   const KvWireStreamState&) noexcept = default;
+
+ private:
+  std::array<std::uint64_t, max_groups / 64U> known_{};
+  std::array<std::uint64_t, max_groups / 64U> main_{};
+};
+
 /// The 64-bit name of a block hash sent as a byte string (vLLM's sha256 or
 /// xxh128 block hashes): the last 8 bytes read big-endian, i.e. the integer
 /// value modulo 2^64. It is the integer vLLM itself publishes for the same
@@ -4429,7 +4499,8 @@ enum class MpKind : std::uint8_t { nil, boolean, uint, sint, real, str, bin, ext
 // it; `end` is the index past its last descendant (for a scalar, its own
 // index + 1), so any value is skipped in O(1).
 struct MpNode {
-  std::uint64_t bits = 0;  // uint, sint (two's complement), real (bit pattern), str/bin offset
+  std::uint64_t bits = 0;  // uint (>= 0 in any format), sint (< 0, two's complement),
+                           // real (bit pattern), str/bin offset
   std::uint32_t size = 0;  // array: elements; map: pairs; str/bin/ext: bytes
   std::uint32_t end = 0;
   MpKind kind = MpKind::nil;
@@ -4447,8 +4518,12 @@ class MpTapeBuilder : public msgpack::null_visitor {
   bool visit_nil() { return leaf(MpKind::nil, 0, 0); }
   bool visit_boolean(bool v) { return leaf(MpKind::boolean, v ? 1U : 0U, 0); }
   bool visit_positive_integer(std::uint64_t v) { return leaf(MpKind::uint, v, 0); }
+  // msgpack-cxx reports every value of the signed formats (int 8/16/32/64)
+  // here, non-negative ones included; the format allows 0xd0 0x01 for 1. A
+  // non-negative value is the same number in either format, so it goes on
+  // the tape as unsigned and every field reads it as the unsigned encoding.
   bool visit_negative_integer(std::int64_t v) {
-    return leaf(MpKind::sint, static_cast<std::uint64_t>(v), 0);
+    return leaf(v < 0 ? MpKind::sint : MpKind::uint, static_cast<std::uint64_t>(v), 0);
   }
   bool visit_float32(float v) {
     return leaf(MpKind::real, std::bit_cast<std::uint64_t>(static_cast<double>(v)), 0);
@@ -4523,8 +4598,10 @@ class KvEventWireDecoder {
 
   /// Decodes one payload into `out` (cleared first). On any error `out` is
   /// left empty and the status says why; bad bytes never throw (only
-  /// std::bad_alloc can, with `out` then unspecified but valid).
-  /// O(payload bytes + tokens); hashing the tokens dominates.
+  /// std::bad_alloc can, with `out` then unspecified but valid). Learns no
+  /// attention group: an event without a kind is classified by the stateless
+  /// rule (group 0 is the main one). O(payload bytes + tokens); hashing the
+  /// tokens dominates.
   KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out) {
     out.clear();
     KvWireStatus st = decode_impl(payload, out);
@@ -4537,12 +4614,50 @@ class KvEventWireDecoder {
     return decode(std::span<const std::byte>(static_cast<const std::byte*>(data), size), out);
   }
 
+  /// Decodes one payload of the stream that `state` follows: events that
+  /// name a group's kind teach it to `state`, and a removal (or any event)
+  /// without a kind is classified by its group's learned kind, in event
+  /// order (a group learned earlier in the same batch counts). Groups not
+  /// learned follow the stateless rule. `state` changes only when the
+  /// payload decodes: on an error, or std::bad_alloc, it is left as it was.
+  /// O(payload bytes + tokens), as the stateless overload.
+  KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out,
+                      KvWireStreamState& state) {
+    KvWireStreamState next = state;
+    KvWireStatus st;
+    {
+      const StreamScope scope(*this, next);
+      st = decode(payload, out);
+    }
+    if (st.ok()) state = next;
+    return st;
+  }
+
+  /// As above, for `size` bytes at `data`.
+  KvWireStatus decode(const void* data, std::size_t size, KvWireBatch& out,
+                      KvWireStreamState& state) {
+    return decode(std::span<const std::byte>(static_cast<const std::byte*>(data), size), out,
+                  state);
+  }
+
  private:
   using Kind = detail::MpKind;
 
   struct Fail {
     KvWireErrc code;
     std::string_view detail;
+  };
+
+  // Points the decoder at a stream's working state for one decode, and away
+  // from it however the decode ends (an exception included).
+  struct StreamScope {
+    StreamScope(KvEventWireDecoder& d, KvWireStreamState& s) noexcept : decoder(d) {
+      decoder.stream_ = &s;
+    }
+    ~StreamScope() { decoder.stream_ = nullptr; }
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+    KvEventWireDecoder& decoder;
   };
 
   // Fields of one event, gathered before it is built.
@@ -4817,17 +4932,31 @@ class KvEventWireDecoder {
     return std::nullopt;
   }
 
+  static bool main_kind(std::string_view k) noexcept {
+    return k == "full_attention" || k == "mla_attention" || k == "sink_full_attention";
+  }
+
   // Dynamo's filter: only the main attention group's blocks are routed on.
-  // A known spec kind decides; otherwise a group index other than 0 skips.
-  bool skipped_by_rule(const Fields& f) const noexcept {
+  // The event's spec kind decides; without one, the kind learned for its
+  // group (with a stream state); otherwise a group index other than 0 skips.
+  // An event with both a kind and a group teaches the stream state, even
+  // when its medium skips it: a group's kind does not depend on the tier.
+  bool skipped_by_rule(const Fields& f) noexcept {
+    const bool has_group = f.group_idx != kNone && at(f.group_idx).kind == Kind::uint;
+    bool other_group = false;
+    if (f.spec_kind != kNone && at(f.spec_kind).kind == Kind::str) {
+      const bool main = main_kind(str(f.spec_kind));
+      if (stream_ != nullptr && has_group) stream_->learn(at(f.group_idx).bits, main);
+      other_group = !main;
+    } else if (has_group) {
+      const std::optional<bool> learned =
+          stream_ != nullptr ? stream_->is_main_group(at(f.group_idx).bits) : std::nullopt;
+      other_group = learned ? !*learned : at(f.group_idx).bits != 0;
+    }
     if (options_.device_only && f.medium != kNone && at(f.medium).kind == Kind::str &&
         str(f.medium) != "GPU")
       return true;
-    if (f.spec_kind != kNone && at(f.spec_kind).kind == Kind::str) {
-      const std::string_view k = str(f.spec_kind);
-      return !(k == "full_attention" || k == "mla_attention" || k == "sink_full_attention");
-    }
-    return f.group_idx != kNone && at(f.group_idx).kind == Kind::uint && at(f.group_idx).bits != 0;
+    return other_group;
   }
 
   std::optional<Fail> hash_list(std::uint32_t i, std::vector<std::uint64_t>& out) const {
@@ -4967,6 +5096,7 @@ class KvEventWireDecoder {
   }
 
   KvWireOptions options_;
+  KvWireStreamState* stream_ = nullptr;  // the working state of a stateful decode
   const char* base_ = nullptr;
   std::vector<detail::MpNode> tape_;
   std::vector<std::uint32_t> open_;
@@ -4983,6 +5113,16 @@ inline KvWireStatus decode_kv_event_batch(std::span<const std::byte> payload, Kv
                                           const KvWireOptions& options = {}) {
   KvEventWireDecoder decoder(options);
   return decoder.decode(payload, out);
+}
+
+/// Decodes one payload of the stream that `state` follows with a temporary
+/// decoder (see the stateful KvEventWireDecoder::decode). O(payload bytes +
+/// tokens).
+inline KvWireStatus decode_kv_event_batch(std::span<const std::byte> payload, KvWireBatch& out,
+                                          KvWireStreamState& state,
+                                          const KvWireOptions& options = {}) {
+  KvEventWireDecoder decoder(options);
+  return decoder.decode(payload, out, state);
 }
 
 }  // namespace promptcache
