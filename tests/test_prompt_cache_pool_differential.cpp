@@ -205,7 +205,7 @@ TEST_CASE("differential: common-prefix mode") {
     run(cfg, seed, 4000);
 }
 
-TEST_CASE("differential: common-prefix mode, lookup-heavy (deferred heap sifts)") {
+TEST_CASE("differential: common-prefix mode, lookup-heavy (deferred heap sifts)", "[long]") {
   // A hit leaves its ancestors' heap items stale until the next change to that heap; a removal
   // that makes a stale child's best worse once left a heap out of order (found in review: a
   // longer entry won over a shorter one sharing as much). Many lookups between changes, wide
