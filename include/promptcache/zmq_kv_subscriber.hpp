@@ -67,8 +67,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "promptcache/block_hash.hpp"  // detail::xxh3_64
 #include "promptcache/cursor.hpp"
-#include "promptcache/detail/block_hash_xxhash.hpp"
 #include "promptcache/kv_event_wire.hpp"
 #include "promptcache/kv_index.hpp"
 
