@@ -5175,7 +5175,8 @@ class ZmqKvSubscriber {
 
   /// Waits up to `timeout` for messages, then handles what arrived (at most
   /// max_messages_per_round per publisher), including any replay a gap needs
-  /// (which may wait up to replay_timeout). Returns the live messages handled.
+  /// (read to its end, given up after replay_timeout of silence). Returns the
+  /// live messages handled.
   /// Must not be called while the start() thread runs (throws logic_error);
   /// after that thread ended on an exception, poll() joins it and goes on.
   std::size_t poll(std::chrono::milliseconds timeout) {
@@ -5196,17 +5197,22 @@ class ZmqKvSubscriber {
     }
     stop_.store(false);
     alive_.store(true);
-    thread_ = std::thread([this] {
-      try {
-        while (!stop_.load(std::memory_order_relaxed))
-          poll_once(std::chrono::milliseconds(50));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        thread_error_ = std::current_exception();
-      }
-      // Last: a caller that sees running() false finds the error set.
+    try {
+      thread_ = std::thread([this] {
+        try {
+          while (!stop_.load(std::memory_order_relaxed))
+            poll_once(std::chrono::milliseconds(50));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          thread_error_ = std::current_exception();
+        }
+        // Last: a caller that sees running() false finds the error set.
+        alive_.store(false);
+      });
+    } catch (...) {
       alive_.store(false);
-    });
+      throw;
+    }
   }
 
   /// Stops the thread started by start() and waits for it (at most about one
