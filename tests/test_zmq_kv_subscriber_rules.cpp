@@ -1,14 +1,18 @@
 // The subscriber's rules one by one, against an in-process publisher on
 // loopback (ephemeral ports): bad frames, undecodable payloads, gaps without
-// a replay socket, a replay socket that never answers, replies carrying a
-// topic frame, duplicates versus restarts, dp rank mismatches, and the
-// background thread. Every wait polls with a timeout under a deadline.
+// a replay socket, a replay socket that never answers or falls silent,
+// replies carrying a topic frame, duplicates versus restarts (also restarts
+// only a replay reveals), seqs the publisher never sent, dp rank mismatches,
+// and the background thread. Every wait polls with a timeout under a
+// deadline; replay timeouts run on a ManualClock the publisher advances.
+#include <promptcache/manual_clock.hpp>
 #include <promptcache/zmq_kv_subscriber.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +86,7 @@ class FakePublisher {
         std::lock_guard<std::mutex> lock(mutex_);
         for (const auto& [seq, payload] : buffer_) {
           if (seq < start) continue;
+          if (before_reply_ && !before_reply_(seq)) continue;
           std::vector<zmq::const_buffer> reply = {zmq::buffer(req[0].data(), req[0].size()),
                                                   zmq::const_buffer(nullptr, 0)};
           if (topic_in_replies) reply.push_back(zmq::str_buffer("kv"));
@@ -90,6 +95,7 @@ class FakePublisher {
           reply.push_back(zmq::buffer(payload));
           zmq::send_multipart(router_, reply);
         }
+        if (before_reply_ && !before_reply_(~std::uint64_t{0})) continue;
         const std::string end = seq_bytes(~std::uint64_t{0});
         std::vector<zmq::const_buffer> reply = {zmq::buffer(req[0].data(), req[0].size()),
                                                 zmq::const_buffer(nullptr, 0), zmq::buffer(end),
@@ -134,6 +140,19 @@ class FakePublisher {
     buffer_.clear();
   }
 
+  // Forgets the buffered batches below `seq`, as a full replay buffer does.
+  void evict_before(std::uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(buffer_, [seq](const auto& b) { return b.first < seq; });
+  }
+
+  // Called (on the replay thread) before each replay reply with its seq, the
+  // end marker's included; the reply is sent only if it returns true.
+  void before_reply(std::function<bool(std::uint64_t)> f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    before_reply_ = std::move(f);
+  }
+
   std::atomic<int> requests{0};
 
  private:
@@ -143,6 +162,7 @@ class FakePublisher {
   std::string pub_ep_, replay_ep_;
   std::mutex mutex_;
   std::vector<std::pair<std::uint64_t, std::string>> buffer_;
+  std::function<bool(std::uint64_t)> before_reply_;
   std::atomic<bool> stop_{false};
   std::thread server_;
 };
@@ -308,4 +328,281 @@ TEST_CASE("thread mode applies in the background; with_index reads under the loc
   CHECK(sub.thread_error() == nullptr);
   CHECK(sub.counters(0).gaps_recovered == 1);
   CHECK(sub.total_counters().batches_applied == 20);
+}
+
+TEST_CASE("a live seq of 2^64 - 1 (the replay's end marker) is a bad frame, not a batch",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 2;  // a stream already past the restart bound
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  pub.send_frames({"kv", seq_bytes(~std::uint64_t{0}), ""});
+  for (std::uint64_t s = 5; s < 10; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, 9 + s));
+  poll_until(sub, [&] { return messages(sub) == 11; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(sub.last_seq(0) == 9U);
+  CHECK(sub.index().block_count(W) == 10);
+  CHECK(c.bad_frames == 1);
+  CHECK(c.gaps == 0);
+  CHECK(c.duplicates == 0);
+  CHECK(c.resets == 0);
+  CHECK(pub.requests.load() == 0);
+}
+
+TEST_CASE("a huge live seq the publisher never sent is dropped once its replay ends below it",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 2;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+
+  // Alone: the replay returns only seq 4, the last one applied.
+  pub.send_frames({"kv", seq_bytes(std::uint64_t{1} << 40), batch(9.0, 77)});
+  poll_until(sub, [&] { return messages(sub) == 6; });
+  CHECK(sub.counters(0).bad_frames == 1);
+  CHECK(sub.last_seq(0) == 4U);
+
+  // After a real loss: the replay fills seq 5, then the stray seq is dropped.
+  pub.publish(5, batch(1.5, 15, 14), true);
+  pub.send_frames({"kv", seq_bytes(~std::uint64_t{0} - 1U), batch(9.0, 78)});
+  for (std::uint64_t s = 6; s < 10; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, 9 + s));
+  poll_until(sub, [&] { return messages(sub) == 11; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(pub.requests.load() == 2);
+  CHECK(sub.last_seq(0) == 9U);
+  CHECK(sub.index().block_count(W) == 10);  // 10..19; neither 77 nor 78
+  CHECK(c.bad_frames == 2);
+  CHECK(c.batches_applied == 10);  // each of 0..9 once, 5 from the replay
+  CHECK(c.duplicates == 0);
+  CHECK(c.resets == 0);
+  CHECK(c.gaps_unrecoverable == 0);
+}
+
+TEST_CASE("a restart whose first batches were lost is found by the replay of the last applied seq",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 100));
+  pub.publish(1, batch(1.1, 101, 100));
+  pub.publish(2, batch(1.2, 102, 101));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+
+  // A new process: seqs from 0 again, its first six batches lost.
+  pub.clear_buffer();
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(10.0 + static_cast<double>(s), 200 + s, s == 0 ? 0 : 199 + s), true);
+  pub.publish(5, batch(15.0, 205, 204));
+  poll_until(sub, [&] { return messages(sub) == 4; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(pub.requests.load() == 2);  // from seq 2, then from 0 once the restart is known
+  CHECK(c.restarts == 1);
+  CHECK(c.resets == 1);
+  CHECK(c.gaps == 1);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(c.index_rejected == 0);
+  CHECK(sub.last_seq(0) == 5U);
+  CHECK(sub.index().block_count(W) == 6);  // 200..205 only
+  CHECK(sub.index().find_matches(std::vector<std::uint64_t>{100}).empty());
+}
+
+TEST_CASE("a replay buffer that no longer holds the last applied seq", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 3; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+
+  SECTION("but still holds the next one: nothing was lost") {
+    pub.publish(3, batch(1.3, 13), true);
+    pub.evict_before(3);
+    pub.publish(4, batch(1.4, 14));
+    poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+    const KvPublisherCounters c = sub.counters(0);
+    CHECK(c.gaps_recovered == 1);
+    CHECK(c.resets == 0);
+    CHECK(c.restarts == 0);
+    CHECK(sub.index().block_count(W) == 5);
+  }
+  SECTION("nor the next one: the view is reset (a long loss, or a restart past its buffer)") {
+    pub.clear_buffer();
+    for (std::uint64_t s = 0; s < 10; ++s)
+      pub.publish(s, batch(10.0 + static_cast<double>(s), 200 + s), true);
+    pub.evict_before(5);
+    pub.publish(10, batch(20.0, 210));
+    poll_until(sub, [&] { return sub.last_seq(0) == 10U; });
+    const KvPublisherCounters c = sub.counters(0);
+    CHECK(c.gaps_unrecoverable == 1);
+    CHECK(c.resets == 1);
+    CHECK(c.restarts == 0);
+    CHECK(sub.index().block_count(W) == 6);  // 205..210: the oldest still buffered on
+  }
+}
+
+TEST_CASE("a restart that loses exactly its first L + 1 batches looks contiguous (not detected)",
+          "[zmq_kv_subscriber]") {
+  // Documented limit: seq L + 1 follows L, so nothing asks the replay socket,
+  // and the timestamp only moves forward, as it does after any idle spell.
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 100));
+  pub.publish(1, batch(1.1, 101, 100));
+  poll_until(sub, [&] { return sub.last_seq(0) == 1U; });
+  pub.clear_buffer();
+  pub.publish(0, batch(10.0, 200), true);
+  pub.publish(1, batch(11.0, 201, 200), true);
+  pub.publish(2, batch(12.0, 202, 201));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.gaps == 0);
+  CHECK(c.resets == 0);
+  CHECK(c.index_rejected == 1);            // 202's parent is not held
+  CHECK(sub.index().block_count(W) == 2);  // the old run's blocks stay
+  CHECK(pub.requests.load() == 0);
+}
+
+TEST_CASE("an undecodable duplicate is counted once, as a duplicate", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, "\xc1 not msgpack");
+  pub.publish(2, batch(1.2, 11, 10));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  REQUIRE(sub.counters(0).malformed == 1);
+  pub.send_frames({"kv", seq_bytes(1), ""});  // seq 1 again, other bad bytes
+  poll_until(sub, [&] { return messages(sub) == 4; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.duplicates == 1);
+  CHECK(c.malformed == 1);
+  CHECK(c.last_error == promptcache::KvWireErrc::invalid_msgpack);
+  CHECK(c.restarts == 0);
+}
+
+TEST_CASE("max_messages_per_round = 0 is rejected", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.max_messages_per_round = 0;
+  CHECK_THROWS_AS(ZmqKvSubscriber({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o),
+                  std::invalid_argument);
+  o.max_messages_per_round = 1;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  pub.publish(1, batch(1.1, 11, 10));
+  poll_until(sub, [&] { return sub.last_seq(0) == 1U; });
+  CHECK(sub.index().block_count(W) == 2);
+}
+
+TEST_CASE("replay_timeout bounds the silence between replies, not the whole replay",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ManualClock clock;
+  // Once the publisher is silent for good, every reading of the clock moves
+  // it on, so the subscriber's wait runs out without real time passing.
+  auto silent = std::make_shared<std::atomic<bool>>(false);
+  promptcache::ZmqKvSubscriberOptions o;
+  o.replay_timeout = 200ms;
+  o.clock = [clock, silent] {
+    if (silent->load()) clock.advance(50ms);
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            clock.now().time_since_epoch()));
+  };
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  poll_until(sub, [&] { return sub.last_seq(0) == 0U; });
+
+  SECTION("a slow replay that keeps answering is read to its end") {
+    // Each reply comes 120 ms after the one before: 720 ms in all.
+    pub.before_reply([clock](std::uint64_t) {
+      clock.advance(120ms);
+      return true;
+    });
+    for (std::uint64_t s = 1; s < 4; ++s)
+      pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, 9 + s), true);
+    pub.publish(4, batch(1.4, 14, 13));
+    poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+    const KvPublisherCounters c = sub.counters(0);
+    CHECK(c.replay_timeouts == 0);
+    CHECK(c.gaps_recovered == 1);
+    CHECK(c.resets == 0);
+    CHECK(sub.index().block_count(W) == 5);
+  }
+  SECTION("a replay that falls silent after filling the gap is a timeout, not a recovery") {
+    pub.before_reply([clock, silent](std::uint64_t seq) {
+      if (seq == ~std::uint64_t{0}) {
+        silent->store(true);  // the end marker never comes
+        return false;
+      }
+      clock.advance(120ms);
+      return true;
+    });
+    pub.publish(1, batch(1.1, 11, 10), true);
+    pub.publish(2, batch(1.2, 12, 11));
+    poll_until(sub, [&] { return sub.counters(0).replay_timeouts == 1; });
+    const KvPublisherCounters c = sub.counters(0);
+    CHECK(c.gaps == 1);
+    CHECK(c.gaps_recovered == 0);
+    CHECK(c.gaps_unrecoverable == 0);
+    CHECK(c.resets == 0);
+    CHECK(sub.last_seq(0) == 2U);
+    CHECK(sub.index().block_count(W) == 3);
+  }
+}
+
+TEST_CASE("a thread ended by an exception is not running; start() begins anew",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  auto fail = std::make_shared<std::atomic<bool>>(false);
+  promptcache::ZmqKvSubscriberOptions o;
+  o.clock = [fail] {
+    if (fail->load()) throw std::runtime_error("clock failed");
+    return std::chrono::steady_clock::now();
+  };
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  const auto blocks = [&] {
+    return sub.with_index([](const promptcache::KvIndex& i) { return i.block_count(W); });
+  };
+  const auto wait = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done()) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::yield();
+    }
+  };
+  sub.start();
+  pub.publish(0, batch(1.0, 10));
+  wait([&] { return blocks() == 1; });
+  fail->store(true);
+  pub.publish(1, batch(1.1, 11, 10), true);
+  pub.publish(2, batch(1.2, 12, 11));  // its gap's replay reads the clock
+  wait([&] { return !sub.running(); });
+  REQUIRE(sub.thread_error() != nullptr);
+  CHECK_THROWS_WITH(std::rethrow_exception(sub.thread_error()), "clock failed");
+  CHECK_NOTHROW(sub.poll(0ms));  // joins the ended thread
+
+  fail->store(false);
+  sub.start();
+  CHECK(sub.running());
+  CHECK(sub.thread_error() == nullptr);
+  pub.publish(3, batch(1.3, 13, 12));  // a gap from 0: the replay brings 1 and 2
+  wait([&] { return blocks() == 4; });
+  sub.stop();
+  CHECK_FALSE(sub.running());
+  CHECK(sub.counters(0).gaps_recovered == 1);
 }

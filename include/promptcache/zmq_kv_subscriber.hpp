@@ -18,11 +18,16 @@
 //   * seq = last + 1 applies. The first batch of a publisher is expected at
 //     seq 0; anything else is a gap from 0 (a router joining late catches up
 //     from the replay buffer).
-//   * A gap asks the replay socket for [expected, got). If the buffer no
-//     longer starts at `expected` (or there is no replay socket, or it does
-//     not answer within the timeout) the worker's view is reset (dropped from
-//     the index) and the stream continues from the oldest batch still
-//     available; counted as an unrecoverable gap.
+//   * A gap asks the replay socket for every batch from the last applied seq
+//     L on (from 0 before the first batch). A reply for L whose bytes differ
+//     from the batch applied as L is a restarted publisher: the view is reset
+//     and the replay asked again from 0. If the buffer no longer reaches back
+//     to L + 1 (or there is no replay socket, or it falls silent for
+//     replay_timeout) the worker's view is reset (dropped from the index) and
+//     the stream continues from the oldest batch still available; counted as
+//     an unrecoverable gap. A live seq beyond the newest batch the replay
+//     returned was never published: it is dropped (bad_frames), as is a live
+//     seq of 2^64 - 1, the replay's end marker.
 //   * seq <= last is a restart when seq <= restart_max_seq and the batch's
 //     timestamp is newer than the last applied batch's: the view is reset and
 //     the stream restarts at seq 0 (replaying [0, seq) if seq > 0). Otherwise
@@ -48,6 +53,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -61,6 +67,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "promptcache/block_hash.hpp"  // detail::xxh3_64
 #include "promptcache/cursor.hpp"
 #include "promptcache/kv_event_wire.hpp"
 #include "promptcache/kv_index.hpp"
@@ -78,16 +85,21 @@ struct KvPublisherEndpoint {
 /// Subscriber settings shared by all publishers.
 struct ZmqKvSubscriberOptions {
   KvWireOptions wire;  ///< Payload decoding options.
-  /// How long a replay may take, from request to end marker; past it the gap
-  /// counts as unrecoverable.
+  /// How long a replay may stay silent (from the request to its first reply,
+  /// and between replies) before it is given up (replay_timeouts).
   std::chrono::milliseconds replay_timeout{2000};
   /// An old seq can be a restart only up to this value (see the header comment).
   std::uint64_t restart_max_seq = 1024;
   /// ZMQ_RCVHWM of the SUB sockets: messages buffered before ZeroMQ drops.
   int receive_hwm = 100000;
   /// At most this many live messages per publisher per poll() round, so one
-  /// busy publisher cannot starve the others.
+  /// busy publisher cannot starve the others. Must be at least 1 (the
+  /// constructor throws std::invalid_argument for 0).
   std::size_t max_messages_per_round = 1024;
+  /// The time source of replay_timeout; empty: std::chrono::steady_clock.
+  /// Called on the polling thread; an exception it throws ends poll() (or the
+  /// start() thread, kept in thread_error()).
+  std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
 /// What happened to one publisher's stream, since construction.
@@ -100,13 +112,14 @@ struct KvPublisherCounters {
   std::uint64_t duplicates = 0;          ///< Live messages with an applied seq, dropped.
   std::uint64_t already_replayed = 0;    ///< Live messages a replay had applied first, dropped.
   std::uint64_t gaps = 0;                ///< Gaps seen (including a first seq other than 0).
-  std::uint64_t gaps_recovered = 0;      ///< Gaps filled completely by replay.
+  std::uint64_t gaps_recovered = 0;      ///< Gaps filled completely by a replay that ended.
   std::uint64_t gaps_unrecoverable = 0;  ///< Gaps that reset the worker's view.
-  std::uint64_t replay_timeouts = 0;     ///< Replays without an end marker in time.
+  std::uint64_t replay_timeouts = 0;     ///< Replays that fell silent before their end marker.
   std::uint64_t restarts = 0;            ///< Publisher restarts detected.
   std::uint64_t resets = 0;              ///< Worker views dropped (restarts, unrecoverable gaps).
   std::uint64_t malformed = 0;           ///< Payloads that did not decode (seq consumed).
-  std::uint64_t bad_frames = 0;          ///< Messages with a wrong frame count or seq size.
+  std::uint64_t bad_frames = 0;          ///< Messages with a wrong frame count or seq size, or a
+                                         ///< seq the publisher never sent (see the header comment).
   std::uint64_t dp_rank_mismatches = 0;  ///< Batches naming another dp rank than configured.
   std::uint64_t unknown_events = 0;      ///< Events with an unknown tag (skipped).
   std::uint64_t ignored_events = 0;      ///< Events skipped by KvWireOptions rules.
@@ -145,10 +158,14 @@ struct KvPublisherCounters {
 /// are not an error); a malformed endpoint throws zmq::error_t.
 class ZmqKvSubscriber {
  public:
-  /// Subscribes to every publisher of `publishers`. O(publishers).
+  /// Subscribes to every publisher of `publishers`. O(publishers). Throws
+  /// std::invalid_argument when options.max_messages_per_round is 0.
   explicit ZmqKvSubscriber(std::vector<KvPublisherEndpoint> publishers,
                            ZmqKvSubscriberOptions options = {}, KvIndexOptions index_options = {})
-      : options_(options), index_(index_options), decoder_(options.wire) {
+      : options_(std::move(options)), index_(index_options), decoder_(options_.wire) {
+    // 0 would read nothing, and the start() thread would spin.
+    if (options_.max_messages_per_round == 0)
+      throw std::invalid_argument("ZmqKvSubscriber: max_messages_per_round must be at least 1");
     pubs_.reserve(publishers.size());
     for (auto& cfg : publishers) {
       auto p = std::make_unique<Pub>();
@@ -171,27 +188,44 @@ class ZmqKvSubscriber {
 
   /// Waits up to `timeout` for messages, then handles what arrived (at most
   /// max_messages_per_round per publisher), including any replay a gap needs
-  /// (which may wait up to replay_timeout). Returns the live messages handled.
-  /// Must not be called while the start() thread runs (throws logic_error).
+  /// (read to its end, given up after replay_timeout of silence). Returns the
+  /// live messages handled.
+  /// Must not be called while the start() thread runs (throws logic_error);
+  /// after that thread ended on an exception, poll() joins it and goes on.
   std::size_t poll(std::chrono::milliseconds timeout) {
-    if (thread_.joinable()) throw std::logic_error("ZmqKvSubscriber::poll with the thread running");
+    if (running()) throw std::logic_error("ZmqKvSubscriber::poll with the thread running");
+    if (thread_.joinable()) thread_.join();
     return poll_once(timeout);
   }
 
   /// Starts a thread that polls until stop(); read the index with
-  /// with_index(). No-op if already running.
+  /// with_index(). No-op if already running. After the thread ended on an
+  /// exception, joins it, clears thread_error() and starts a new one.
   void start() {
-    if (thread_.joinable()) return;
+    if (running()) return;
+    if (thread_.joinable()) thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      thread_error_ = nullptr;
+    }
     stop_.store(false);
-    thread_ = std::thread([this] {
-      try {
-        while (!stop_.load(std::memory_order_relaxed))
-          poll_once(std::chrono::milliseconds(50));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        thread_error_ = std::current_exception();
-      }
-    });
+    alive_.store(true);
+    try {
+      thread_ = std::thread([this] {
+        try {
+          while (!stop_.load(std::memory_order_relaxed))
+            poll_once(std::chrono::milliseconds(50));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          thread_error_ = std::current_exception();
+        }
+        // Last: a caller that sees running() false finds the error set.
+        alive_.store(false);
+      });
+    } catch (...) {
+      alive_.store(false);
+      throw;
+    }
   }
 
   /// Stops the thread started by start() and waits for it (at most about one
@@ -202,8 +236,9 @@ class ZmqKvSubscriber {
     thread_.join();
   }
 
-  /// True while the start() thread runs. O(1).
-  [[nodiscard]] bool running() const noexcept { return thread_.joinable(); }
+  /// True while the start() thread runs: false once stop() returned or the
+  /// thread ended on an exception (see thread_error()). O(1).
+  [[nodiscard]] bool running() const noexcept { return alive_.load(); }
 
   /// The exception that ended the thread, if any (for example a ZeroMQ error).
   [[nodiscard]] std::exception_ptr thread_error() const {
@@ -255,6 +290,9 @@ class ZmqKvSubscriber {
     zmq::socket_t replay;
     bool has_replay = false;
     CursorState<> cursor;  // over batch seqs
+    // Hash of the payload bytes applied as the cursor's last seq: a replay
+    // returning other bytes for that seq comes from a restarted publisher.
+    std::uint64_t last_hash = 0;
     double last_ts = -std::numeric_limits<double>::infinity();
     std::uint64_t next_event_id = 0;  // ids the index sees: contiguous per view
     // Seqs the last replay applied: a live copy of one is not a duplicate.
@@ -270,6 +308,17 @@ class ZmqKvSubscriber {
   };
 
   static constexpr std::uint64_t end_marker = ~std::uint64_t{0};
+
+  // How a replay ended.
+  enum class ReplayEnd : std::uint8_t { done, timed_out, restarted };
+
+  static std::uint64_t payload_hash(const zmq::message_t& m) noexcept {
+    return detail::xxh3_64(m.data(), m.size());
+  }
+
+  std::chrono::steady_clock::time_point now() const {
+    return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
+  }
 
   void open_replay(Pub& p) {
     p.replay = zmq::socket_t(ctx_, zmq::socket_type::dealer);
@@ -307,7 +356,9 @@ class ZmqKvSubscriber {
         ++p.counters.messages;
         const std::optional<std::uint64_t> seq =
             frames_.size() == 3 ? read_seq(frames_[1]) : std::nullopt;
-        if (!seq) {
+        // The end marker is never a batch: taken for one it would move the
+        // cursor past every seq the publisher will ever send.
+        if (!seq || *seq == end_marker) {
           ++p.counters.bad_frames;
           continue;
         }
@@ -317,18 +368,27 @@ class ZmqKvSubscriber {
     return handled;
   }
 
-  // Decodes a payload into batch_; false (counted) when it does not decode.
-  bool decode(Pub& p, const zmq::message_t& payload) {
+  // Decodes a payload into batch_; false when it does not decode (counted
+  // when `count`: a duplicate's bytes were counted when first applied).
+  bool decode(Pub& p, const zmq::message_t& payload, bool count = true) {
     const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_);
     if (st.ok()) return true;
-    ++p.counters.malformed;
-    p.counters.last_error = st.code;
+    if (count) {
+      ++p.counters.malformed;
+      p.counters.last_error = st.code;
+    }
     return false;
+  }
+
+  // Advances the cursor to `seq`, remembering the bytes applied there.
+  static void consume(Pub& p, std::uint64_t seq, const zmq::message_t& payload) noexcept {
+    p.cursor = p.cursor.advance_to(seq);
+    p.last_hash = payload_hash(payload);
   }
 
   // Applies the batch at `seq` (decoding it) and advances the cursor.
   void apply(Pub& p, std::uint64_t seq, const zmq::message_t& payload, bool replayed) {
-    p.cursor = p.cursor.advance_to(seq);
+    consume(p, seq, payload);
     if (!decode(p, payload)) return;
     apply_decoded(p, replayed);
   }
@@ -360,15 +420,15 @@ class ZmqKvSubscriber {
 
   void live(Pub& p, const Frame& f) {
     const CursorObservation<> obs = p.cursor.observe(f.seq);
-    if (const auto* g = std::get_if<cursor::Gap<std::uint64_t>>(&obs)) {
-      recover(p, g->expected, f);
+    if (std::holds_alternative<cursor::Gap<std::uint64_t>>(obs)) {
+      recover(p, f);
     } else if (std::holds_alternative<cursor::Contiguous<std::uint64_t>>(obs)) {
       apply(p, f.seq, *f.payload, false);
     } else if (std::holds_alternative<cursor::Initial<std::uint64_t>>(obs)) {
       if (f.seq == 0)
         apply(p, f.seq, *f.payload, false);
       else
-        recover(p, 0, f);
+        recover(p, f);
     } else {
       stale(p, f);
     }
@@ -378,14 +438,15 @@ class ZmqKvSubscriber {
     // Only a small seq with a newer timestamp is a restarted publisher: a
     // duplicate (or a batch a replay already applied) carries the timestamp
     // of the batch it repeats.
-    if (f.seq <= options_.restart_max_seq && decode(p, *f.payload) && batch_.ts > p.last_ts) {
+    if (f.seq <= options_.restart_max_seq && decode(p, *f.payload, false) &&
+        batch_.ts > p.last_ts) {
       ++p.counters.restarts;
       reset(p);
       if (f.seq == 0) {
-        p.cursor = p.cursor.advance_to(0);
+        consume(p, 0, *f.payload);
         apply_decoded(p, false);
       } else {
-        recover(p, 0, f);
+        recover(p, f);
       }
       return;
     }
@@ -395,18 +456,48 @@ class ZmqKvSubscriber {
       ++p.counters.duplicates;
   }
 
-  // Fills [from, f.seq) from the replay socket, then applies f.
-  void recover(Pub& p, std::uint64_t from, const Frame& f) {
-    ++p.counters.gaps;
+  // Fills the gap before f from the replay socket, then applies f.
+  void recover(Pub& p, const Frame& f) {
+    KvPublisherCounters& c = p.counters;
     bool lost = false;
+    bool timed_out = false;
+    std::optional<std::uint64_t> newest;  // the highest seq the replay returned
     p.replayed_lo = 1;
     p.replayed_hi = 0;
-    if (p.has_replay && !replay(p, from, lost)) {
-      ++p.counters.replay_timeouts;
-      // Late replies to this request must not be read as the next one's.
-      p.replay.close();
-      open_replay(p);
+    if (p.has_replay) {
+      ReplayEnd end = replay_or_reopen(p, lost, newest);
+      if (end == ReplayEnd::restarted) {
+        // The rest of the old request's answer must not be read as the next
+        // one's; the new process's stream is asked for from its start.
+        reopen_replay(p);
+        ++c.restarts;
+        reset(p);
+        lost = false;
+        newest.reset();
+        p.replayed_lo = 1;
+        p.replayed_hi = 0;
+        end = replay_or_reopen(p, lost, newest);
+      }
+      if (end != ReplayEnd::done) {
+        timed_out = true;
+        ++c.replay_timeouts;
+        // Late replies to this request must not be read as the next one's.
+        reopen_replay(p);
+      }
     }
+    // The publisher buffers every batch it sends, so a complete replay that
+    // ends below f.seq means f.seq was never sent (a stray or corrupt frame):
+    // moving the cursor there would make every real batch after it stale.
+    // An empty replay says nothing: the publisher may buffer nothing.
+    if (!timed_out && newest && *newest < f.seq) {
+      ++c.bad_frames;
+      if (lost) {
+        ++c.gaps;
+        ++c.gaps_unrecoverable;
+      }
+      return;
+    }
+    ++c.gaps;
     // The live message itself, unless the replay covered it. If batches
     // before it are still missing, the view starts over from it.
     const CursorObservation<> obs = p.cursor.observe(f.seq);
@@ -417,34 +508,59 @@ class ZmqKvSubscriber {
       if (!p.cursor.is_initial()) reset(p);
       apply(p, f.seq, *f.payload, false);
     }
+    // A replay that fell silent after filling the gap kept the view: it
+    // counts in replay_timeouts only.
     if (lost)
-      ++p.counters.gaps_unrecoverable;
-    else
-      ++p.counters.gaps_recovered;
+      ++c.gaps_unrecoverable;
+    else if (!timed_out)
+      ++c.gaps_recovered;
   }
 
-  // Requests every buffered batch from `from` on and applies them in order.
-  // Returns false when the end marker did not come in time. Sets `lost` (and
-  // resets the view once) when a needed batch was no longer buffered.
-  bool replay(Pub& p, std::uint64_t from, bool& lost) {
+  void reopen_replay(Pub& p) {
+    p.replay.close();
+    open_replay(p);
+  }
+
+  // replay(), but an exception (ZeroMQ's, the clock's) also discards the
+  // answer to the request already sent, so that it is not read as the next.
+  ReplayEnd replay_or_reopen(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
+    try {
+      return replay(p, lost, newest);
+    } catch (...) {
+      reopen_replay(p);
+      throw;
+    }
+  }
+
+  // Requests every buffered batch from the last applied seq L on (from 0
+  // before the first batch) and applies the ones after L in order. The reply
+  // for L is compared with the bytes applied as L: other bytes end the replay
+  // as `restarted`. Sets `lost` (and resets the view) when a needed batch was
+  // no longer buffered, and `newest` to the highest seq returned.
+  ReplayEnd replay(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
+    const bool verify = !p.cursor.is_initial();
+    const std::uint64_t from = verify ? *p.cursor.last_applied_id() : 0;
     unsigned char start[8];
     for (std::size_t i = 0; i < 8; ++i)
       start[i] = static_cast<unsigned char>(from >> (56U - 8U * i));
     std::array<zmq::const_buffer, 2> request = {zmq::const_buffer(nullptr, 0),
                                                 zmq::const_buffer(start, sizeof start)};
-    if (!zmq::send_multipart(p.replay, request, zmq::send_flags::dontwait)) return false;
-    const auto deadline = std::chrono::steady_clock::now() + options_.replay_timeout;
+    if (!zmq::send_multipart(p.replay, request, zmq::send_flags::dontwait))
+      return ReplayEnd::timed_out;
+    // replay_timeout bounds silence, not the whole replay: a large buffer
+    // that keeps streaming is read to its end.
+    auto deadline = now() + options_.replay_timeout;
     std::vector<zmq::message_t> reply;
     bool first = true;
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() < 0) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now());
+      if (left.count() < 0) return ReplayEnd::timed_out;
       zmq::pollitem_t item{p.replay.handle(), 0, ZMQ_POLLIN, 0};
       if (zmq::poll(&item, 1, left) == 0) continue;  // re-check the deadline
       reply.clear();
       if (!zmq::recv_multipart(p.replay, std::back_inserter(reply), zmq::recv_flags::dontwait))
         continue;
+      deadline = now() + options_.replay_timeout;
       // [empty, seq, payload] or [empty, topic, seq, payload].
       if ((reply.size() != 3 && reply.size() != 4) || reply[0].size() != 0) {
         ++p.counters.bad_frames;
@@ -456,20 +572,31 @@ class ZmqKvSubscriber {
         ++p.counters.bad_frames;
         continue;
       }
-      if (*seq == end_marker) return true;
+      if (*seq == end_marker) return ReplayEnd::done;
       const std::uint64_t r = *seq;
+      newest = r;
+      const zmq::message_t& payload = reply[at + 1U];
+      if (first && verify && r == from) {
+        // A restarted publisher numbers new batches from 0 again: the same
+        // seq with other bytes is a different batch.
+        if (payload_hash(payload) != p.last_hash) return ReplayEnd::restarted;
+        first = false;
+        continue;
+      }
+      first = false;
       const CursorObservation<> obs = p.cursor.observe(r);
       if (std::holds_alternative<cursor::Stale<std::uint64_t>>(obs)) continue;  // overlap
+      // Without L in the buffer, L + 1 still continues the view: nothing was
+      // lost, though L could not be checked.
       const bool in_order =
           std::holds_alternative<cursor::Contiguous<std::uint64_t>>(obs) ||
           (std::holds_alternative<cursor::Initial<std::uint64_t>>(obs) && r == from);
-      if (!in_order || (first && r != from)) {
+      if (!in_order) {
         // The buffer no longer holds what was lost: start over from here.
         if (!p.cursor.is_initial()) reset(p);
         lost = true;
       }
-      first = false;
-      apply(p, r, reply[at + 1U], true);
+      apply(p, r, payload, true);
       if (p.replayed_lo > p.replayed_hi) p.replayed_lo = r;
       p.replayed_hi = r;
     }
@@ -485,6 +612,7 @@ class ZmqKvSubscriber {
   mutable std::mutex mutex_;
   std::exception_ptr thread_error_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> alive_{false};
   std::thread thread_;
 };
 
