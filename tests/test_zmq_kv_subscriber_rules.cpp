@@ -606,3 +606,76 @@ TEST_CASE("a thread ended by an exception is not running; start() begins anew",
   CHECK_FALSE(sub.running());
   CHECK(sub.counters(0).gaps_recovered == 1);
 }
+
+namespace {
+
+// vLLM's map layout: one event storing (or removing) block `name` in KV cache
+// group `group`; a store names the group's kind unless `kind` is null (a
+// removal never does).
+std::string group_batch(double ts, bool stored, std::uint64_t name, std::uint64_t group,
+                        const char* kind = "full_attention") {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> p(buf);
+  p.pack_map(2);
+  p.pack(std::string("ts"));
+  p.pack(ts);
+  p.pack(std::string("events"));
+  p.pack_array(1);
+  p.pack_map(stored ? (kind != nullptr ? 8U : 7U) : 4U);
+  p.pack(std::string("type"));
+  p.pack(std::string(stored ? "BlockStored" : "BlockRemoved"));
+  p.pack(std::string("block_hashes"));
+  p.pack(std::vector<std::uint64_t>{name});
+  p.pack(std::string("medium"));
+  p.pack(std::string("GPU"));
+  p.pack(std::string("group_idx"));
+  p.pack(group);
+  if (stored) {
+    p.pack(std::string("parent_block_hash"));
+    p.pack_nil();
+    p.pack(std::string("token_ids"));
+    p.pack(std::vector<std::uint32_t>{1, 2, 3, 4});
+    p.pack(std::string("block_size"));
+    p.pack(4U);
+    if (kind != nullptr) {
+      p.pack(std::string("kv_cache_spec_kind"));
+      p.pack(std::string(kind));
+    }
+  }
+  return std::string(buf.data(), buf.size());
+}
+
+}  // namespace
+
+TEST_CASE("removals in a main attention group other than group 0 apply; a restart forgets groups",
+          "[zmq_kv_subscriber]") {
+  // A hybrid model: group 0 is a sliding window, group 1 full attention.
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 4;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  pub.publish(0, group_batch(1.0, true, 7, 0, "sliding_window"));
+  pub.publish(1, group_batch(1.1, true, 8, 1));
+  poll_until(sub, [&] { return sub.last_seq(0) == 1U; });
+  CHECK(sub.index().block_count(W) == 1);         // the window's block is not routed on
+  pub.publish(2, group_batch(1.2, false, 7, 0));  // the window's removal: skipped
+  pub.publish(3, group_batch(1.3, false, 8, 1));  // the main group's removal: applied
+  poll_until(sub, [&] { return sub.last_seq(0) == 3U; });
+  CHECK(sub.index().block_count(W) == 0);
+  CHECK(sub.counters(0).ignored_events == 2);
+  CHECK(sub.counters(0).index_rejected == 0);
+
+  // The publisher restarts (its first batch is replayed). What the old process
+  // taught is forgotten: a store in group 1 that names no kind follows the
+  // stateless rule again (only group 0 is the main one) and is skipped.
+  pub.clear_buffer();
+  pub.publish(0, group_batch(5.0, true, 20, 0), true);
+  pub.publish(1, group_batch(5.1, true, 21, 1, nullptr));
+  poll_until(sub, [&] { return sub.counters(0).restarts == 1 && sub.last_seq(0) == 1U; });
+  CHECK(sub.index().block_count(W) == 1);
+  CHECK(sub.counters(0).ignored_events == 3);
+  pub.publish(2, group_batch(5.2, false, 20, 0));
+  poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
+  CHECK(sub.index().block_count(W) == 0);
+}

@@ -5417,6 +5417,9 @@ class ZmqKvSubscriber {
     zmq::socket_t replay;
     bool has_replay = false;
     CursorState<> cursor;  // over batch seqs
+    // The attention groups this publisher's stored events have named: a
+    // removal names only its group, whose kind an earlier store told.
+    KvWireStreamState wire;
     // Hash of the payload bytes applied as the cursor's last seq: a replay
     // returning other bytes for that seq comes from a restarted publisher.
     std::uint64_t last_hash = 0;
@@ -5498,7 +5501,9 @@ class ZmqKvSubscriber {
   // Decodes a payload into batch_; false when it does not decode (counted
   // when `count`: a duplicate's bytes were counted when first applied).
   bool decode(Pub& p, const zmq::message_t& payload, bool count = true) {
-    const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_);
+    // Decoded against a copy: only an applied batch teaches the publisher's state.
+    decoded_wire_ = p.wire;
+    const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_, decoded_wire_);
     if (st.ok()) return true;
     if (count) {
       ++p.counters.malformed;
@@ -5522,6 +5527,7 @@ class ZmqKvSubscriber {
 
   void apply_decoded(Pub& p, bool replayed) {
     KvPublisherCounters& c = p.counters;
+    p.wire = decoded_wire_;
     ++c.batches_applied;
     if (replayed) ++c.batches_replayed;
     if (batch_.ts > p.last_ts) p.last_ts = batch_.ts;
@@ -5542,6 +5548,7 @@ class ZmqKvSubscriber {
     p.next_event_id = 0;
     p.cursor = CursorState<>::initial();
     p.last_ts = -std::numeric_limits<double>::infinity();
+    p.wire.reset();
     ++p.counters.resets;
   }
 
@@ -5570,8 +5577,8 @@ class ZmqKvSubscriber {
       ++p.counters.restarts;
       reset(p);
       if (f.seq == 0) {
-        consume(p, 0, *f.payload);
-        apply_decoded(p, false);
+        // Decoded again: the new process's groups are learned from nothing.
+        apply(p, 0, *f.payload, false);
       } else {
         recover(p, f);
       }
@@ -5735,6 +5742,7 @@ class ZmqKvSubscriber {
   KvIndex index_;
   KvEventWireDecoder decoder_;
   KvWireBatch batch_;
+  KvWireStreamState decoded_wire_;  // the publisher's state after decoding batch_
   std::vector<zmq::message_t> frames_;
   mutable std::mutex mutex_;
   std::exception_ptr thread_error_;
