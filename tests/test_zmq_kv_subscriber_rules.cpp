@@ -679,3 +679,65 @@ TEST_CASE("removals in a main attention group other than group 0 apply; a restar
   poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
   CHECK(sub.index().block_count(W) == 0);
 }
+
+TEST_CASE("a restart that lost more than restart_max_seq batches is found by the replay",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 2;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 6; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 100 + s, s == 0 ? 0 : 99 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 5U; });
+
+  // The engine restarts and its first 4 batches are lost: 4 is above the bound
+  // and not above the last applied seq 5, so it is an old seq with a newer
+  // timestamp, and the replay from 5 (other bytes, or none) tells.
+  pub.clear_buffer();
+  for (std::uint64_t s = 0; s < 4; ++s)
+    pub.publish(s, batch(10.0 + static_cast<double>(s), 200 + s, s == 0 ? 0 : 199 + s), true);
+  for (std::uint64_t s = 4; s < 9; ++s)
+    pub.publish(s, batch(10.0 + static_cast<double>(s), 200 + s, 199 + s));
+  poll_until(sub, [&] { return messages(sub) == 11 && sub.last_seq(0) == 8U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.restarts == 1);
+  CHECK(c.index_rejected == 0);
+  CHECK(sub.index().block_count(W) == 9);  // the new run's blocks only
+}
+
+TEST_CASE("a stray seq after a real loss counts the gap its replay filled", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  pub.publish(5, batch(1.5, 15, 14), true);
+  pub.send_frames({"kv", seq_bytes(std::uint64_t{1} << 40), batch(9.0, 77)});
+  poll_until(sub, [&] { return messages(sub) == 6; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(sub.last_seq(0) == 5U);
+  CHECK(c.bad_frames == 1);
+  CHECK(c.gaps == 1);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(c.gaps_unrecoverable == 0);
+  CHECK(sub.index().block_count(W) == 6);
+}
+
+TEST_CASE("an unrecoverable gap keeps the attention groups learned", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  ZmqKvSubscriber sub({{pub.endpoint(), "", W, ""}});  // no replay: a gap resets the view
+  pub.wait_for_subscriber();
+  pub.publish(0, group_batch(1.0, true, 7, 0, "sliding_window"));
+  pub.publish(1, group_batch(1.1, true, 7, 1));
+  poll_until(sub, [&] { return sub.last_seq(0) == 1U; });
+  pub.publish(2, group_batch(1.2, true, 9, 1), true);  // lost
+  pub.publish(3, group_batch(1.3, true, 8, 1));        // the gap resets the view
+  pub.publish(4, group_batch(1.4, false, 8, 0));       // the window evicts its copy of 8
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(c.resets == 1);
+  CHECK(c.restarts == 0);
+  CHECK(sub.index().block_count(W) == 1);  // the main group still holds 8
+}

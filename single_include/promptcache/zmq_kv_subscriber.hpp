@@ -33,10 +33,12 @@
 //     an unrecoverable gap. A live seq beyond the newest batch the replay
 //     returned was never published: it is dropped (bad_frames), as is a live
 //     seq of 2^64 - 1, the replay's end marker.
-//   * seq <= last is a restart when seq <= restart_max_seq and the batch's
-//     timestamp is newer than the last applied batch's: the view is reset and
-//     the stream restarts at seq 0 (replaying [0, seq) if seq > 0). Otherwise
-//     it is a late duplicate and dropped.
+//   * seq <= last is a restart when the batch's timestamp is newer than the
+//     last applied batch's and either seq <= restart_max_seq or the replay
+//     socket, asked from L, returns other bytes for L or nothing from L on:
+//     the view and the learned attention groups are reset and the stream
+//     restarts at seq 0 (replaying [0, seq) if seq > 0). Otherwise it is a
+//     late duplicate and dropped.
 //   * A payload that does not decode consumes its seq, applies nothing, and is
 //     counted (a replay would return the same bytes).
 //
@@ -5215,7 +5217,8 @@ struct ZmqKvSubscriberOptions {
   /// How long a replay may stay silent (from the request to its first reply,
   /// and between replies) before it is given up (replay_timeouts).
   std::chrono::milliseconds replay_timeout{2000};
-  /// An old seq can be a restart only up to this value (see the header comment).
+  /// An old seq with a newer timestamp up to this value is a restart; above
+  /// it the replay socket decides (see the header comment).
   std::uint64_t restart_max_seq = 1024;
   /// ZMQ_RCVHWM of the SUB sockets: messages buffered before ZeroMQ drops.
   int receive_hwm = 100000;
@@ -5542,14 +5545,23 @@ class ZmqKvSubscriber {
     }
   }
 
-  // Drops the worker's view: the stream starts over.
+  // Drops the worker's view: the stream starts over. The attention groups
+  // stay: the same process still numbers them the same way after a gap.
   void reset(Pub& p) {
     index_.remove_worker(p.cfg.worker);
     p.next_event_id = 0;
     p.cursor = CursorState<>::initial();
     p.last_ts = -std::numeric_limits<double>::infinity();
-    p.wire.reset();
+    p.replayed_lo = 1;
+    p.replayed_hi = 0;
     ++p.counters.resets;
+  }
+
+  // A new process behind the publisher: its view and its groups start over.
+  void restart(Pub& p) {
+    ++p.counters.restarts;
+    reset(p);
+    p.wire.reset();
   }
 
   void live(Pub& p, const Frame& f) {
@@ -5569,13 +5581,14 @@ class ZmqKvSubscriber {
   }
 
   void stale(Pub& p, const Frame& f) {
-    // Only a small seq with a newer timestamp is a restarted publisher: a
-    // duplicate (or a batch a replay already applied) carries the timestamp
-    // of the batch it repeats.
-    if (f.seq <= options_.restart_max_seq && decode(p, *f.payload, false) &&
-        batch_.ts > p.last_ts) {
-      ++p.counters.restarts;
-      reset(p);
+    // A duplicate (or a batch a replay already applied) carries the timestamp
+    // of the batch it repeats: only a newer one can come from a restarted
+    // publisher. Up to restart_max_seq that decides; above it, where a skewed
+    // clock is likelier than a restart that lost so many batches, the replay
+    // decides.
+    const bool newer = decode(p, *f.payload, false) && batch_.ts > p.last_ts;
+    if (newer && (f.seq <= options_.restart_max_seq || restarted_beyond_bound(p))) {
+      restart(p);
       if (f.seq == 0) {
         // Decoded again: the new process's groups are learned from nothing.
         apply(p, 0, *f.payload, false);
@@ -5593,6 +5606,7 @@ class ZmqKvSubscriber {
   // Fills the gap before f from the replay socket, then applies f.
   void recover(Pub& p, const Frame& f) {
     KvPublisherCounters& c = p.counters;
+    const std::optional<std::uint64_t> before = p.cursor.last_applied_id();
     bool lost = false;
     bool timed_out = false;
     std::optional<std::uint64_t> newest;  // the highest seq the replay returned
@@ -5604,8 +5618,7 @@ class ZmqKvSubscriber {
         // The rest of the old request's answer must not be read as the next
         // one's; the new process's stream is asked for from its start.
         reopen_replay(p);
-        ++c.restarts;
-        reset(p);
+        restart(p);
         lost = false;
         newest.reset();
         p.replayed_lo = 1;
@@ -5625,9 +5638,10 @@ class ZmqKvSubscriber {
     // An empty replay says nothing: the publisher may buffer nothing.
     if (!timed_out && newest && *newest < f.seq) {
       ++c.bad_frames;
-      if (lost) {
+      // The replay may still have filled (or failed to fill) a real gap.
+      if (lost || p.cursor.last_applied_id() != before) {
         ++c.gaps;
-        ++c.gaps_unrecoverable;
+        ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
       }
       return;
     }
@@ -5648,6 +5662,33 @@ class ZmqKvSubscriber {
       ++c.gaps_unrecoverable;
     else if (!timed_out)
       ++c.gaps_recovered;
+  }
+
+  // Whether the publisher restarted, asked of its replay buffer when an old seq
+  // above restart_max_seq comes with a newer timestamp: a publisher keeps its
+  // newest batches, so the same process returns the bytes applied as the last
+  // seq L, and a new one returns other bytes, or nothing from L on when it has
+  // not yet reached L. Batches after L that the reply brings are applied as in
+  // a gap. Without a replay socket, or when it falls silent, nothing can be
+  // told: not a restart.
+  bool restarted_beyond_bound(Pub& p) {
+    if (!p.has_replay || p.cursor.is_initial()) return false;
+    const std::uint64_t last = *p.cursor.last_applied_id();
+    bool lost = false;
+    std::optional<std::uint64_t> newest;
+    p.replayed_lo = 1;
+    p.replayed_hi = 0;
+    const ReplayEnd end = replay_or_reopen(p, lost, newest);
+    KvPublisherCounters& c = p.counters;
+    if (lost || p.cursor.last_applied_id() != std::optional<std::uint64_t>(last)) {
+      ++c.gaps;  // batches after L the live stream had not brought yet
+      ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
+    }
+    if (end == ReplayEnd::done) return !newest || *newest < last;
+    // The rest of this request's answer must not be read as the next one's.
+    reopen_replay(p);
+    if (end == ReplayEnd::timed_out) ++c.replay_timeouts;
+    return end == ReplayEnd::restarted;
   }
 
   void reopen_replay(Pub& p) {
