@@ -179,6 +179,14 @@ std::size_t messages(const ZmqKvSubscriber& sub) {
   return sub.counters(0).messages;
 }
 
+// Publishes seqs 0..4, a chain of blocks 10..14 at ts 1.0..1.4, and polls
+// until the subscriber applied them all.
+void apply_chain(FakePublisher& pub, ZmqKvSubscriber& sub) {
+  for (std::uint64_t s = 0; s < 5; ++s)
+    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
+  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+}
+
 }  // namespace
 
 TEST_CASE("bad frames and undecodable payloads are counted and skipped", "[zmq_kv_subscriber]") {
@@ -260,9 +268,7 @@ TEST_CASE("an old seq is a duplicate unless it is small and newer: then a restar
   o.restart_max_seq = 2;
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
   pub.wait_for_subscriber();
-  for (std::uint64_t s = 0; s < 5; ++s)
-    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
-  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  apply_chain(pub, sub);
   REQUIRE(sub.index().block_count(W) == 5);
 
   pub.send_frames({"kv", seq_bytes(1), batch(1.1, 11, 10)});  // a late duplicate
@@ -337,9 +343,7 @@ TEST_CASE("a live seq of 2^64 - 1 (the replay's end marker) is a bad frame, not 
   o.restart_max_seq = 2;  // a stream already past the restart bound
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
   pub.wait_for_subscriber();
-  for (std::uint64_t s = 0; s < 5; ++s)
-    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
-  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  apply_chain(pub, sub);
   pub.send_frames({"kv", seq_bytes(~std::uint64_t{0}), ""});
   for (std::uint64_t s = 5; s < 10; ++s)
     pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, 9 + s));
@@ -361,9 +365,7 @@ TEST_CASE("a huge live seq the publisher never sent is dropped once its replay e
   o.restart_max_seq = 2;
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
   pub.wait_for_subscriber();
-  for (std::uint64_t s = 0; s < 5; ++s)
-    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
-  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  apply_chain(pub, sub);
 
   // Alone: the replay returns only seq 4, the last one applied.
   pub.send_frames({"kv", seq_bytes(std::uint64_t{1} << 40), batch(9.0, 77)});
@@ -710,9 +712,7 @@ TEST_CASE("a stray seq after a real loss counts the gap its replay filled", "[zm
   FakePublisher pub;
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
   pub.wait_for_subscriber();
-  for (std::uint64_t s = 0; s < 5; ++s)
-    pub.publish(s, batch(1.0 + 0.1 * static_cast<double>(s), 10 + s, s == 0 ? 0 : 9 + s));
-  poll_until(sub, [&] { return sub.last_seq(0) == 4U; });
+  apply_chain(pub, sub);
   pub.publish(5, batch(1.5, 15, 14), true);
   pub.send_frames({"kv", seq_bytes(std::uint64_t{1} << 40), batch(9.0, 77)});
   poll_until(sub, [&] { return messages(sub) == 6; });
