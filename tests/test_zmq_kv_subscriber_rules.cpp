@@ -741,3 +741,49 @@ TEST_CASE("an unrecoverable gap keeps the attention groups learned", "[zmq_kv_su
   CHECK(c.restarts == 0);
   CHECK(sub.index().block_count(W) == 1);  // the main group still holds 8
 }
+
+TEST_CASE("a silent replay socket is asked about an old seq once per applied batch",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ManualClock clock;
+  auto silent = std::make_shared<std::atomic<bool>>(false);
+  promptcache::ZmqKvSubscriberOptions o;
+  o.restart_max_seq = 2;
+  o.replay_timeout = 200ms;
+  o.clock = [clock, silent] {
+    if (silent->load()) clock.advance(50ms);  // the wait runs out without real time passing
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            clock.now().time_since_epoch()));
+  };
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  apply_chain(pub, sub);
+  silent->store(true);
+  pub.before_reply([](std::uint64_t) { return false; });
+  // Old seqs above the bound with newer timestamps (a restarted engine whose
+  // replay socket does not answer): the first asks and times out, the rest
+  // are duplicates at once.
+  for (std::uint64_t s = 3; s < 5; ++s)
+    pub.send_frames({"kv", seq_bytes(s), batch(10.0 + static_cast<double>(s), 200 + s)});
+  poll_until(sub, [&] { return messages(sub) == 7; });
+  KvPublisherCounters c = sub.counters(0);
+  CHECK(pub.requests.load() == 1);
+  CHECK(c.replay_timeouts == 1);
+  CHECK(c.duplicates == 2);
+  CHECK(c.restarts == 0);
+  CHECK(c.gaps == 0);
+  CHECK(sub.index().block_count(W) == 5);
+
+  // Once the cursor moves, the question is asked again.
+  silent->store(false);
+  pub.before_reply(nullptr);
+  pub.publish(5, batch(1.5, 15, 14));
+  poll_until(sub, [&] { return sub.last_seq(0) == 5U; });
+  pub.send_frames({"kv", seq_bytes(4), batch(20.0, 300)});
+  poll_until(sub, [&] { return messages(sub) == 9; });
+  c = sub.counters(0);
+  CHECK(pub.requests.load() == 2);
+  CHECK(c.duplicates == 3);  // the replay returned the bytes applied as 5
+  CHECK(c.restarts == 0);
+}

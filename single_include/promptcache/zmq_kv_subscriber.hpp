@@ -5426,6 +5426,11 @@ class ZmqKvSubscriber {
     // Hash of the payload bytes applied as the cursor's last seq: a replay
     // returning other bytes for that seq comes from a restarted publisher.
     std::uint64_t last_hash = 0;
+    // The last applied batch the replay vouched for (or could not answer
+    // for): an old seq with a newer timestamp asks about each one once.
+    bool verified = false;
+    std::uint64_t verified_seq = 0;
+    std::uint64_t verified_hash = 0;
     double last_ts = -std::numeric_limits<double>::infinity();
     std::uint64_t next_event_id = 0;  // ids the index sees: contiguous per view
     // Seqs the last replay applied: a live copy of one is not a duplicate.
@@ -5554,6 +5559,7 @@ class ZmqKvSubscriber {
     p.last_ts = -std::numeric_limits<double>::infinity();
     p.replayed_lo = 1;
     p.replayed_hi = 0;
+    p.verified = false;
     ++p.counters.resets;
   }
 
@@ -5606,7 +5612,7 @@ class ZmqKvSubscriber {
   // Fills the gap before f from the replay socket, then applies f.
   void recover(Pub& p, const Frame& f) {
     KvPublisherCounters& c = p.counters;
-    const std::optional<std::uint64_t> before = p.cursor.last_applied_id();
+    const std::uint64_t replayed_before = c.batches_replayed;
     bool lost = false;
     bool timed_out = false;
     std::optional<std::uint64_t> newest;  // the highest seq the replay returned
@@ -5639,7 +5645,7 @@ class ZmqKvSubscriber {
     if (!timed_out && newest && *newest < f.seq) {
       ++c.bad_frames;
       // The replay may still have filled (or failed to fill) a real gap.
-      if (lost || p.cursor.last_applied_id() != before) {
+      if (lost || c.batches_replayed != replayed_before) {
         ++c.gaps;
         ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
       }
@@ -5669,26 +5675,44 @@ class ZmqKvSubscriber {
   // newest batches, so the same process returns the bytes applied as the last
   // seq L, and a new one returns other bytes, or nothing from L on when it has
   // not yet reached L. Batches after L that the reply brings are applied as in
-  // a gap. Without a replay socket, or when it falls silent, nothing can be
-  // told: not a restart.
+  // a gap (but were not lost: no gap is counted unless the buffer no longer
+  // reaches L + 1). Without a replay socket, or when it falls silent, nothing
+  // can be told: not a restart.
+  // The question is asked once per applied batch: until the cursor moves,
+  // later such frames are duplicates (a silent replay socket would otherwise
+  // hold the lock for replay_timeout per frame).
   bool restarted_beyond_bound(Pub& p) {
     if (!p.has_replay || p.cursor.is_initial()) return false;
     const std::uint64_t last = *p.cursor.last_applied_id();
+    if (p.verified && p.verified_seq == last && p.verified_hash == p.last_hash) return false;
     bool lost = false;
     std::optional<std::uint64_t> newest;
     p.replayed_lo = 1;
     p.replayed_hi = 0;
     const ReplayEnd end = replay_or_reopen(p, lost, newest);
     KvPublisherCounters& c = p.counters;
-    if (lost || p.cursor.last_applied_id() != std::optional<std::uint64_t>(last)) {
-      ++c.gaps;  // batches after L the live stream had not brought yet
-      ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
+    // Batches after L the reply brings were not lost (the live stream has
+    // them on the way): only a buffer that no longer reaches L + 1 is a gap.
+    if (lost) {
+      ++c.gaps;
+      ++c.gaps_unrecoverable;
     }
-    if (end == ReplayEnd::done) return !newest || *newest < last;
-    // The rest of this request's answer must not be read as the next one's.
-    reopen_replay(p);
-    if (end == ReplayEnd::timed_out) ++c.replay_timeouts;
-    return end == ReplayEnd::restarted;
+    if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
+    if (end == ReplayEnd::restarted) {
+      // The rest of this request's answer must not be read as the next one's.
+      reopen_replay(p);
+      return true;
+    }
+    if (end == ReplayEnd::timed_out) {
+      reopen_replay(p);
+      ++c.replay_timeouts;
+    }
+    if (!p.cursor.is_initial()) {
+      p.verified = true;
+      p.verified_seq = *p.cursor.last_applied_id();
+      p.verified_hash = p.last_hash;
+    }
+    return false;
   }
 
   void reopen_replay(Pub& p) {
