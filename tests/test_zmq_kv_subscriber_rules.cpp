@@ -508,6 +508,24 @@ TEST_CASE("max_messages_per_round = 0 is rejected", "[zmq_kv_subscriber]") {
   CHECK(sub.index().block_count(W) == 2);
 }
 
+TEST_CASE("a negative replay_timeout or receive_hwm is rejected", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.replay_timeout = -1ms;
+  CHECK_THROWS_AS(ZmqKvSubscriber({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o),
+                  std::invalid_argument);
+  o.replay_timeout = 0ms;
+  o.receive_hwm = -1;
+  CHECK_THROWS_AS(ZmqKvSubscriber({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o),
+                  std::invalid_argument);
+  o.receive_hwm = 0;  // no limit
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  pub.publish(0, batch(1.0, 10));
+  poll_until(sub, [&] { return sub.last_seq(0) == 0U; });
+  CHECK(sub.index().block_count(W) == 1);
+}
+
 TEST_CASE("replay_timeout bounds the silence between replies, not the whole replay",
           "[zmq_kv_subscriber]") {
   FakePublisher pub;

@@ -5215,12 +5215,13 @@ struct KvPublisherEndpoint {
 struct ZmqKvSubscriberOptions {
   KvWireOptions wire;  ///< Payload decoding options.
   /// How long a replay may stay silent (from the request to its first reply,
-  /// and between replies) before it is given up (replay_timeouts).
+  /// and between replies) before it is given up (replay_timeouts). >= 0.
   std::chrono::milliseconds replay_timeout{2000};
   /// An old seq with a newer timestamp up to this value is a restart; above
   /// it the replay socket decides (see the header comment).
   std::uint64_t restart_max_seq = 1024;
-  /// ZMQ_RCVHWM of the SUB sockets: messages buffered before ZeroMQ drops.
+  /// ZMQ_RCVHWM of the SUB sockets: messages buffered before ZeroMQ drops
+  /// (0: no limit). >= 0.
   int receive_hwm = 100000;
   /// At most this many live messages per publisher per poll() round, so one
   /// busy publisher cannot starve the others. Must be at least 1 (the
@@ -5289,13 +5290,20 @@ struct KvPublisherCounters {
 class ZmqKvSubscriber {
  public:
   /// Subscribes to every publisher of `publishers`. O(publishers). Throws
-  /// std::invalid_argument when options.max_messages_per_round is 0.
+  /// std::invalid_argument when options.max_messages_per_round is 0 or
+  /// replay_timeout or receive_hwm is negative.
   explicit ZmqKvSubscriber(std::vector<KvPublisherEndpoint> publishers,
                            ZmqKvSubscriberOptions options = {}, KvIndexOptions index_options = {})
       : options_(std::move(options)), index_(index_options), decoder_(options_.wire) {
     // 0 would read nothing, and the start() thread would spin.
     if (options_.max_messages_per_round == 0)
       throw std::invalid_argument("ZmqKvSubscriber: max_messages_per_round must be at least 1");
+    // A negative timeout would give every replay up at once, so every gap
+    // would reset the view.
+    if (options_.replay_timeout.count() < 0)
+      throw std::invalid_argument("ZmqKvSubscriber: replay_timeout must not be negative");
+    if (options_.receive_hwm < 0)
+      throw std::invalid_argument("ZmqKvSubscriber: receive_hwm must not be negative");
     pubs_.reserve(publishers.size());
     for (auto& cfg : publishers) {
       auto p = std::make_unique<Pub>();
