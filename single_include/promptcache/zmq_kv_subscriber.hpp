@@ -5624,26 +5624,18 @@ class ZmqKvSubscriber {
     bool lost = false;
     bool timed_out = false;
     std::optional<std::uint64_t> newest;  // the highest seq the replay returned
-    p.replayed_lo = 1;
-    p.replayed_hi = 0;
     if (p.has_replay) {
       ReplayEnd end = replay_or_reopen(p, lost, newest);
       if (end == ReplayEnd::restarted) {
-        // The rest of the old request's answer must not be read as the next
-        // one's; the new process's stream is asked for from its start.
-        reopen_replay(p);
+        // The new process's stream is asked for from its start.
         restart(p);
         lost = false;
         newest.reset();
-        p.replayed_lo = 1;
-        p.replayed_hi = 0;
         end = replay_or_reopen(p, lost, newest);
       }
       if (end != ReplayEnd::done) {
         timed_out = true;
         ++c.replay_timeouts;
-        // Late replies to this request must not be read as the next one's.
-        reopen_replay(p);
       }
     }
     // The publisher buffers every batch it sends, so a complete replay that
@@ -5695,8 +5687,6 @@ class ZmqKvSubscriber {
     if (p.verified && p.verified_seq == last && p.verified_hash == p.last_hash) return false;
     bool lost = false;
     std::optional<std::uint64_t> newest;
-    p.replayed_lo = 1;
-    p.replayed_hi = 0;
     const ReplayEnd end = replay_or_reopen(p, lost, newest);
     KvPublisherCounters& c = p.counters;
     // Batches after L the reply brings were not lost (the live stream has
@@ -5705,16 +5695,9 @@ class ZmqKvSubscriber {
       ++c.gaps;
       ++c.gaps_unrecoverable;
     }
+    if (end == ReplayEnd::restarted) return true;
     if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
-    if (end == ReplayEnd::restarted) {
-      // The rest of this request's answer must not be read as the next one's.
-      reopen_replay(p);
-      return true;
-    }
-    if (end == ReplayEnd::timed_out) {
-      reopen_replay(p);
-      ++c.replay_timeouts;
-    }
+    if (end == ReplayEnd::timed_out) ++c.replay_timeouts;
     if (!p.cursor.is_initial()) {
       p.verified = true;
       p.verified_seq = *p.cursor.last_applied_id();
@@ -5728,23 +5711,30 @@ class ZmqKvSubscriber {
     open_replay(p);
   }
 
-  // replay(), but an exception (ZeroMQ's, the clock's) also discards the
-  // answer to the request already sent, so that it is not read as the next.
+  // replay(), then a new DEALER unless it read its answer to the end marker
+  // (it timed out, found a restart at L, or ZeroMQ or the clock threw): the
+  // rest of the answer to the request sent must not be read as the next one's.
   ReplayEnd replay_or_reopen(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
+    ReplayEnd end = ReplayEnd::done;
     try {
-      return replay(p, lost, newest);
+      end = replay(p, lost, newest);
     } catch (...) {
       reopen_replay(p);
       throw;
     }
+    if (end != ReplayEnd::done) reopen_replay(p);
+    return end;
   }
 
   // Requests every buffered batch from the last applied seq L on (from 0
   // before the first batch) and applies the ones after L in order. The reply
   // for L is compared with the bytes applied as L: other bytes end the replay
   // as `restarted`. Sets `lost` (and resets the view) when a needed batch was
-  // no longer buffered, and `newest` to the highest seq returned.
+  // no longer buffered, `newest` to the highest seq returned, and the
+  // replayed range to the seqs it applied.
   ReplayEnd replay(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
+    p.replayed_lo = 1;
+    p.replayed_hi = 0;
     const bool verify = !p.cursor.is_initial();
     const std::uint64_t from = verify ? *p.cursor.last_applied_id() : 0;
     unsigned char start[8];
