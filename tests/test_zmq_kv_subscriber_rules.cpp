@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -177,6 +178,19 @@ void poll_until(ZmqKvSubscriber& sub, const std::function<bool()>& done) {
 
 std::size_t messages(const ZmqKvSubscriber& sub) {
   return sub.counters(0).messages;
+}
+
+// The subscriber's clock, read from `clock`. Once the publisher is silent for
+// good (`silent`), every reading moves it on by 50 ms, so a wait for a replay
+// runs out without real time passing.
+std::function<std::chrono::steady_clock::time_point()> silence_clock(
+    promptcache::ManualClock clock, std::shared_ptr<std::atomic<bool>> silent) {
+  return [clock, silent] {
+    if (silent->load()) clock.advance(50ms);
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            clock.now().time_since_epoch()));
+  };
 }
 
 // Publishes seqs 0..4, a chain of blocks 10..14 at ts 1.0..1.4, and polls
@@ -530,17 +544,10 @@ TEST_CASE("replay_timeout bounds the silence between replies, not the whole repl
           "[zmq_kv_subscriber]") {
   FakePublisher pub;
   promptcache::ManualClock clock;
-  // Once the publisher is silent for good, every reading of the clock moves
-  // it on, so the subscriber's wait runs out without real time passing.
   auto silent = std::make_shared<std::atomic<bool>>(false);
   promptcache::ZmqKvSubscriberOptions o;
   o.replay_timeout = 200ms;
-  o.clock = [clock, silent] {
-    if (silent->load()) clock.advance(50ms);
-    return std::chrono::steady_clock::time_point(
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            clock.now().time_since_epoch()));
-  };
+  o.clock = silence_clock(clock, silent);
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
   pub.wait_for_subscriber();
   pub.publish(0, batch(1.0, 10));
@@ -768,12 +775,7 @@ TEST_CASE("a silent replay socket is asked about an old seq once per applied bat
   promptcache::ZmqKvSubscriberOptions o;
   o.restart_max_seq = 2;
   o.replay_timeout = 200ms;
-  o.clock = [clock, silent] {
-    if (silent->load()) clock.advance(50ms);  // the wait runs out without real time passing
-    return std::chrono::steady_clock::time_point(
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            clock.now().time_since_epoch()));
-  };
+  o.clock = silence_clock(clock, silent);
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
   pub.wait_for_subscriber();
   apply_chain(pub, sub);
