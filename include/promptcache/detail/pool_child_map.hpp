@@ -67,7 +67,8 @@ class PoolChildMap {
     if (!slots_) return nullptr;
     // The mask from shift_ (capacity is 2^(64 - shift_)), so a lookup reads only the first
     // 12 bytes of the map, which the pool keeps on its node's first cache line.
-    const std::size_t mask = ~std::size_t{0} >> shift_;
+    // A 64-bit shift: shift_ may exceed the width of a 32-bit size_t.
+    const auto mask = static_cast<std::size_t>(~std::uint64_t{0} >> shift_);
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
