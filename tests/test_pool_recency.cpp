@@ -248,3 +248,20 @@ TEST_CASE("pool recency: prepare() either succeeds or changes nothing") {
     }
   }
 }
+
+TEST_CASE("pool recency: check() reports a list whose times go back") {
+  Recency r(Dur(100));
+  FakeSlot a, b;
+  std::vector<std::size_t> members{2};
+  for (FakeSlot* s : {&a, &b})
+    r.join(s, r.prepare(Dur(100)));
+  a.seq = 1;
+  a.last_used = TimePoint(Dur(50));
+  r.push_back(&a);
+  b.seq = 2;
+  b.last_used = TimePoint(Dur(40));  // used after a, at an earlier time
+  r.push_back(&b);
+  CHECK_THROWS_WITH(r.check(Dur(100), members, require), "list times");
+  b.last_used = TimePoint(Dur(50));
+  CHECK(r.check(Dur(100), members, require) == 2);
+}

@@ -1,7 +1,8 @@
 // Strong exception guarantee of PromptCachePool::insert (decision 6): whatever allocation
-// fails inside an insert, and whatever a LayerCache copy or the size functor throws, the
-// pool is unchanged. Every allocation is made to fail in turn through a replaced global
-// operator new that throws on the k-th call while armed.
+// fails inside an insert, and whatever the size functor or the clock throws, the pool is
+// unchanged; and the pool never copies a LayerCache (a throwing copy is never reached).
+// Every allocation is made to fail in turn through a replaced global operator new that
+// throws on the k-th call while armed.
 #include <promptcache/manual_clock.hpp>
 #include <promptcache/prompt_cache_pool.hpp>
 
@@ -231,7 +232,7 @@ TEST_CASE("strong guarantee in common-prefix mode: leaf, split, extension, new n
             common) >= 3);
 }
 
-TEST_CASE("strong guarantee: a throwing LayerCache copy or size functor changes nothing") {
+TEST_CASE("strong guarantee: a throwing size functor changes nothing") {
   ManualClock clock;
   Pool::Options o;
   o.min_cacheable_tokens = 0;
@@ -239,16 +240,58 @@ TEST_CASE("strong guarantee: a throwing LayerCache copy or size functor changes 
   Pool pool(o, clock);
   seed_pool(pool);
   const Dump before = dump(pool);
-  const std::vector<Layer> layers{Layer(1), Layer(2)};
-  g_copy_throws = true;
-  CHECK_THROWS_AS(pool.insert({6, 6}, layers), std::runtime_error);  // copy into the argument
-  g_copy_throws = false;
+  const auto stats_before = pool.stats();
   g_size_throws = true;
   CHECK_THROWS_AS(pool.insert({1, 2, 3, 4, 5, 6}, {Layer(3)}), std::runtime_error);
+  CHECK_THROWS_AS(pool.insert({6, 6}, {Layer(1), Layer(2)}), std::runtime_error);
   g_size_throws = false;
   CHECK(dump(pool) == before);
+  CHECK(pool.stats().inserted == stats_before.inserted);
+  CHECK(pool.bytes() == stats_before.bytes);
   pool.check_invariants();
-  CHECK(pool.insert({6, 6}, layers) == Pool::InsertResult::inserted);
+  CHECK(pool.insert({6, 6}, {Layer(1), Layer(2)}) == Pool::InsertResult::inserted);
+}
+
+TEST_CASE("the pool never copies a LayerCache: every operation runs with copies throwing") {
+  // LayerCache copies are the engine's KV tensors: the pool only moves the caches it is
+  // given into the entry and shares the entry afterwards.
+  for (const auto mode :
+       {promptcache::MatchMode::exact_prefix, promptcache::MatchMode::common_prefix}) {
+    ManualClock clock;
+    Pool::Options o;
+    o.match = mode;
+    o.max_entries = 3;
+    o.min_cacheable_tokens = 0;
+    o.max_bytes = 12;
+    Pool pool(o, clock);
+    auto layers = [](int a, int b) {  // built before copies throw; moved into the pool below
+      std::vector<Layer> v;
+      v.reserve(2);
+      v.emplace_back(a);
+      v.emplace_back(b);
+      return v;
+    };
+    std::vector<Layer> l1 = layers(1, 2), l2 = layers(3, 4), l3 = layers(5, 6), l4 = layers(1, 1),
+                       l5 = layers(2, 2), l6 = layers(6, 6);
+    g_copy_throws = true;
+    CHECK(pool.insert({1, 2, 3}, std::move(l1)) == Pool::InsertResult::inserted);
+    CHECK(pool.insert({1, 2, 3, 4}, std::move(l2)) == Pool::InsertResult::extended);
+    CHECK(pool.insert({1, 2, 3, 4}, std::move(l3)) == Pool::InsertResult::updated);
+    CHECK(pool.insert({7}, std::move(l4)) == Pool::InsertResult::inserted);
+    CHECK(pool.insert({8}, std::move(l5)) == Pool::InsertResult::inserted);
+    CHECK(pool.insert({9}, std::move(l6)) == Pool::InsertResult::inserted);  // evictions
+    CHECK(pool.find_longest_prefix(Ids{9, 9}));
+    CHECK(pool.pin(Ids{9}));
+    CHECK(pool.unpin(Ids{9}));
+    const std::size_t stored = pool.size();
+    clock.advance(std::chrono::hours(1));
+    CHECK(pool.evict_expired() == stored);
+    pool.insert({5}, layers(5, 5));
+    pool.clear();
+    g_copy_throws = false;
+    CHECK(pool.stats().evicted_lru + pool.stats().evicted_bytes > 0);
+    pool.check_invariants();
+  }
 }
 
 namespace {
@@ -272,7 +315,8 @@ using ClockPool = promptcache::PromptCachePool<Layer, std::uint32_t, ThrowingClo
 
 }  // namespace
 
-TEST_CASE("strong guarantee: a throwing clock changes nothing (insert, lookup, unpin, expiry)") {
+TEST_CASE(
+    "strong guarantee: a throwing clock changes nothing (insert, lookup, pin, unpin, expiry)") {
   for (const auto mode :
        {promptcache::MatchMode::exact_prefix, promptcache::MatchMode::common_prefix}) {
     ThrowingClock clock;
@@ -293,6 +337,7 @@ TEST_CASE("strong guarantee: a throwing clock changes nothing (insert, lookup, u
     CHECK_THROWS_AS(pool.find_longest_prefix(Ids{4, 5, 6}), std::runtime_error);
     CHECK_THROWS_AS(pool.evict_expired(), std::runtime_error);
     CHECK_THROWS_AS(pool.unpin(Ids{1, 2, 3}), std::runtime_error);
+    CHECK_THROWS_AS(pool.pin(Ids{4, 5}), std::runtime_error);
     g_clock_throws = false;
 
     pool.check_invariants();

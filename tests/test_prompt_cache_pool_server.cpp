@@ -302,6 +302,60 @@ TEST_CASE("byte budget: an entry whose layer sizes sum past SIZE_MAX is too larg
   pool.check_invariants();
 }
 
+TEST_CASE("byte budget: a total past SIZE_MAX is kept exactly; the gauge saturates") {
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  SECTION("the whole range as budget: a fitting entry evicts the LRU one") {
+    ManualClock clock;
+    auto o = base_options();
+    o.max_bytes = kMax;
+    Pool pool(o, clock);
+    CHECK(pool.insert({1}, layer(1, kMax)) == R::inserted);
+    CHECK(pool.insert({2}, layer(2, 1)) == R::inserted);  // SIZE_MAX + 1: over budget
+    CHECK_FALSE(pool.find_exact(Ids{1}));
+    CHECK(pool.find_exact(Ids{2}));
+    CHECK(pool.size() == 1);
+    CHECK(pool.bytes() == 1);
+    CHECK(pool.stats().evicted_bytes == 1);
+    pool.check_invariants();
+  }
+  SECTION("pinned entries past SIZE_MAX: the gauge saturates, removals count down exactly") {
+    ManualClock clock;
+    auto o = base_options();
+    o.max_bytes = kMax;
+    Pool pool(o, clock);
+    pool.insert({1}, layer(1, kMax), opts(0, true));
+    pool.insert({2}, layer(2, kMax), opts(0, true));
+    CHECK(pool.insert({3}, layer(3, 5)) == R::inserted);  // no room: evicted at once
+    CHECK_FALSE(pool.find_exact(Ids{3}));
+    CHECK(pool.size() == 2);
+    CHECK(pool.bytes() == kMax);
+    CHECK(pool.stats().bytes == kMax);
+    pool.check_invariants();
+    CHECK(pool.erase(Ids{1}));
+    CHECK(pool.bytes() == kMax);  // exact now
+    pool.insert({4}, layer(4, 7), opts(0, true));
+    CHECK(pool.bytes() == kMax);  // saturated again
+    CHECK(pool.erase(Ids{2}));
+    CHECK(pool.bytes() == 7);
+    pool.check_invariants();
+  }
+  SECTION("no budget: sizes past SIZE_MAX are stored, the gauge saturates") {
+    ManualClock clock;
+    Pool pool(base_options(), clock);  // max_bytes 0: unlimited
+    CHECK(pool.insert({1}, layer(1, kMax)) == R::inserted);
+    CHECK(pool.insert({2}, layer(2, kMax)) == R::inserted);
+    CHECK(pool.insert({3}, layer(3, 2)) == R::inserted);
+    CHECK(pool.size() == 3);
+    CHECK(pool.bytes() == kMax);
+    CHECK(pool.stats().evicted_bytes == 0);
+    pool.check_invariants();
+    CHECK(pool.erase(Ids{1}));
+    CHECK(pool.erase(Ids{2}));
+    CHECK(pool.bytes() == 2);
+    pool.check_invariants();
+  }
+}
+
 TEST_CASE("byte budget: pinned entries count but are never evicted for bytes") {
   ManualClock clock;
   auto o = base_options();
@@ -492,6 +546,30 @@ TEST_CASE("pin/unpin: pinning protects from LRU and TTL; unpinning makes it most
   CHECK(pool.evict_expired() == 0);
   clock.advance(1s);
   CHECK(pool.evict_expired() == 1);
+  CHECK(pool.stats().pinned_entries == 0);
+  pool.check_invariants();
+}
+
+TEST_CASE("pin/unpin: an expired entry is collected, never pinned or revived") {
+  ManualClock clock;
+  auto o = base_options();
+  o.ttl = 10s;
+  Pool pool(o, clock);
+  pool.insert({1}, layer(1));
+  pool.insert({2}, layer(2));
+  pool.insert({3}, layer(3), opts(0, true));
+  clock.advance(20s);
+  CHECK_FALSE(pool.pin(Ids{1}));  // expired: collected, not pinned
+  CHECK_FALSE(pool.find_longest_prefix(Ids{1, 2}));
+  CHECK_FALSE(pool.find_exact(Ids{2}));  // the pin collected every expired entry
+  CHECK(pool.stats().evicted_ttl == 2);
+  pool.insert({4}, layer(4));
+  clock.advance(20s);
+  CHECK_FALSE(pool.unpin(Ids{4}));  // not pinned and expired: collected too
+  CHECK_FALSE(pool.find_exact(Ids{4}));
+  CHECK(pool.stats().evicted_ttl == 3);
+  CHECK(pool.unpin(Ids{3}));  // pinned entries never expire: unpinned with a fresh TTL
+  CHECK(pool.find_longest_prefix(Ids{3})->matched == 1);
   CHECK(pool.stats().pinned_entries == 0);
   pool.check_invariants();
 }

@@ -251,3 +251,67 @@ TEST_CASE("ttl: an extension keeps the replaced entry's TTL unless the insert se
   }
   pool.check_invariants();
 }
+
+TEST_CASE("ttl: an insert over budget collects expired entries before evicting a live one") {
+  ManualClock clock;
+  Pool pool(options(2, 1h), clock);
+  pool.insert({1}, {Layer{1}});                // live for an hour
+  pool.insert({2}, {Layer{2}}, with_ttl(0s));  // expired at once, not yet collected
+  CHECK(pool.insert({3}, {Layer{3}}) == Pool::InsertResult::inserted);  // over max_entries
+  CHECK(pool.find_exact(Ids{1}));
+  CHECK_FALSE(pool.find_exact(Ids{2}));
+  CHECK(pool.find_exact(Ids{3}));
+  CHECK(pool.stats().evicted_ttl == 1);
+  CHECK(pool.stats().evicted_lru == 0);
+  pool.check_invariants();
+  // Over budget again, with the new entry the only expired one: it goes, not a live entry.
+  pool.insert({4}, {Layer{4}}, with_ttl(0s));
+  CHECK_FALSE(pool.find_exact(Ids{4}));
+  CHECK(pool.size() == 2);
+  CHECK(pool.stats().evicted_ttl == 2);
+  CHECK(pool.erase(Ids{3}));
+  // Within budget, an insert leaves expired entries to lookups and evict_expired.
+  pool.insert({5}, {Layer{5}}, with_ttl(0s));
+  CHECK(pool.find_exact(Ids{5}));
+  CHECK(pool.evict_expired() == 1);
+  pool.check_invariants();
+}
+
+TEST_CASE("ttl: idle times and deadlines at the clock's limits never overflow") {
+  using TP = ManualClock::time_point;
+  SECTION("used just before the epoch, checked at the clock's end: idle for ages") {
+    ManualClock clock;
+    Pool pool(options(10, 1h), clock);
+    clock.set(TP(Dur(-1)));
+    pool.insert({1}, {Layer{1}});
+    clock.set(TP::max());
+    CHECK(pool.evict_expired() == 1);  // the idle time does not fit a signed count
+    CHECK(pool.empty());
+    pool.check_invariants();
+  }
+  SECTION("a TTL of duration::max() never expires, even at time_point::max()") {
+    ManualClock clock;
+    Pool pool(options(10, 1h), clock);
+    pool.insert({1}, {Layer{1}}, with_ttl(Dur::max()));
+    clock.set(TP::max());
+    CHECK(pool.find_longest_prefix(Ids{1}));
+    CHECK(pool.evict_expired() == 0);
+    CHECK(pool.stats().evicted_ttl == 0);
+    pool.check_invariants();
+  }
+  SECTION("a deadline past the clock's range is never, one exactly at its end is due") {
+    ManualClock clock;
+    Pool pool(options(10, 1h), clock);
+    clock.set(TP(Dur(5)));
+    pool.insert({1}, {Layer{1}}, with_ttl(Dur::max() - Dur(1)));  // deadline past TP::max()
+    clock.set(TP::max() - Dur(10));
+    pool.insert({2}, {Layer{2}}, with_ttl(Dur(10)));  // deadline exactly TP::max()
+    pool.check_invariants();
+    clock.set(TP::max());
+    CHECK_FALSE(pool.find_longest_prefix(Ids{2, 3}));  // [2] is expired: both keys tie
+    CHECK(pool.stats().evicted_ttl == 1);
+    CHECK(pool.find_exact(Ids{1}));
+    CHECK(pool.evict_expired() == 0);
+    pool.check_invariants();
+  }
+}

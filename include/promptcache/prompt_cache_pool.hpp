@@ -108,7 +108,9 @@ class SynchronizedPromptCachePool;
 /// - `LayerCache`: the engine's per-layer state; copied never, moved only inside std::vector.
 /// - `Token`: token id type (any integral type but bool).
 /// - `Clock`: has `now()` and the std clock typedefs; used through an instance, so a
-///   ManualClock handle shared with a test drives TTLs. Must not go backwards.
+///   ManualClock handle shared with a test drives TTLs. Should not go backwards; if it does,
+///   the pool keeps using the latest reading it used until the clock passes it again (so
+///   entries only look younger: nothing expires early, and the structure stays consistent).
 /// - `CacheBytes`: size customization point for the byte budget: a default-constructible
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
@@ -235,7 +237,8 @@ class PromptCachePool {
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
-    const time_point now = clock_.now();
+    const time_point now = monotonic(clock_.now());
+    latest_ = now;
     // The expiry check is one comparison; the removal work is out of line, so that the hot
     // path of a lookup that expires nothing keeps its registers (and its code) small.
     if (recency_.due(now)) [[unlikely]]
@@ -275,8 +278,9 @@ class PromptCachePool {
   /// and max_bytes (the new entry too, if nothing else is evictable). TTL: an explicit
   /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
   /// without one, an update or extension keeps the TTL of the entry it replaces (a
-  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
-  /// entries are not collected here (lookups and evict_expired do that). In
+  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Only an
+  /// insert that leaves the pool over a budget collects expired entries (the new one too, if
+  /// its TTL is 0), before any LRU victim: otherwise lookups and evict_expired do. In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
@@ -295,7 +299,9 @@ class PromptCachePool {
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
   /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
-    const std::size_t n = expire(clock_.now());
+    const time_point now = monotonic(clock_.now());
+    latest_ = now;
+    const std::size_t n = expire(now);
     release_retired();
     return n;
   }
@@ -329,37 +335,44 @@ class PromptCachePool {
     release_retired();
   }
 
-  /// Pins the entry with exactly `ids`: exempt from LRU, byte and TTL eviction. O(|ids|).
-  /// Returns false if there is no such entry. Snapshots are not rewritten (Entry::pinned).
+  /// Evicts expired entries (as a lookup does), then pins the entry with exactly `ids`:
+  /// exempt from LRU, byte and TTL eviction. Returns false if there is no such entry (an
+  /// expired one is collected, never revived). Snapshots are not rewritten (Entry::pinned).
+  /// If the clock throws, nothing changed. O(|ids| + expired x log T), T = TTL lists.
   bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
+    latest_ = now;
+    if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
-    if (s == nullptr) return false;
-    if (!s->pinned) {
+    if (s != nullptr && !s->pinned) {
       recency_.unlink(s);
       s->pinned = true;
       ++stats_.pinned_entries;
     }
-    return true;
+    release_retired();
+    return s != nullptr;
   }
 
-  /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
-  /// then budgets are enforced. Returns false if there is no such entry. If the clock
-  /// throws, nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
+  /// Evicts expired entries (as a lookup does), then unpins the entry with exactly `ids`; it
+  /// counts as used now (most recent, fresh TTL), then budgets are enforced. Returns false if
+  /// there is no such entry (an expired unpinned one is collected first). If the clock throws,
+  /// nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
+    latest_ = now;
+    if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
-    if (s == nullptr) return false;
-    if (s->pinned) {
-      const time_point now = clock_.now();  // first: if the clock throws, nothing changed
+    if (s != nullptr && s->pinned) {
       s->pinned = false;
       --stats_.pinned_entries;
       s->last_used = now;
       s->seq = ++seq_;
       recency_.push_back(s);
       if (options_.match == MatchMode::common_prefix) Best::propagate(s->node);
-      enforce_budgets();
-      release_retired();
+      enforce_budgets(now);
     }
-    return true;
+    release_retired();
+    return s != nullptr;
   }
 
   /// Whether an entry with exactly `ids` exists and is pinned. O(|ids|).
@@ -380,11 +393,18 @@ class PromptCachePool {
   [[nodiscard]] std::size_t size() const noexcept { return stats_.entries; }
   /// Whether no entry is stored. O(1).
   [[nodiscard]] bool empty() const noexcept { return stats_.entries == 0; }
-  /// Sum of stored entry sizes per CacheBytes. O(1).
-  [[nodiscard]] std::size_t bytes() const noexcept { return stats_.bytes; }
+  /// Sum of stored entry sizes per CacheBytes, saturating at SIZE_MAX (the pool keeps the
+  /// exact sum, so a sum past SIZE_MAX is still evicted exactly down to max_bytes). O(1).
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return bytes_carry_ != 0 ? SIZE_MAX : stats_.bytes;
+  }
 
-  /// Counters and gauges. O(1).
-  [[nodiscard]] PoolStats stats() const noexcept { return stats_; }
+  /// Counters and gauges (PoolStats::bytes as bytes()). O(1).
+  [[nodiscard]] PoolStats stats() const noexcept {
+    PoolStats s = stats_;
+    s.bytes = bytes();
+    return s;
+  }
   /// Zeroes the counters (gauges keep their values). O(1).
   void reset_stats() noexcept {
     PoolStats fresh;
@@ -431,7 +451,7 @@ class PromptCachePool {
   /// gauges); throws std::logic_error describing the first violation. For tests: O(nodes x
   /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
-    std::size_t entries = 0, pinned = 0, bytes = 0;
+    std::size_t entries = 0, pinned = 0, bytes = 0, bytes_carry = 0;
     std::vector<std::size_t> members(recency_.class_count(), 0);
     const bool common = options_.match == MatchMode::common_prefix;
     for (const auto& kv : roots_) {
@@ -441,6 +461,8 @@ class PromptCachePool {
       Tree::check(root, common, require, [&](const Slot* s) {
         ++entries;
         bytes += s->bytes;
+        if (bytes < s->bytes) ++bytes_carry;
+        require(s->len == s->entry->ids.size(), "slot length");
         require(s->ns == nsv, "slot back link");
         require(s->ttl_class < members.size(), "ttl class index");
         ++members[s->ttl_class];
@@ -452,7 +474,7 @@ class PromptCachePool {
     const std::size_t listed = recency_.check(options_.ttl, members, require);
     require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
     require(listed == entries - pinned, "listed entries");
-    require(bytes == stats_.bytes, "byte gauge");
+    require(bytes == stats_.bytes && bytes_carry == bytes_carry_, "byte gauge");
     require(retired_.empty(), "retired list");
   }
 
@@ -510,17 +532,41 @@ class PromptCachePool {
 
   [[gnu::noinline, gnu::cold]] void expire_out_of_line(time_point now) noexcept { expire(now); }
 
-  void enforce_budgets() noexcept {
+  // The clock reading to use: never earlier than one the pool already used, so that a clock
+  // that goes back only makes entries look younger (nothing expires early, and every recency
+  // list stays in time order). The caller stores it in latest_ once it cannot fail any more.
+  time_point monotonic(time_point t) const noexcept { return t < latest_ ? latest_ : t; }
+
+  bool over_bytes() const noexcept {
+    return options_.max_bytes != 0 && (bytes_carry_ != 0 || stats_.bytes > options_.max_bytes);
+  }
+
+  // Over a budget, expired entries go first (they are dead weight; evicting a live LRU entry
+  // instead would keep them), then the least recently used ones.
+  void enforce_budgets(time_point now) noexcept {
+    if (stats_.entries <= options_.max_entries && !over_bytes()) return;
+    if (recency_.due(now)) expire(now);
     while (stats_.entries > options_.max_entries) {
       Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::lru);
     }
-    while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
+    while (over_bytes()) {
       Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::bytes);
     }
+  }
+
+  // The byte total is kept exact past SIZE_MAX: stats_.bytes is its low word and
+  // bytes_carry_ counts the wraps (pinned entries, or an unlimited budget, can hold more).
+  void add_bytes(std::size_t b) noexcept {
+    stats_.bytes += b;
+    if (stats_.bytes < b) ++bytes_carry_;
+  }
+  void sub_bytes(std::size_t b) noexcept {
+    if (stats_.bytes < b) --bytes_carry_;
+    stats_.bytes -= b;
   }
 
   // ---- removal --------------------------------------------------------------------------
@@ -571,7 +617,7 @@ class PromptCachePool {
       recency_.unlink(s);
     }
     --stats_.entries;
-    stats_.bytes -= s->bytes;
+    sub_bytes(s->bytes);
     recency_.leave(s);
     count_removal(why);
   }
@@ -606,7 +652,7 @@ class PromptCachePool {
   // Links a record built by make_record. Publishing moves `slot` into the tree; if the entry
   // is rejected or anything throws, `slot` is left with the caller, who releases it.
   InsertResult insert_prepared(SlotPtr& slot, std::size_t bytes, const InsertOptions& o) {
-    const time_point now = clock_.now();
+    const time_point now = monotonic(clock_.now());
     const std::vector<Token>& ids = slot->entry->ids;
     const std::size_t n = ids.size();
     if (n == 0) {
@@ -678,6 +724,7 @@ class PromptCachePool {
     }
 
     // Phase 2: link; nothing below throws.
+    latest_ = now;
     Slot* s = slot.get();
     const Entry* e = s->entry.get();
     // Not yet published, and the Entry object itself is not const (see make_record).
@@ -701,7 +748,7 @@ class PromptCachePool {
         recency_.unlink(replaced.get());
       }
       --stats_.entries;
-      stats_.bytes -= replaced->bytes;
+      sub_bytes(replaced->bytes);
       recency_.leave(replaced.get());
     }
     target->slot = std::move(slot);
@@ -712,7 +759,7 @@ class PromptCachePool {
       recency_.push_back(s);
     }
     ++stats_.entries;
-    stats_.bytes += bytes;
+    add_bytes(bytes);
     if (exact != nullptr) {
       Tree::relabel(target, replaced->entry.get(), e);
       retired_.push(std::move(replaced));
@@ -746,7 +793,7 @@ class PromptCachePool {
     } else {
       ++stats_.inserted;
     }
-    enforce_budgets();
+    enforce_budgets(now);
     return result;
   }
 
@@ -758,6 +805,8 @@ class PromptCachePool {
   std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
   Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
   Recency recency_;
+  time_point latest_ = time_point::min();  // the latest clock reading used (see monotonic)
+  std::size_t bytes_carry_ = 0;            // times the byte total passed SIZE_MAX
   std::uint64_t seq_ = 0;
   Retired retired_;
   bool defer_release_ = false;

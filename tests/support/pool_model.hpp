@@ -16,6 +16,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pool_model {
@@ -77,10 +78,27 @@ class Model {
     return i;
   }
 
+  // The time the pool works with: the clock reading, but never earlier than one it already
+  // used (a clock that goes back makes entries look younger, never older).
+  std::int64_t read_clock() {
+    latest_ = std::max(now, latest_);
+    return latest_;
+  }
+
+  // Expired at `t`: unpinned and idle for at least its TTL (a negative TTL counts as 0),
+  // unless the TTL is the maximum or its deadline is past the clock's range ("never").
+  static bool expired(const E& e, std::int64_t t) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const std::int64_t ttl = std::max<std::int64_t>(e.ttl, 0);
+    if (e.pinned || e.ttl == kMax || e.last_used > kMax - ttl) return false;
+    return e.last_used + ttl <= t;
+  }
+
   std::size_t expire() {
+    const std::int64_t t = read_clock();
     std::size_t n = 0;
     for (std::size_t i = 0; i < es_.size();) {
-      if (!es_[i].pinned && now - es_[i].last_used >= es_[i].ttl) {
+      if (expired(es_[i], t)) {
         remove(i);
         ++stats.evicted_ttl;
         ++n;
@@ -124,7 +142,7 @@ class Model {
     }
     if (!best || best_m < opt_.min_match_tokens) return std::nullopt;
     best->seq = ++seq_;
-    best->last_used = now;
+    best->last_used = latest_;
     ++stats.hits;
     stats.matched_tokens += best_m;
     return ModelHit<Tok>{best->tag, best_m, best->ids};
@@ -147,6 +165,7 @@ class Model {
       ++stats.rejected_too_large;
       return R::rejected_too_large;
     }
+    const std::int64_t t = read_clock();  // rejections above leave the pool's time alone
     // An explicit TTL wins; without one, the replaced entry's TTL carries over.
     R result = R::inserted;
     auto exact = std::find_if(es_.begin(), es_.end(),
@@ -154,7 +173,7 @@ class Model {
     if (exact != es_.end()) {
       exact->pinned = exact->pinned || pinned;
       exact->seq = ++seq_;
-      exact->last_used = now;
+      exact->last_used = t;
       if (ttl) exact->ttl = *ttl;
       exact->bytes = bytes;
       exact->tag = tag;
@@ -169,8 +188,8 @@ class Model {
           lineage = i;
         }
       }
-      const std::int64_t t = ttl ? *ttl : lineage ? es_[*lineage].ttl : opt_.ttl.count();
-      es_.push_back(E{ids, ns, pinned, now, ++seq_, t, bytes, tag});
+      const std::int64_t e_ttl = ttl ? *ttl : lineage ? es_[*lineage].ttl : opt_.ttl.count();
+      es_.push_back(E{ids, ns, pinned, t, ++seq_, e_ttl, bytes, tag});
       if (lineage) {
         const Ids lineage_ids = es_[*lineage].ids;
         result = R::extended;
@@ -197,10 +216,13 @@ class Model {
     return result;
   }
 
+  // Over a budget, expired entries go first, then the least recently used.
   void enforce() {
+    if (es_.size() <= opt_.max_entries && !over_bytes()) return;
+    expire();
     while (es_.size() > opt_.max_entries && evict_lru())
       ++stats.evicted_lru;
-    while (opt_.max_bytes != 0 && total_bytes() > opt_.max_bytes && evict_lru()) {
+    while (over_bytes() && evict_lru()) {
       ++stats.evicted_bytes;
     }
   }
@@ -230,7 +252,9 @@ class Model {
     return n;
   }
 
+  // Expires first (an expired entry is collected, not pinned), then pins or unpins.
   bool pin(const Ids& ids, ns_t ns, bool on) {
+    expire();
     for (E& e : es_) {
       if (e.ns == ns && e.ids == ids) {
         if (on) {
@@ -238,7 +262,7 @@ class Model {
         } else if (e.pinned) {
           e.pinned = false;
           e.seq = ++seq_;
-          e.last_used = now;
+          e.last_used = latest_;
           enforce();
         }
         return true;
@@ -248,11 +272,23 @@ class Model {
   }
 
   const std::vector<E>& entries() const { return es_; }
+  // The exact sum of the entries' sizes as {carries past SIZE_MAX, low word}.
+  std::pair<std::size_t, std::size_t> exact_bytes() const {
+    std::size_t carries = 0, low = 0;
+    for (const E& e : es_) {
+      low += e.bytes;
+      if (low < e.bytes) ++carries;
+    }
+    return {carries, low};
+  }
+  // The byte gauge: the sum, saturating at SIZE_MAX.
   std::size_t total_bytes() const {
-    std::size_t b = 0;
-    for (const E& e : es_)
-      b += e.bytes;
-    return b;
+    const auto [carries, low] = exact_bytes();
+    return carries != 0 ? std::numeric_limits<std::size_t>::max() : low;
+  }
+  bool over_bytes() const {
+    const auto [carries, low] = exact_bytes();
+    return opt_.max_bytes != 0 && (carries != 0 || low > opt_.max_bytes);
   }
   std::size_t pinned_count() const {
     return static_cast<std::size_t>(
@@ -274,6 +310,7 @@ class Model {
   Pool::Options opt_;
   std::vector<E> es_;
   std::uint64_t seq_ = 0;
+  std::int64_t latest_ = std::numeric_limits<std::int64_t>::min();
 };
 
 // The model's options as those of pool type `P` (each pool and token type has its own

@@ -6,7 +6,8 @@
 // entries are past their TTL (expiry).
 //
 // Entries that share a TTL form a class with an intrusive list in touch order (least recent
-// first): the head is the class's LRU entry and, the clock being monotonic, also the first of
+// first): the head is the class's LRU entry and, the pool's times being monotonic (it never
+// stamps a time earlier than one it used before), also the first of
 // the class to expire. Across classes, two small heaps over the classes with a non-empty
 // list answer the questions in O(1) when there is nothing to do, whatever the number of
 // classes T: one ordered by the head's touch order, one by the head's expiry time.
@@ -52,6 +53,33 @@ TimePoint saturating_deadline(TimePoint t, Duration d) noexcept {
     return TimePoint(tp_duration(a + b));
   } else {
     return t + d;
+  }
+}
+
+/// When an entry used at `t` with idle TTL `ttl` expires: `at` = t + max(ttl, 0), computed
+/// without overflow, or `never` when `ttl` is the duration's maximum or the sum is past the
+/// time_point's range. A negative TTL is 0, so an entry is never expired before its last use
+/// (with a clock that went back, `now - t` would be negative).
+template <class TimePoint>
+struct PoolDeadline {
+  TimePoint at;
+  bool never;
+};
+
+/// The deadline of an entry used at `t` with `ttl` (see PoolDeadline). O(1).
+template <class TimePoint, class Duration>
+PoolDeadline<TimePoint> pool_deadline(TimePoint t, Duration ttl) noexcept {
+  if (ttl == Duration::max()) return {TimePoint::max(), true};
+  if (!(Duration::zero() < ttl)) return {t, false};
+  using rep = typename TimePoint::rep;
+  using tp_duration = typename TimePoint::duration;
+  if constexpr (std::is_integral_v<rep> && std::is_same_v<tp_duration, Duration>) {
+    const rep a = t.time_since_epoch().count();
+    const rep b = ttl.count();  // > 0
+    if (a > std::numeric_limits<rep>::max() - b) return {TimePoint::max(), true};
+    return {TimePoint(tp_duration(a + b)), false};
+  } else {
+    return {t + ttl, false};
   }
 }
 
@@ -128,7 +156,7 @@ class PoolRecency {
     const bool was_empty = k.head == nullptr;
     append(k, s);
     if (was_empty) {
-      heap_push(due_, Due{saturating_deadline(s->last_used, k.ttl), c});
+      heap_push(due_, key_of(s, k.ttl, c));
       heap_push(oldest_, Oldest{s->seq, c});
     }
   }
@@ -172,27 +200,35 @@ class PoolRecency {
     return !due_.empty() && !(now < due_[0].due);
   }
 
-  /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
-  /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
-  /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
-  /// is due, else O((expired + re-keyed) x log T).
+  /// Whether an entry used at `last_used` with `ttl` is expired at `now`: its deadline
+  /// (pool_deadline) is not "never" and not after `now`. O(1).
+  [[nodiscard]] static bool expired(time_point last_used, duration ttl, time_point now) noexcept {
+    const PoolDeadline<time_point> d = pool_deadline(last_used, ttl);
+    return !d.never && !(now < d.at);
+  }
+
+  /// Calls remove(s) for every listed entry expired at `now` (see expired()); remove must
+  /// unlink s. Within one call the order is by class keys, which may lag (not by exact expiry
+  /// time). Returns how many. O(1) when nothing is due, else O((expired + re-keyed) x log T).
   template <class Remove>
   std::size_t expire(time_point now, Remove&& remove) noexcept {
     std::size_t n = 0;
     while (!due_.empty() && !(now < due_[0].due)) {
       Due& top = due_[0];
+      // "Never" sorts after every real deadline, so a "never" key on top means that every
+      // class is "never" (at time_point::max(), the only time such a key is due).
+      if (top.never) break;
       const Class& k = classes_[top.cls];
       Slot* head = k.head;
-      if (now - head->last_used >= k.ttl) {
+      const Due exact = key_of(head, k.ttl, top.cls);
+      if (!exact.never && !(now < exact.due)) {
         remove(head);  // re-keys or drops the class through unlink
         ++n;
         continue;
       }
-      const time_point due = saturating_deadline(head->last_used, k.ttl);
-      // An exact key that is due but not expired: only a deadline clamped to the clock's
-      // maximum at time_point::max(). Nothing else can be due then either.
-      if (due == top.due) break;
-      top.due = due;  // only grew
+      // Not expired, so the key lagged behind the head (a key is exact once re-read): it only
+      // grows, and the loop ends.
+      top = exact;
       sift_down(due_, 0);
     }
     return n;
@@ -235,6 +271,9 @@ class PoolRecency {
       for (const Slot* s = k.head; s != nullptr; s = s->next) {
         require(!s->pinned && s->prev == prev, "list links");
         require(prev == nullptr || prev->seq < s->seq, "list order");
+        // The pool never stamps a time earlier than one it has already used, so a list in
+        // use order is also in time order: its head is the first of its class to expire.
+        require(prev == nullptr || !(s->last_used < prev->last_used), "list times");
         require(s->ttl_class == i, "list class");
         prev = s;
         ++listed;
@@ -243,7 +282,7 @@ class PoolRecency {
       if (k.head == nullptr) continue;
       ++non_empty;
       require(k.due_pos < due_.size() && due_[k.due_pos].cls == i, "expiry heap position");
-      require(!(saturating_deadline(k.head->last_used, k.ttl) < due_[k.due_pos].due),
+      require(!key_of(k.head, k.ttl, static_cast<std::uint32_t>(i)).before(due_[k.due_pos]),
               "expiry key later than the head's");
       require(k.oldest_pos < oldest_.size() && oldest_[k.oldest_pos].cls == i,
               "recency heap position");
@@ -279,7 +318,11 @@ class PoolRecency {
   struct Due {
     time_point due;  // no later than the head's expiry time
     std::uint32_t cls;
-    bool before(const Due& o) const noexcept { return due < o.due; }
+    bool never;  // the head never expires (then `due` is time_point::max())
+    // By time, and "never" after a real deadline at time_point::max().
+    bool before(const Due& o) const noexcept {
+      return due < o.due || (due == o.due && !never && o.never);
+    }
     static std::uint32_t& pos(Class& k) noexcept { return k.due_pos; }
   };
   struct Oldest {
@@ -288,6 +331,11 @@ class PoolRecency {
     bool before(const Oldest& o) const noexcept { return seq < o.seq; }
     static std::uint32_t& pos(Class& k) noexcept { return k.oldest_pos; }
   };
+
+  static Due key_of(const Slot* head, duration ttl, std::uint32_t c) noexcept {
+    const PoolDeadline<time_point> d = pool_deadline(head->last_used, ttl);
+    return Due{d.at, c, d.never};
+  }
 
   static void append(Class& k, Slot* s) noexcept {
     s->prev = k.tail;
