@@ -4906,7 +4906,8 @@ static_assert(PagedEvictionPolicy<Adaptive>);
 // entries are past their TTL (expiry).
 //
 // Entries that share a TTL form a class with an intrusive list in touch order (least recent
-// first): the head is the class's LRU entry and, the clock being monotonic, also the first of
+// first): the head is the class's LRU entry and, the pool's times being monotonic (it never
+// stamps a time earlier than one it used before), also the first of
 // the class to expire. Across classes, two small heaps over the classes with a non-empty
 // list answer the questions in O(1) when there is nothing to do, whatever the number of
 // classes T: one ordered by the head's touch order, one by the head's expiry time.
@@ -4951,6 +4952,33 @@ TimePoint saturating_deadline(TimePoint t, Duration d) noexcept {
     return TimePoint(tp_duration(a + b));
   } else {
     return t + d;
+  }
+}
+
+/// When an entry used at `t` with idle TTL `ttl` expires: `at` = t + max(ttl, 0), computed
+/// without overflow, or `never` when `ttl` is the duration's maximum or the sum is past the
+/// time_point's range. A negative TTL is 0, so an entry is never expired before its last use
+/// (with a clock that went back, `now - t` would be negative).
+template <class TimePoint>
+struct PoolDeadline {
+  TimePoint at;
+  bool never;
+};
+
+/// The deadline of an entry used at `t` with `ttl` (see PoolDeadline). O(1).
+template <class TimePoint, class Duration>
+PoolDeadline<TimePoint> pool_deadline(TimePoint t, Duration ttl) noexcept {
+  if (ttl == Duration::max()) return {TimePoint::max(), true};
+  if (!(Duration::zero() < ttl)) return {t, false};
+  using rep = typename TimePoint::rep;
+  using tp_duration = typename TimePoint::duration;
+  if constexpr (std::is_integral_v<rep> && std::is_same_v<tp_duration, Duration>) {
+    const rep a = t.time_since_epoch().count();
+    const rep b = ttl.count();  // > 0
+    if (a > std::numeric_limits<rep>::max() - b) return {TimePoint::max(), true};
+    return {TimePoint(tp_duration(a + b)), false};
+  } else {
+    return {t + ttl, false};
   }
 }
 
@@ -5027,7 +5055,7 @@ class PoolRecency {
     const bool was_empty = k.head == nullptr;
     append(k, s);
     if (was_empty) {
-      heap_push(due_, Due{saturating_deadline(s->last_used, k.ttl), c});
+      heap_push(due_, key_of(s, k.ttl, c));
       heap_push(oldest_, Oldest{s->seq, c});
     }
   }
@@ -5071,27 +5099,35 @@ class PoolRecency {
     return !due_.empty() && !(now < due_[0].due);
   }
 
-  /// Calls remove(s) for every listed entry idle for at least its TTL at `now`
-  /// (`now - s->last_used >= ttl`); remove must unlink s. Within one call the order is by
-  /// class keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing
-  /// is due, else O((expired + re-keyed) x log T).
+  /// Whether an entry used at `last_used` with `ttl` is expired at `now`: its deadline
+  /// (pool_deadline) is not "never" and not after `now`. O(1).
+  [[nodiscard]] static bool expired(time_point last_used, duration ttl, time_point now) noexcept {
+    const PoolDeadline<time_point> d = pool_deadline(last_used, ttl);
+    return !d.never && !(now < d.at);
+  }
+
+  /// Calls remove(s) for every listed entry expired at `now` (see expired()); remove must
+  /// unlink s. Within one call the order is by class keys, which may lag (not by exact expiry
+  /// time). Returns how many. O(1) when nothing is due, else O((expired + re-keyed) x log T).
   template <class Remove>
   std::size_t expire(time_point now, Remove&& remove) noexcept {
     std::size_t n = 0;
     while (!due_.empty() && !(now < due_[0].due)) {
       Due& top = due_[0];
+      // "Never" sorts after every real deadline, so a "never" key on top means that every
+      // class is "never" (at time_point::max(), the only time such a key is due).
+      if (top.never) break;
       const Class& k = classes_[top.cls];
       Slot* head = k.head;
-      if (now - head->last_used >= k.ttl) {
+      const Due exact = key_of(head, k.ttl, top.cls);
+      if (!exact.never && !(now < exact.due)) {
         remove(head);  // re-keys or drops the class through unlink
         ++n;
         continue;
       }
-      const time_point due = saturating_deadline(head->last_used, k.ttl);
-      // An exact key that is due but not expired: only a deadline clamped to the clock's
-      // maximum at time_point::max(). Nothing else can be due then either.
-      if (due == top.due) break;
-      top.due = due;  // only grew
+      // Not expired, so the key lagged behind the head (a key is exact once re-read): it only
+      // grows, and the loop ends.
+      top = exact;
       sift_down(due_, 0);
     }
     return n;
@@ -5134,6 +5170,9 @@ class PoolRecency {
       for (const Slot* s = k.head; s != nullptr; s = s->next) {
         require(!s->pinned && s->prev == prev, "list links");
         require(prev == nullptr || prev->seq < s->seq, "list order");
+        // The pool never stamps a time earlier than one it has already used, so a list in
+        // use order is also in time order: its head is the first of its class to expire.
+        require(prev == nullptr || !(s->last_used < prev->last_used), "list times");
         require(s->ttl_class == i, "list class");
         prev = s;
         ++listed;
@@ -5142,7 +5181,7 @@ class PoolRecency {
       if (k.head == nullptr) continue;
       ++non_empty;
       require(k.due_pos < due_.size() && due_[k.due_pos].cls == i, "expiry heap position");
-      require(!(saturating_deadline(k.head->last_used, k.ttl) < due_[k.due_pos].due),
+      require(!key_of(k.head, k.ttl, static_cast<std::uint32_t>(i)).before(due_[k.due_pos]),
               "expiry key later than the head's");
       require(k.oldest_pos < oldest_.size() && oldest_[k.oldest_pos].cls == i,
               "recency heap position");
@@ -5178,7 +5217,11 @@ class PoolRecency {
   struct Due {
     time_point due;  // no later than the head's expiry time
     std::uint32_t cls;
-    bool before(const Due& o) const noexcept { return due < o.due; }
+    bool never;  // the head never expires (then `due` is time_point::max())
+    // By time, and "never" after a real deadline at time_point::max().
+    bool before(const Due& o) const noexcept {
+      return due < o.due || (due == o.due && !never && o.never);
+    }
     static std::uint32_t& pos(Class& k) noexcept { return k.due_pos; }
   };
   struct Oldest {
@@ -5187,6 +5230,11 @@ class PoolRecency {
     bool before(const Oldest& o) const noexcept { return seq < o.seq; }
     static std::uint32_t& pos(Class& k) noexcept { return k.oldest_pos; }
   };
+
+  static Due key_of(const Slot* head, duration ttl, std::uint32_t c) noexcept {
+    const PoolDeadline<time_point> d = pool_deadline(head->last_used, ttl);
+    return Due{d.at, c, d.never};
+  }
 
   static void append(Class& k, Slot* s) noexcept {
     s->prev = k.tail;
@@ -6015,7 +6063,8 @@ class PoolChildMap {
     if (!slots_) return nullptr;
     // The mask from shift_ (capacity is 2^(64 - shift_)), so a lookup reads only the first
     // 12 bytes of the map, which the pool keeps on its node's first cache line.
-    const std::size_t mask = ~std::size_t{0} >> shift_;
+    // A 64-bit shift: shift_ may exceed the width of a 32-bit size_t.
+    const auto mask = static_cast<std::size_t>(~std::uint64_t{0} >> shift_);
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
@@ -6627,7 +6676,9 @@ class SynchronizedPromptCachePool;
 /// - `LayerCache`: the engine's per-layer state; copied never, moved only inside std::vector.
 /// - `Token`: token id type (any integral type but bool).
 /// - `Clock`: has `now()` and the std clock typedefs; used through an instance, so a
-///   ManualClock handle shared with a test drives TTLs. Must not go backwards.
+///   ManualClock handle shared with a test drives TTLs. Should not go backwards; if it does,
+///   the pool keeps using the latest reading it used until the clock passes it again (so
+///   entries only look younger: nothing expires early, and the structure stays consistent).
 /// - `CacheBytes`: size customization point for the byte budget: a default-constructible
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
@@ -6754,7 +6805,8 @@ class PromptCachePool {
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
-    const time_point now = clock_.now();
+    const time_point now = monotonic(clock_.now());
+    latest_ = now;
     // The expiry check is one comparison; the removal work is out of line, so that the hot
     // path of a lookup that expires nothing keeps its registers (and its code) small.
     if (recency_.due(now)) [[unlikely]]
@@ -6794,8 +6846,9 @@ class PromptCachePool {
   /// and max_bytes (the new entry too, if nothing else is evictable). TTL: an explicit
   /// InsertOptions::ttl wins (it describes the new state, so a server can shorten a TTL);
   /// without one, an update or extension keeps the TTL of the entry it replaces (a
-  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Expired
-  /// entries are not collected here (lookups and evict_expired do that). In
+  /// conversation keeps its TTL across turns), and a new entry gets Options::ttl. Only an
+  /// insert that leaves the pool over a budget collects expired entries (the new one too, if
+  /// its TTL is 0), before any LRU victim: otherwise lookups and evict_expired do. In
   /// common-prefix mode an extension also retires every other unpinned strict prefix of the
   /// new ids (counted as `superseded`): the new entry serves them all by trimming, so they
   /// would only hold budget. Strong exception guarantee: if anything throws, the pool is
@@ -6814,7 +6867,9 @@ class PromptCachePool {
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
   /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
-    const std::size_t n = expire(clock_.now());
+    const time_point now = monotonic(clock_.now());
+    latest_ = now;
+    const std::size_t n = expire(now);
     release_retired();
     return n;
   }
@@ -6848,37 +6903,44 @@ class PromptCachePool {
     release_retired();
   }
 
-  /// Pins the entry with exactly `ids`: exempt from LRU, byte and TTL eviction. O(|ids|).
-  /// Returns false if there is no such entry. Snapshots are not rewritten (Entry::pinned).
+  /// Evicts expired entries (as a lookup does), then pins the entry with exactly `ids`:
+  /// exempt from LRU, byte and TTL eviction. Returns false if there is no such entry (an
+  /// expired one is collected, never revived). Snapshots are not rewritten (Entry::pinned).
+  /// If the clock throws, nothing changed. O(|ids| + expired x log T), T = TTL lists.
   bool pin(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
+    latest_ = now;
+    if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
-    if (s == nullptr) return false;
-    if (!s->pinned) {
+    if (s != nullptr && !s->pinned) {
       recency_.unlink(s);
       s->pinned = true;
       ++stats_.pinned_entries;
     }
-    return true;
+    release_retired();
+    return s != nullptr;
   }
 
-  /// Unpins the entry with exactly `ids`; it counts as used now (most recent, fresh TTL),
-  /// then budgets are enforced. Returns false if there is no such entry. If the clock
-  /// throws, nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
+  /// Evicts expired entries (as a lookup does), then unpins the entry with exactly `ids`; it
+  /// counts as used now (most recent, fresh TTL), then budgets are enforced. Returns false if
+  /// there is no such entry (an expired unpinned one is collected first). If the clock throws,
+  /// nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
+    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
+    latest_ = now;
+    if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
-    if (s == nullptr) return false;
-    if (s->pinned) {
-      const time_point now = clock_.now();  // first: if the clock throws, nothing changed
+    if (s != nullptr && s->pinned) {
       s->pinned = false;
       --stats_.pinned_entries;
       s->last_used = now;
       s->seq = ++seq_;
       recency_.push_back(s);
       if (options_.match == MatchMode::common_prefix) Best::propagate(s->node);
-      enforce_budgets();
-      release_retired();
+      enforce_budgets(now);
     }
-    return true;
+    release_retired();
+    return s != nullptr;
   }
 
   /// Whether an entry with exactly `ids` exists and is pinned. O(|ids|).
@@ -6899,11 +6961,18 @@ class PromptCachePool {
   [[nodiscard]] std::size_t size() const noexcept { return stats_.entries; }
   /// Whether no entry is stored. O(1).
   [[nodiscard]] bool empty() const noexcept { return stats_.entries == 0; }
-  /// Sum of stored entry sizes per CacheBytes. O(1).
-  [[nodiscard]] std::size_t bytes() const noexcept { return stats_.bytes; }
+  /// Sum of stored entry sizes per CacheBytes, saturating at SIZE_MAX (the pool keeps the
+  /// exact sum, so a sum past SIZE_MAX is still evicted exactly down to max_bytes). O(1).
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return bytes_carry_ != 0 ? SIZE_MAX : stats_.bytes;
+  }
 
-  /// Counters and gauges. O(1).
-  [[nodiscard]] PoolStats stats() const noexcept { return stats_; }
+  /// Counters and gauges (PoolStats::bytes as bytes()). O(1).
+  [[nodiscard]] PoolStats stats() const noexcept {
+    PoolStats s = stats_;
+    s.bytes = bytes();
+    return s;
+  }
   /// Zeroes the counters (gauges keep their values). O(1).
   void reset_stats() noexcept {
     PoolStats fresh;
@@ -6950,7 +7019,7 @@ class PromptCachePool {
   /// gauges); throws std::logic_error describing the first violation. For tests: O(nodes x
   /// subtree size + entries x length) (each label's owner is searched for in its subtree).
   void check_invariants() const {
-    std::size_t entries = 0, pinned = 0, bytes = 0;
+    std::size_t entries = 0, pinned = 0, bytes = 0, bytes_carry = 0;
     std::vector<std::size_t> members(recency_.class_count(), 0);
     const bool common = options_.match == MatchMode::common_prefix;
     for (const auto& kv : roots_) {
@@ -6960,6 +7029,8 @@ class PromptCachePool {
       Tree::check(root, common, require, [&](const Slot* s) {
         ++entries;
         bytes += s->bytes;
+        if (bytes < s->bytes) ++bytes_carry;
+        require(s->len == s->entry->ids.size(), "slot length");
         require(s->ns == nsv, "slot back link");
         require(s->ttl_class < members.size(), "ttl class index");
         ++members[s->ttl_class];
@@ -6971,7 +7042,7 @@ class PromptCachePool {
     const std::size_t listed = recency_.check(options_.ttl, members, require);
     require(entries == stats_.entries && pinned == stats_.pinned_entries, "entry gauges");
     require(listed == entries - pinned, "listed entries");
-    require(bytes == stats_.bytes, "byte gauge");
+    require(bytes == stats_.bytes && bytes_carry == bytes_carry_, "byte gauge");
     require(retired_.empty(), "retired list");
   }
 
@@ -7029,17 +7100,41 @@ class PromptCachePool {
 
   [[gnu::noinline, gnu::cold]] void expire_out_of_line(time_point now) noexcept { expire(now); }
 
-  void enforce_budgets() noexcept {
+  // The clock reading to use: never earlier than one the pool already used, so that a clock
+  // that goes back only makes entries look younger (nothing expires early, and every recency
+  // list stays in time order). The caller stores it in latest_ once it cannot fail any more.
+  time_point monotonic(time_point t) const noexcept { return t < latest_ ? latest_ : t; }
+
+  bool over_bytes() const noexcept {
+    return options_.max_bytes != 0 && (bytes_carry_ != 0 || stats_.bytes > options_.max_bytes);
+  }
+
+  // Over a budget, expired entries go first (they are dead weight; evicting a live LRU entry
+  // instead would keep them), then the least recently used ones.
+  void enforce_budgets(time_point now) noexcept {
+    if (stats_.entries <= options_.max_entries && !over_bytes()) return;
+    if (recency_.due(now)) expire(now);
     while (stats_.entries > options_.max_entries) {
       Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::lru);
     }
-    while (options_.max_bytes != 0 && stats_.bytes > options_.max_bytes) {
+    while (over_bytes()) {
       Slot* v = recency_.lru_victim();
       if (v == nullptr) break;
       remove_slot(v, Reason::bytes);
     }
+  }
+
+  // The byte total is kept exact past SIZE_MAX: stats_.bytes is its low word and
+  // bytes_carry_ counts the wraps (pinned entries, or an unlimited budget, can hold more).
+  void add_bytes(std::size_t b) noexcept {
+    stats_.bytes += b;
+    if (stats_.bytes < b) ++bytes_carry_;
+  }
+  void sub_bytes(std::size_t b) noexcept {
+    if (stats_.bytes < b) --bytes_carry_;
+    stats_.bytes -= b;
   }
 
   // ---- removal --------------------------------------------------------------------------
@@ -7090,7 +7185,7 @@ class PromptCachePool {
       recency_.unlink(s);
     }
     --stats_.entries;
-    stats_.bytes -= s->bytes;
+    sub_bytes(s->bytes);
     recency_.leave(s);
     count_removal(why);
   }
@@ -7125,7 +7220,7 @@ class PromptCachePool {
   // Links a record built by make_record. Publishing moves `slot` into the tree; if the entry
   // is rejected or anything throws, `slot` is left with the caller, who releases it.
   InsertResult insert_prepared(SlotPtr& slot, std::size_t bytes, const InsertOptions& o) {
-    const time_point now = clock_.now();
+    const time_point now = monotonic(clock_.now());
     const std::vector<Token>& ids = slot->entry->ids;
     const std::size_t n = ids.size();
     if (n == 0) {
@@ -7197,6 +7292,7 @@ class PromptCachePool {
     }
 
     // Phase 2: link; nothing below throws.
+    latest_ = now;
     Slot* s = slot.get();
     const Entry* e = s->entry.get();
     // Not yet published, and the Entry object itself is not const (see make_record).
@@ -7220,7 +7316,7 @@ class PromptCachePool {
         recency_.unlink(replaced.get());
       }
       --stats_.entries;
-      stats_.bytes -= replaced->bytes;
+      sub_bytes(replaced->bytes);
       recency_.leave(replaced.get());
     }
     target->slot = std::move(slot);
@@ -7231,7 +7327,7 @@ class PromptCachePool {
       recency_.push_back(s);
     }
     ++stats_.entries;
-    stats_.bytes += bytes;
+    add_bytes(bytes);
     if (exact != nullptr) {
       Tree::relabel(target, replaced->entry.get(), e);
       retired_.push(std::move(replaced));
@@ -7265,7 +7361,7 @@ class PromptCachePool {
     } else {
       ++stats_.inserted;
     }
-    enforce_budgets();
+    enforce_budgets(now);
     return result;
   }
 
@@ -7277,6 +7373,8 @@ class PromptCachePool {
   std::unordered_map<namespace_id, std::unique_ptr<Node>> roots_;
   Node* root0_ = nullptr;  // roots_[0], cached: the default namespace skips the hash lookup
   Recency recency_;
+  time_point latest_ = time_point::min();  // the latest clock reading used (see monotonic)
+  std::size_t bytes_carry_ = 0;            // times the byte total passed SIZE_MAX
   std::uint64_t seq_ = 0;
   Retired retired_;
   bool defer_release_ = false;
