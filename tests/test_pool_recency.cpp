@@ -174,29 +174,52 @@ TEST_CASE("pool recency: a vacant class takes the next new TTL") {
   CHECK(r.prepare(Dur(5)) == 3U);
 }
 
-TEST_CASE("pool recency: deadlines clamp at the time_point's limits") {
-  using promptcache::detail::saturating_deadline;
+TEST_CASE("pool recency: deadlines at the time_point's limits") {
+  using promptcache::detail::pool_deadline;
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  auto at = [](TimePoint t, Dur ttl) { return pool_deadline(t, ttl).at; };
+  auto never = [](TimePoint t, Dur ttl) { return pool_deadline(t, ttl).never; };
   const TimePoint zero{};
-  CHECK(saturating_deadline(zero, Dur(5)) == TimePoint(Dur(5)));
-  CHECK(saturating_deadline(zero, Dur(-5)) == TimePoint(Dur(-5)));
-  CHECK(saturating_deadline(TimePoint(Dur(10)), Dur::max()) == TimePoint::max());
-  CHECK(saturating_deadline(TimePoint(Dur(-10)), Dur::min()) == TimePoint::min());
-  CHECK(saturating_deadline(TimePoint(Dur(-10)), Dur::max()) ==
-        TimePoint(Dur(std::numeric_limits<std::int64_t>::max() - 10)));
+  CHECK(at(zero, Dur(5)) == TimePoint(Dur(5)));
+  CHECK(at(zero, Dur(-5)) == zero);  // a negative TTL is 0: never before the last use
+  CHECK(at(TimePoint(Dur(-10)), Dur::min()) == TimePoint(Dur(-10)));
+  CHECK_FALSE(never(zero, Dur(-5)));
+  // The duration's maximum is "never", wherever the entry was used.
+  CHECK(never(TimePoint(Dur(-10)), Dur::max()));
+  CHECK(never(TimePoint::min(), Dur::max()));
+  // Past the time_point's range: "never"; exactly at its end: a real deadline.
+  CHECK(never(TimePoint(Dur(10)), Dur(kMax - 9)));
+  CHECK_FALSE(never(TimePoint(Dur(10)), Dur(kMax - 10)));
+  CHECK(at(TimePoint(Dur(10)), Dur(kMax - 10)) == TimePoint::max());
+  CHECK_FALSE(never(TimePoint(Dur(-10)), Dur(kMax - 1)));
+  CHECK(at(TimePoint(Dur(-10)), Dur(kMax - 1)) == TimePoint(Dur(kMax - 11)));
 }
 
-TEST_CASE("pool recency: an entry with the largest TTL expires only when its idle time says so") {
+TEST_CASE("pool recency: an entry with the largest TTL never expires, even at the clock's end") {
   Recency r(Dur(100));
-  FakeSlot s;
+  FakeSlot s, t;
   r.join(&s, r.prepare(Dur::max()));
   s.last_used = TimePoint(Dur(0));
+  s.seq = 1;
   r.push_back(&s);
   auto none = [](FakeSlot*) { FAIL("nothing may expire"); };
   CHECK(r.expire(TimePoint::max() - Dur(1), none) == 0);
-  // At the clock's very end the clamped deadline equals `now`, but the idle time is one unit
-  // short of the TTL: still not expired, and the loop stops.
-  s.last_used = TimePoint(Dur(1));
+  // Idle for exactly the TTL at time_point::max(): still "never".
   CHECK(r.expire(TimePoint::max(), none) == 0);
+  // A due entry whose key ties with the "never" one at time_point::max() is still found.
+  r.join(&t, r.prepare(Dur(10)));
+  t.last_used = TimePoint::max() - Dur(10);
+  t.seq = 2;
+  r.push_back(&t);
+  std::vector<FakeSlot*> got;
+  CHECK(r.expire(TimePoint::max(), [&](FakeSlot* x) {
+    got.push_back(x);
+    r.unlink(x);
+    r.leave(x);
+  }) == 1);
+  CHECK(got == std::vector<FakeSlot*>{&t});
+  std::vector<std::size_t> members{0, 1, 0};
+  CHECK(r.check(Dur(100), members, require) == 1);
 }
 
 TEST_CASE("pool recency: prepare() either succeeds or changes nothing") {
