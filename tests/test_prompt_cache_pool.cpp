@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -760,3 +761,9 @@ TEST_CASE("bad input: after the clock goes back, the pool keeps its latest time 
   CHECK(pool.empty());
   pool.check_invariants();
 }
+
+// A pool is neither copied nor moved (hold it by unique_ptr to move it): a moved-from pool
+// would need its gauges, cached root and recency state reset by hand to be valid and empty.
+// Making it movable must come with that state, documented and tested.
+static_assert(!std::is_copy_constructible_v<Pool> && !std::is_copy_assignable_v<Pool>);
+static_assert(!std::is_move_constructible_v<Pool> && !std::is_move_assignable_v<Pool>);

@@ -14,6 +14,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,10 @@ std::uint64_t digest(const Ids& ids) {
 using Pool =
     promptcache::SynchronizedPromptCachePool<Layer, std::uint32_t, ManualClock, LayerBytes>;
 using R = Pool::InsertResult;
+
+// Neither copied nor moved (it owns a mutex and a pool that cannot move).
+static_assert(!std::is_copy_constructible_v<Pool> && !std::is_copy_assignable_v<Pool>);
+static_assert(!std::is_move_constructible_v<Pool> && !std::is_move_assignable_v<Pool>);
 
 std::vector<Layer> payload(const Ids& ids, std::size_t bytes) {
   return {Layer{digest(ids), bytes, std::make_shared<int>(1)}};
