@@ -4938,23 +4938,6 @@ static_assert(PagedEvictionPolicy<Adaptive>);
 
 namespace promptcache::detail {
 
-/// `t + d`, clamped to the time_point's range instead of overflowing (a TTL of the duration's
-/// maximum means "never", and a negative one "already").
-template <class TimePoint, class Duration>
-TimePoint saturating_deadline(TimePoint t, Duration d) noexcept {
-  using rep = typename TimePoint::rep;
-  using tp_duration = typename TimePoint::duration;
-  if constexpr (std::is_integral_v<rep> && std::is_same_v<tp_duration, Duration>) {
-    const rep a = t.time_since_epoch().count();
-    const rep b = d.count();
-    if (b > 0 && a > std::numeric_limits<rep>::max() - b) return TimePoint::max();
-    if (b < 0 && a < std::numeric_limits<rep>::min() - b) return TimePoint::min();
-    return TimePoint(tp_duration(a + b));
-  } else {
-    return t + d;
-  }
-}
-
 /// When an entry used at `t` with idle TTL `ttl` expires: `at` = t + max(ttl, 0), computed
 /// without overflow, or `never` when `ttl` is the duration's maximum or the sum is past the
 /// time_point's range. A negative TTL is 0, so an entry is never expired before its last use
