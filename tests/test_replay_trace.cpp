@@ -83,6 +83,13 @@ TEST_CASE("replay trace: every malformed line is reported with its number", "[re
       {"{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": "
        "[1073741824]}",
        "exceeds 1073741823"},
+      // ceil(input_length / 4) near SIZE_MAX: the count must not wrap to 0 blocks.
+      {"{\"timestamp\": 0, \"input_length\": 18446744073709551615, \"output_length\": 0, "
+       "\"hash_ids\": []}",
+       "needs 4611686018427387904 blocks"},
+      {"{\"timestamp\": 0, \"input_length\": 18446744073709551613, \"output_length\": 0, "
+       "\"hash_ids\": []}",
+       "needs 4611686018427387904 blocks"},
   };
   for (const auto& [line, message] : cases) {
     INFO(line);
@@ -100,6 +107,14 @@ TEST_CASE("replay trace: every malformed line is reported with its number", "[re
     CHECK(s.requests.size() == 1);
     CHECK(s.lines == 2);
   }
+  // The same at the default block size: one error, the line skipped.
+  const rp::Trace t = parse(
+      "{\"timestamp\":0,\"input_length\":18446744073709551615,\"output_length\":0,"
+      "\"hash_ids\":[]}\n",
+      512);
+  REQUIRE(t.errors.size() == 1);
+  CHECK(t.errors[0].message.find("needs 36028797018963968 blocks") != std::string::npos);
+  CHECK(t.requests.empty());
 }
 
 TEST_CASE("replay trace: block size 0, empty input, empty prompts", "[replay]") {
@@ -107,6 +122,17 @@ TEST_CASE("replay trace: block size 0, empty input, empty prompts", "[replay]") 
   REQUIRE(z.errors.size() == 1);
   CHECK(z.errors[0].line == 0);
   CHECK(z.requests.empty());
+  const rp::Trace big = parse("{}\n", rp::max_block_size + 1);
+  REQUIRE(big.errors.size() == 1);
+  CHECK(big.errors[0].line == 0);
+  CHECK(big.requests.empty());
+  // The largest block size: one id (0), whose 2^32 tokens fit in 32 bits.
+  const rp::Trace top = parse(
+      "{\"timestamp\": 0, \"input_length\": 4294967296, \"output_length\": 1, "
+      "\"hash_ids\": [0]}\n",
+      rp::max_block_size);
+  CHECK(top.errors.empty());
+  CHECK(top.prompt_tokens() == 4294967296ULL);
 
   const rp::Trace e = parse("");
   CHECK(e.requests.empty());

@@ -302,7 +302,7 @@ template <class Cache, class MakeCache>
       locals[i] = hashes.local[r.nodes[i]];
       seqs[i] = hashes.sequence[r.nodes[i]];
     }
-    const std::size_t blocks = (r.input_length + t.block_size - 1) / t.block_size;
+    const std::size_t blocks = r.hash_ids.size();
 
     std::size_t target = 0;
     switch (policy) {
