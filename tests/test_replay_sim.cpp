@@ -126,6 +126,11 @@ TEST_CASE("replay sim: the paged prefix cache stores whole pages only", "[replay
   // MRU: with room for 2 pages, A stores 1, 2; B hits 1 and evicts the most recent unlocked
   // leaf (2) for 3; C hits 1 only.
   CHECK(rp::run_paged(t, 8, promptcache::eviction::Mru{}).hit_tokens == 8);
+  // Page ids are 32-bit: a larger pool is refused before anything is allocated.
+  using Engine = rp::PagedEngine<promptcache::eviction::Lru>;
+  CHECK_THROWS_AS(Engine(4, rp::max_pages + 1), std::invalid_argument);
+  CHECK_THROWS_AS(rp::run_paged(t, 4 * (rp::max_pages + 1), promptcache::eviction::Lru{}),
+                  std::invalid_argument);
 }
 
 TEST_CASE("replay sim: the sweep runs every structure and times it", "[replay]") {

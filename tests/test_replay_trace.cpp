@@ -191,6 +191,48 @@ TEST_CASE("replay options: token counts, lists and bad flags", "[replay]") {
     CHECK_THROWS_AS(rp::parse_options(static_cast<int>(args.size()), args.data()),
                     std::invalid_argument);
   }
+  // Names and sizes are checked while parsing, before any work: the message
+  // names the flag and the item.
+  const std::vector<std::pair<std::vector<const char*>, std::string>> unknown{
+      {{"replay", "--worker-cache", "paged:foo"}, "--worker-cache: unknown cache 'paged:foo'"},
+      {{"replay", "--worker-cache", "block:adaptive"}, "unknown cache 'block:adaptive'"},
+      {{"replay", "--structures", "block,paged:lur"},
+       "--structures: unknown structure 'paged:lur'"},
+      {{"replay", "--structures", "blocks"}, "unknown structure 'blocks'"},
+      {{"replay", "--structures", "belady:lru"}, "unknown structure 'belady:lru'"},
+      {{"replay", "--block-size", "1", "--capacities", "4294967297"},
+       "--capacities: 4294967297 tokens is more than 4294967296 pages"},
+      {{"replay", "--block-size", "1", "--worker-capacity", "4294967297"},
+       "--worker-capacity: 4294967297 tokens is more than 4294967296 pages"},
+  };
+  for (const auto& [args, message] : unknown) {
+    INFO(args.back());
+    try {
+      (void)rp::parse_options(static_cast<int>(args.size()), args.data());
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(message) != std::string::npos);
+    }
+  }
+  // What needs no paged cache may be larger; exactly max_pages pages is fine.
+  const std::vector<std::vector<const char*>> fine{
+      {"replay", "--structures", "belady,block:adaptive,paged:filo,pool-common", "--worker-cache",
+       "block:lru"},
+      {"replay", "--block-size", "1", "--capacities", "4294967296", "--worker-capacity",
+       "4294967296"},
+      {"replay", "--block-size", "1", "--capacities", "5000G", "--structures", "block,belady",
+       "--no-cluster"},
+      {"replay", "--block-size", "1", "--capacities", "5000G", "--no-sweep", "--worker-cache",
+       "block:lru", "--worker-capacity", "5000G"},
+  };
+  for (const auto& args : fine) {
+    INFO(args[2]);
+    CHECK_NOTHROW(rp::parse_options(static_cast<int>(args.size()), args.data()));
+  }
+  CHECK(rp::structure_names().front() == "belady");
+  CHECK(rp::structure_names().back() == "paged:adaptive");
+  CHECK(rp::structure_names().size() == 5 + rp::all_structures().size());
+
   CHECK(rp::selected({}, "block", "lru"));
   CHECK(rp::selected({"block"}, "block", "lru"));
   CHECK(rp::selected({"block:lru"}, "block", "lru"));

@@ -5,6 +5,7 @@
 
 #include "adaptive_policy.hpp"
 #include "block_sim.hpp"
+#include "paged.hpp"
 #include "trace.hpp"
 
 #include <promptcache/manual_clock.hpp>
@@ -102,6 +103,18 @@ struct SweepRow {
   s.push_back({"pool-common", "lru", [](const Trace& t, std::size_t cap) {
                  return run_pool(t, cap, MatchMode::common_prefix);
                }});
+  return s;
+}
+
+/// Every structure of the default sweep, in output order: the basic ones,
+/// then the paged prefix cache under each of its policies.
+[[nodiscard]] inline std::vector<SweepStructure> all_structures() {
+  std::vector<SweepStructure> s = basic_structures();
+  for_each_paged_policy([&](const char* name, auto make) {
+    s.push_back({"paged", name, [make](const Trace& t, std::size_t cap) {
+                   return run_paged(t, cap, make(cap / t.block_size));
+                 }});
+  });
   return s;
 }
 
