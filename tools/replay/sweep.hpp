@@ -87,8 +87,9 @@ struct SweepRow {
 /// prompt cache pool in both match modes.
 [[nodiscard]] inline std::vector<SweepStructure> basic_structures() {
   std::vector<SweepStructure> s;
-  s.push_back({"belady", "optimal",
-               [](const Trace& t, std::size_t cap) { return run_belady(t, cap / t.block_size); }});
+  s.push_back({"belady", "optimal", [](const Trace& t, std::size_t cap) {
+                 return run_optimum_bound(t, cap / t.block_size);
+               }});
   s.push_back({"block", "lru", [](const Trace& t, std::size_t cap) {
                  LruPolicy p(t, cap / t.block_size);
                  return run_leaf_cache(t, cap / t.block_size, p);
