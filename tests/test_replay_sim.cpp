@@ -3,6 +3,7 @@
 // the prompt cache pool in both match modes.
 #include "replay.hpp"
 
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -126,6 +127,11 @@ TEST_CASE("replay sim: the paged prefix cache stores whole pages only", "[replay
   // MRU: with room for 2 pages, A stores 1, 2; B hits 1 and evicts the most recent unlocked
   // leaf (2) for 3; C hits 1 only.
   CHECK(rp::run_paged(t, 8, promptcache::eviction::Mru{}).hit_tokens == 8);
+  // Page ids are 32-bit: a larger pool is refused before anything is allocated.
+  using Engine = rp::PagedEngine<promptcache::eviction::Lru>;
+  CHECK_THROWS_AS(Engine(4, rp::max_pages + 1), std::invalid_argument);
+  CHECK_THROWS_AS(rp::run_paged(t, 4 * (rp::max_pages + 1), promptcache::eviction::Lru{}),
+                  std::invalid_argument);
 }
 
 TEST_CASE("replay sim: the sweep runs every structure and times it", "[replay]") {
@@ -135,7 +141,62 @@ TEST_CASE("replay sim: the sweep runs every structure and times it", "[replay]")
     const rp::SweepRow row = rp::run_structure(s, t, 8);
     CHECK(row.run.requests == 3);
     CHECK(row.run.prompt_tokens == 24);
-    CHECK(row.run.hit_tokens <= rp::run_belady(t, 2).hit_tokens);
+    if (s.structure != "pool-exact" && s.structure != "pool-common")
+      CHECK(row.run.hit_tokens <= rp::run_optimum_bound(t, 2).hit_tokens);
     CHECK(row.run.seconds >= 0.0);
+  }
+}
+
+TEST_CASE("replay sim: the optimum bound holds for caches that skip partial blocks", "[replay]") {
+  // One slot. [1] is a full block used at 0 and 3; [2] a 1-token partial block
+  // used at 1 and 2. Belady's block schedule keeps [2] (used sooner) and
+  // serves 1 token; a cache that never stores partial blocks keeps [1] and
+  // serves 4. The bound counts both parts: 4 + 1.
+  const rp::Trace t = make({{4, {1}}, {1, {2}}, {1, {2}}, {4, {1}}});
+  CHECK(rp::run_belady(t, 1).hit_tokens == 1);
+  const rp::CacheRun b = rp::run_optimum_bound(t, 1);
+  CHECK(b.hit_tokens == 5);
+  CHECK(b.prompt_tokens == 10);
+  CHECK(b.requests == 4);
+  for (const rp::SweepStructure& s : rp::all_structures()) {
+    INFO(s.structure << ":" << s.policy);
+    if (s.structure == "belady") CHECK(s.run(t, 4).hit_tokens == 5);
+    if (s.structure == "paged" || (s.structure == "block" && s.policy == "adaptive"))
+      CHECK(s.run(t, 4).hit_tokens == 4);
+  }
+  // No partial block repeats: the bound is Belady's full-block optimum.
+  const rp::Trace f = make({{8, {1, 2}}, {8, {1, 3}}, {8, {1, 2}}});
+  CHECK(rp::run_optimum_bound(f, 2).hit_tokens == 12);
+  CHECK(rp::run_optimum_bound(f, 1).hit_tokens == 8);
+  CHECK(rp::run_optimum_bound(f, 0).hit_tokens == 0);
+}
+
+TEST_CASE("replay sim: no block or paged cache beats the optimum bound", "[replay]") {
+  // Random traces with shared prefixes, repeated prompts and partial final
+  // blocks (some repeated), at every capacity from 0 to past the whole trace.
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::vector<std::pair<std::size_t, std::vector<int>>> reqs;
+    const auto n = static_cast<int>(4 + rng() % 16);
+    for (int k = 0; k < n; ++k) {
+      std::vector<int> ids;
+      const auto blocks = static_cast<std::size_t>(1 + rng() % 3);
+      for (std::size_t b = 0; b < blocks; ++b)
+        ids.push_back(static_cast<int>(b * 10 + rng() % 3));
+      // Half the prompts end in a partial block of 1-3 tokens.
+      const std::size_t len = 4 * blocks - (rng() % 2 == 0 ? 0 : 1 + rng() % 3);
+      reqs.emplace_back(len, ids);
+    }
+    const rp::Trace t = make(reqs);
+    for (std::size_t slots = 0; slots <= 8; ++slots) {
+      const std::size_t bound = rp::run_optimum_bound(t, slots).hit_tokens;
+      INFO("trial " << trial << ", " << slots << " slots");
+      CHECK(rp::run_belady(t, slots).hit_tokens <= bound);
+      for (const rp::SweepStructure& s : rp::all_structures()) {
+        if (s.structure == "pool-exact" || s.structure == "pool-common") continue;
+        INFO(s.structure << ":" << s.policy);
+        CHECK(s.run(t, slots * 4).hit_tokens <= bound);
+      }
+    }
   }
 }

@@ -83,6 +83,13 @@ TEST_CASE("replay trace: every malformed line is reported with its number", "[re
       {"{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": "
        "[1073741824]}",
        "exceeds 1073741823"},
+      // ceil(input_length / 4) near SIZE_MAX: the count must not wrap to 0 blocks.
+      {"{\"timestamp\": 0, \"input_length\": 18446744073709551615, \"output_length\": 0, "
+       "\"hash_ids\": []}",
+       "needs 4611686018427387904 blocks"},
+      {"{\"timestamp\": 0, \"input_length\": 18446744073709551613, \"output_length\": 0, "
+       "\"hash_ids\": []}",
+       "needs 4611686018427387904 blocks"},
   };
   for (const auto& [line, message] : cases) {
     INFO(line);
@@ -100,6 +107,14 @@ TEST_CASE("replay trace: every malformed line is reported with its number", "[re
     CHECK(s.requests.size() == 1);
     CHECK(s.lines == 2);
   }
+  // The same at the default block size: one error, the line skipped.
+  const rp::Trace t = parse(
+      "{\"timestamp\":0,\"input_length\":18446744073709551615,\"output_length\":0,"
+      "\"hash_ids\":[]}\n",
+      512);
+  REQUIRE(t.errors.size() == 1);
+  CHECK(t.errors[0].message.find("needs 36028797018963968 blocks") != std::string::npos);
+  CHECK(t.requests.empty());
 }
 
 TEST_CASE("replay trace: block size 0, empty input, empty prompts", "[replay]") {
@@ -107,6 +122,17 @@ TEST_CASE("replay trace: block size 0, empty input, empty prompts", "[replay]") 
   REQUIRE(z.errors.size() == 1);
   CHECK(z.errors[0].line == 0);
   CHECK(z.requests.empty());
+  const rp::Trace big = parse("{}\n", rp::max_block_size + 1);
+  REQUIRE(big.errors.size() == 1);
+  CHECK(big.errors[0].line == 0);
+  CHECK(big.requests.empty());
+  // The largest block size: one id (0), whose 2^32 tokens fit in 32 bits.
+  const rp::Trace top = parse(
+      "{\"timestamp\": 0, \"input_length\": 4294967296, \"output_length\": 1, "
+      "\"hash_ids\": [0]}\n",
+      rp::max_block_size);
+  CHECK(top.errors.empty());
+  CHECK(top.prompt_tokens() == 4294967296ULL);
 
   const rp::Trace e = parse("");
   CHECK(e.requests.empty());
@@ -165,6 +191,48 @@ TEST_CASE("replay options: token counts, lists and bad flags", "[replay]") {
     CHECK_THROWS_AS(rp::parse_options(static_cast<int>(args.size()), args.data()),
                     std::invalid_argument);
   }
+  // Names and sizes are checked while parsing, before any work: the message
+  // names the flag and the item.
+  const std::vector<std::pair<std::vector<const char*>, std::string>> unknown{
+      {{"replay", "--worker-cache", "paged:foo"}, "--worker-cache: unknown cache 'paged:foo'"},
+      {{"replay", "--worker-cache", "block:adaptive"}, "unknown cache 'block:adaptive'"},
+      {{"replay", "--structures", "block,paged:lur"},
+       "--structures: unknown structure 'paged:lur'"},
+      {{"replay", "--structures", "blocks"}, "unknown structure 'blocks'"},
+      {{"replay", "--structures", "belady:lru"}, "unknown structure 'belady:lru'"},
+      {{"replay", "--block-size", "1", "--capacities", "4294967297"},
+       "--capacities: 4294967297 tokens is more than 4294967296 pages"},
+      {{"replay", "--block-size", "1", "--worker-capacity", "4294967297"},
+       "--worker-capacity: 4294967297 tokens is more than 4294967296 pages"},
+  };
+  for (const auto& [args, message] : unknown) {
+    INFO(args.back());
+    try {
+      (void)rp::parse_options(static_cast<int>(args.size()), args.data());
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(message) != std::string::npos);
+    }
+  }
+  // What needs no paged cache may be larger; exactly max_pages pages is fine.
+  const std::vector<std::vector<const char*>> fine{
+      {"replay", "--structures", "belady,block:adaptive,paged:filo,pool-common", "--worker-cache",
+       "block:lru"},
+      {"replay", "--block-size", "1", "--capacities", "4294967296", "--worker-capacity",
+       "4294967296"},
+      {"replay", "--block-size", "1", "--capacities", "5000G", "--structures", "block,belady",
+       "--no-cluster"},
+      {"replay", "--block-size", "1", "--capacities", "5000G", "--no-sweep", "--worker-cache",
+       "block:lru", "--worker-capacity", "5000G"},
+  };
+  for (const auto& args : fine) {
+    INFO(args[2]);
+    CHECK_NOTHROW(rp::parse_options(static_cast<int>(args.size()), args.data()));
+  }
+  CHECK(rp::structure_names().front() == "belady");
+  CHECK(rp::structure_names().back() == "paged:adaptive");
+  CHECK(rp::structure_names().size() == 5 + rp::all_structures().size());
+
   CHECK(rp::selected({}, "block", "lru"));
   CHECK(rp::selected({"block"}, "block", "lru"));
   CHECK(rp::selected({"block:lru"}, "block", "lru"));

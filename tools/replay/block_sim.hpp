@@ -13,9 +13,11 @@
 
 #include "trace.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <functional>
 #include <queue>
 #include <string>
 #include <vector>
@@ -209,13 +211,15 @@ template <class Policy>
   return run;
 }
 
-/// Belady's offline optimum for a block cache of `capacity_blocks` slots:
-/// every request's blocks are cached, and while over capacity the block whose
-/// next use is farthest in the future (never: farthest of all) is dropped,
-/// the deeper one first on ties. A parent is used whenever its child is, so
-/// its next use is never later than its child's and the cached set stays
-/// prefix-closed: the bound holds for the leaf-only caches too. The hits it
-/// counts are the leading cached blocks of each request, as in run_leaf_cache.
+/// Belady's schedule for a block cache of `capacity_blocks` slots: every
+/// request's blocks are cached, and while over capacity the block whose next
+/// use is farthest in the future (never: farthest of all) is dropped, the
+/// deeper one first on ties. A parent is used whenever its child is, so its
+/// next use is never later than its child's and the cached set stays
+/// prefix-closed. The hits it counts are the leading cached blocks of each
+/// request, as in run_leaf_cache. It maximizes block hits, not tokens: a cache
+/// that spends no slot on final partial blocks can serve more tokens (see
+/// run_optimum_bound for a bound on every block cache).
 [[nodiscard]] inline CacheRun run_belady(const Trace& t, std::size_t capacity_blocks) {
   CacheRun run;
   const std::size_t never = t.requests.size();
@@ -273,6 +277,113 @@ template <class Policy>
       heap.swap(fresh);
     }
   }
+  return run;
+}
+
+namespace detail {
+
+// The most hits any cache of `capacity` slots can score on the accesses that
+// `counted(r, i)` selects (block i of request r), calling on_hit(r, i) for
+// each. A cache holds a block through a gap between two uses only if it held
+// it since the first of them, so the hits are gaps it kept: gaps ending at a
+// counted use are worth one, the others nothing. Keeping the most
+// unit-value gaps with at most `capacity` held at a time is interval
+// scheduling on `capacity` tracks, which this solves exactly by dropping the
+// gap that ends last (Belady's rule over the gaps worth keeping).
+template <class Counted, class OnHit>
+void optimal_gaps(const Trace& t, std::size_t capacity, Counted counted, OnHit on_hit) {
+  const auto never = static_cast<std::uint32_t>(t.requests.size());
+  // keep[k][i]: end of the gap after block i of request k, if worth keeping.
+  std::vector<std::vector<std::uint32_t>> keep(t.requests.size());
+  std::vector<std::uint32_t> upcoming(t.node_count(), never);
+  std::vector<std::uint8_t> upcoming_counted(t.node_count(), 0);
+  for (std::size_t k = t.requests.size(); k-- > 0;) {
+    const Request& r = t.requests[k];
+    keep[k].resize(r.nodes.size());
+    for (std::size_t i = 0; i < r.nodes.size(); ++i) {
+      const std::uint32_t n = r.nodes[i];
+      keep[k][i] = upcoming_counted[n] != 0 ? upcoming[n] : never;
+      upcoming[n] = static_cast<std::uint32_t>(k);
+      upcoming_counted[n] = counted(r, i) ? 1 : 0;
+    }
+  }
+  struct Item {
+    std::uint32_t end, node;
+    bool operator<(const Item& o) const { return end < o.end; }
+  };
+  std::priority_queue<Item> heap;                                // the gap that ends last on top
+  std::vector<std::uint32_t> held_until(t.node_count(), never);  // never: not held
+  std::size_t held = 0;
+  for (std::size_t k = 0; k < t.requests.size(); ++k) {
+    const Request& r = t.requests[k];
+    for (std::size_t i = 0; i < r.nodes.size(); ++i) {
+      const std::uint32_t n = r.nodes[i];
+      if (held_until[n] != never) {  // a kept gap ends here
+        if (counted(r, i)) on_hit(r, i);
+        held_until[n] = never;
+        --held;
+      }
+      if (keep[k][i] != never) {
+        held_until[n] = keep[k][i];
+        ++held;
+        heap.push({keep[k][i], n});
+      }
+    }
+    while (held > capacity) {
+      const Item top = heap.top();
+      heap.pop();
+      if (held_until[top.node] != top.end) continue;  // stale
+      held_until[top.node] = never;
+      --held;
+    }
+    if (heap.size() > 4 * (held + 1) + 1024) {  // drop stale entries now and then
+      std::priority_queue<Item> fresh;
+      for (; !heap.empty(); heap.pop())
+        if (held_until[heap.top().node] == heap.top().end) fresh.push(heap.top());
+      heap.swap(fresh);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// An upper bound on the prompt tokens any block cache of `capacity_blocks`
+/// slots serves from cache, whatever it stores (final partial blocks or not)
+/// and however it evicts: every leaf-only block cache here and the paged
+/// prefix cache with as many pages. It adds the most full blocks any such
+/// cache can hit (exact: see detail::optimal_gaps), times the block size, and
+/// the most tokens it can hit in final partial blocks (the most partial hits
+/// any cache scores, each counted at the size of the largest repeated partial
+/// blocks). Each part gets the whole capacity, so the sum can exceed what one
+/// cache achieves; on a trace whose partial blocks never repeat it is exact.
+/// O(blocks log blocks).
+[[nodiscard]] inline CacheRun run_optimum_bound(const Trace& t, std::size_t capacity_blocks) {
+  CacheRun run;
+  const std::size_t bs = t.block_size;
+  const auto full = [bs](const Request& r, std::size_t i) { return block_tokens(r, i, bs) == bs; };
+  std::size_t full_hits = 0;
+  detail::optimal_gaps(t, capacity_blocks, full, [&](const Request&, std::size_t) { ++full_hits; });
+  std::size_t partial_hits = 0;
+  detail::optimal_gaps(
+      t, capacity_blocks, [&](const Request& r, std::size_t i) { return !full(r, i); },
+      [&](const Request&, std::size_t) { ++partial_hits; });
+  // Every partial block that some cache could hit: a use of a block used before.
+  std::vector<std::size_t> repeated;
+  std::vector<std::uint8_t> seen(t.node_count(), 0);
+  for (const Request& r : t.requests) {
+    ++run.requests;
+    run.prompt_tokens += r.input_length;
+    for (std::size_t i = 0; i < r.nodes.size(); ++i) {
+      if (seen[r.nodes[i]] != 0 && !full(r, i)) repeated.push_back(block_tokens(r, i, bs));
+      seen[r.nodes[i]] = 1;
+    }
+  }
+  const std::size_t take = std::min(partial_hits, repeated.size());
+  std::partial_sort(repeated.begin(), repeated.begin() + static_cast<std::ptrdiff_t>(take),
+                    repeated.end(), std::greater<>());
+  run.hit_tokens = full_hits * bs;
+  for (std::size_t i = 0; i < take; ++i)
+    run.hit_tokens += repeated[i];
   return run;
 }
 

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -44,7 +45,10 @@ enum class RoutePolicy : std::uint8_t {
   random,        ///< Uniformly at random (seeded).
   round_robin,   ///< Workers in turn.
   least_loaded,  ///< Fewest KV blocks in flight (ties: lowest id).
-  cache_aware,   ///< KvRouter's overlap-vs-load cost over the KvIndex's matches.
+  /// KvRouter's overlap-vs-load cost over the KvIndex's matches, with each
+  /// worker's queued prefill tokens and Dynamo's decode blocks (the distinct
+  /// blocks in flight plus the request's full blocks not among them).
+  cache_aware,
 };
 
 /// The policy's name as printed.
@@ -205,9 +209,13 @@ struct ClusterRun {
   std::vector<double> worker_busy_s;         ///< Prefill seconds per worker.
   std::vector<std::uint32_t> assignment;     ///< Worker of each request.
   std::vector<double> ttft_s;                ///< Queueing proxy for TTFT, per request.
-  double seconds = 0.0;                      ///< CPU time of the run.
-  std::size_t index_events = 0;              ///< KV events applied to the index.
-  std::size_t index_rejected = 0;            ///< KV events the index did not apply.
+  std::vector<std::size_t> request_cached;   ///< Prompt tokens served from cache, per request.
+  /// Cache-aware only: the prompt tokens the index said the chosen worker
+  /// holds, per request (empty for the other policies).
+  std::vector<std::size_t> routed_cached;
+  double seconds = 0.0;            ///< CPU time of the run.
+  std::size_t index_events = 0;    ///< KV events applied to the index.
+  std::size_t index_rejected = 0;  ///< KV events the index did not apply.
 
   /// cached_tokens / prompt_tokens.
   [[nodiscard]] double hit_rate() const {
@@ -225,7 +233,8 @@ struct ClusterRun {
     }
     return sum <= 0.0 ? 0.0 : mx / (sum / static_cast<double>(worker_busy_s.size()));
   }
-  /// The q-quantile (0..1) of the TTFT proxy, nearest rank.
+  /// The q-quantile (0..1) of the TTFT proxy: the value at 0-based rank
+  /// round(q x (n - 1)) of the n sorted values (no interpolation).
   [[nodiscard]] double ttft_quantile(double q) const {
     if (ttft_s.empty()) return 0.0;
     std::vector<double> v = ttft_s;
@@ -263,8 +272,12 @@ template <class Cache, class MakeCache>
   run.worker_busy_s.assign(w, 0.0);
   run.assignment.reserve(t.requests.size());
   run.ttft_s.reserve(t.requests.size());
+  run.request_cached.reserve(t.requests.size());
   std::vector<double> prefill_free(w, 0.0);
   std::vector<std::size_t> decode_blocks(w, 0);
+  // Cache-aware: how many requests in flight on each worker hold each block.
+  std::vector<std::unordered_map<std::uint32_t, std::uint32_t>> in_flight(
+      policy == RoutePolicy::cache_aware ? w : 0);
   std::vector<KvWorkerLoad> loads(w);
   for (std::size_t i = 0; i < w; ++i)
     loads[i].worker = KvWorker{i, 0};
@@ -292,6 +305,9 @@ template <class Cache, class MakeCache>
       finishing.pop();
       caches[f.worker]->release(f.request);
       decode_blocks[f.worker] -= f.blocks;
+      if (!in_flight.empty())
+        for (std::uint32_t n : t.requests[f.request].nodes)
+          if (--in_flight[f.worker][n] == 0) in_flight[f.worker].erase(n);
     }
     tokens.clear();
     expand_tokens(r, t.block_size, tokens);
@@ -302,7 +318,7 @@ template <class Cache, class MakeCache>
       locals[i] = hashes.local[r.nodes[i]];
       seqs[i] = hashes.sequence[r.nodes[i]];
     }
-    const std::size_t blocks = (r.input_length + t.block_size - 1) / t.block_size;
+    const std::size_t blocks = r.hash_ids.size();
 
     std::size_t target = 0;
     switch (policy) {
@@ -319,11 +335,21 @@ template <class Cache, class MakeCache>
       case RoutePolicy::cache_aware: {
         index.find_matches(locals, false, matches);
         for (std::size_t i = 0; i < w; ++i) {
-          loads[i].decode_blocks = decode_blocks[i];
+          // Dynamo's decode load: the distinct blocks in flight plus the
+          // request's full blocks that are not among them.
+          std::size_t fresh = 0;
+          for (std::size_t b = 0; b < nfull; ++b)
+            fresh += in_flight[i].count(r.nodes[b]) == 0 ? 1U : 0U;
+          loads[i].decode_blocks = in_flight[i].size() + fresh;
           loads[i].cached_blocks = index.block_count(loads[i].worker);
+          // Prefill is serialized per worker, so its queue holds the tokens of
+          // the time until it frees.
+          loads[i].prefill_tokens = static_cast<std::size_t>(
+              std::llround(std::max(0.0, prefill_free[i] - clock) * cfg.prefill_tokens_per_s));
         }
         const auto d = router.select(r.input_length, matches, loads, rng);
         target = d ? d->index : 0;
+        run.routed_cached.push_back(d ? d->chosen.cached_tokens : 0);
         break;
       }
     }
@@ -345,6 +371,9 @@ template <class Cache, class MakeCache>
     const double end =
         prefill_free[target] + static_cast<double>(r.output_length) * cfg.decode_s_per_token;
     decode_blocks[target] += blocks;
+    if (!in_flight.empty())
+      for (std::uint32_t n : r.nodes)
+        ++in_flight[target][n];
     finishing.push(Finish{end, k, static_cast<std::uint32_t>(target), blocks});
 
     ++run.requests;
@@ -355,6 +384,7 @@ template <class Cache, class MakeCache>
     run.worker_cached[target] += cached;
     run.worker_computed[target] += computed;
     run.assignment.push_back(static_cast<std::uint32_t>(target));
+    run.request_cached.push_back(cached);
   }
   run.seconds = cpu_seconds() - cpu0;
   return run;

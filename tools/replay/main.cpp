@@ -42,6 +42,15 @@ class Progress {
 
 int run(const rp::Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Opened first, so an unwritable path fails before the run, not after it.
+  std::ofstream csv;
+  if (!o.csv.empty()) {
+    csv.open(o.csv);
+    if (!csv) {
+      std::fprintf(stderr, "promptcache_replay: cannot write '%s'\n", o.csv.c_str());
+      return 2;
+    }
+  }
   const std::string path = o.trace.empty() ? PROMPTCACHE_REPLAY_DEFAULT_TRACE : o.trace;
   std::ifstream in(path);
   if (!in) {
@@ -96,12 +105,12 @@ int run(const rp::Options& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!o.csv.empty()) {
-    std::ofstream csv(o.csv);
+    rp::write_csv(csv, report);
+    csv.flush();
     if (!csv) {
       std::fprintf(stderr, "promptcache_replay: cannot write '%s'\n", o.csv.c_str());
-      return 2;
+      return 1;
     }
-    rp::write_csv(csv, report);
   }
   if (o.json)
     std::cout << rp::to_json(report).dump(2) << "\n";

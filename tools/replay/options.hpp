@@ -3,7 +3,10 @@
 #pragma once
 
 #include "cluster.hpp"
+#include "paged.hpp"
+#include "sweep.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -137,8 +140,52 @@ prompt tokens served from cache / prompt tokens.
 )";
 }
 
-/// Parses argv[1..argc). Throws std::invalid_argument with a message naming
-/// the flag on a bad or missing value or an unknown flag.
+/// Every "structure" and "structure:policy" name --structures accepts, in
+/// sweep order.
+[[nodiscard]] inline std::vector<std::string> structure_names() {
+  std::vector<std::string> names;
+  for (const SweepStructure& s : all_structures()) {
+    if (std::find(names.begin(), names.end(), s.structure) == names.end())
+      names.push_back(s.structure);
+    names.push_back(s.structure + ":" + s.policy);
+  }
+  return names;
+}
+
+/// Checks what no single flag can: every --structures item names a structure,
+/// --worker-cache names a cache (see worker_cache_names()), and each paged
+/// cache the run will build has at most max_pages pages. Throws
+/// std::invalid_argument naming the flag, so a bad command line fails before
+/// any work.
+inline void check_options(const Options& o) {
+  const std::vector<std::string> structures = structure_names();
+  for (const std::string& s : o.structures)
+    if (std::find(structures.begin(), structures.end(), s) == structures.end())
+      throw std::invalid_argument("--structures: unknown structure '" + s + "' (see --help)");
+  const std::vector<std::string> caches = worker_cache_names();
+  if (std::find(caches.begin(), caches.end(), o.worker_cache) == caches.end())
+    throw std::invalid_argument("--worker-cache: unknown cache '" + o.worker_cache +
+                                "' (see --help)");
+  const auto too_many_pages = [&](std::size_t tokens) { return tokens / o.block_size > max_pages; };
+  const bool paged_sweep =
+      o.sweep && (o.structures.empty() ||
+                  std::any_of(o.structures.begin(), o.structures.end(),
+                              [](const std::string& s) { return s.rfind("paged", 0) == 0; }));
+  if (paged_sweep)
+    for (std::size_t c : o.capacities)
+      if (too_many_pages(c))
+        throw std::invalid_argument("--capacities: " + std::to_string(c) + " tokens is more than " +
+                                    std::to_string(max_pages) + " pages of " +
+                                    std::to_string(o.block_size) + " tokens");
+  if (o.run_cluster && !o.routing.empty() && o.worker_cache.rfind("paged:", 0) == 0 &&
+      too_many_pages(o.worker_capacity))
+    throw std::invalid_argument("--worker-capacity: " + std::to_string(o.worker_capacity) +
+                                " tokens is more than " + std::to_string(max_pages) + " pages of " +
+                                std::to_string(o.block_size) + " tokens");
+}
+
+/// Parses argv[1..argc), then check_options(). Throws std::invalid_argument
+/// with a message naming the flag on a bad or missing value or an unknown flag.
 [[nodiscard]] inline Options parse_options(int argc, const char* const* argv) {
   Options o;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -215,6 +262,7 @@ prompt tokens served from cache / prompt tokens.
       throw std::invalid_argument("unknown option: " + a + " (see --help)");
     }
   }
+  check_options(o);
   return o;
 }
 

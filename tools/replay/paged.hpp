@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -26,16 +27,21 @@
 
 namespace promptcache::replay {
 
+/// The largest page pool: page ids are std::uint32_t, so a larger pool would
+/// give two pages one id.
+inline constexpr std::size_t max_pages = std::size_t{1} << 32;
+
 /// A paged prefix cache with the engine's page pool around it.
 template <PagedEvictionPolicy Policy>
 class PagedEngine {
  public:
   using Cache = PagedPrefixCache<std::uint32_t, Policy>;
 
-  /// `capacity_pages` pages of `page_size` tokens; events go to `sink` when given.
+  /// `capacity_pages` pages of `page_size` tokens; events go to `sink` when
+  /// given. Throws std::invalid_argument when capacity_pages > max_pages.
   PagedEngine(std::size_t page_size, std::size_t capacity_pages, Policy policy = {},
               typename Cache::event_sink sink = {})
-      : cache_(page_size, std::move(policy), std::move(sink)), free_(capacity_pages) {
+      : cache_(page_size, std::move(policy), std::move(sink)), free_(checked(capacity_pages)) {
     std::iota(free_.begin(), free_.end(), 0U);
   }
 
@@ -71,6 +77,13 @@ class PagedEngine {
   [[nodiscard]] const Cache& cache() const { return cache_; }
 
  private:
+  static std::size_t checked(std::size_t pages) {
+    if (pages > max_pages)
+      throw std::invalid_argument("a page pool of " + std::to_string(pages) + " pages: at most " +
+                                  std::to_string(max_pages) + " pages have distinct 32-bit ids");
+    return pages;
+  }
+
   Cache cache_;
   std::vector<std::uint32_t> free_;
   std::vector<std::uint32_t> pages_;
@@ -133,5 +146,29 @@ class PagedWorkerCache {
   PagedEngine<Policy> engine_;
   std::unordered_map<std::size_t, PagedPrefixHandle> held_;
 };
+
+/// Calls `f(name, make)` for each eviction policy of the paged prefix cache,
+/// where make(capacity_pages) builds the policy for a cache of that many pages
+/// (only the adaptive policy uses it: its target and ghost history scale with it).
+template <class F>
+void for_each_paged_policy(F&& f) {
+  f("lru", [](std::size_t) { return eviction::Lru{}; });
+  f("lfu", [](std::size_t) { return eviction::Lfu{}; });
+  f("fifo", [](std::size_t) { return eviction::Fifo{}; });
+  f("priority", [](std::size_t) { return eviction::Priority{}; });
+  f("slru", [](std::size_t) { return eviction::Slru{}; });
+  f("mru", [](std::size_t) { return eviction::Mru{}; });
+  f("filo", [](std::size_t) { return eviction::Filo{}; });
+  f("adaptive", [](std::size_t pages) { return eviction::Adaptive(pages); });
+}
+
+/// Names accepted by --worker-cache: "paged:<policy>" or "block:lru".
+[[nodiscard]] inline std::vector<std::string> worker_cache_names() {
+  std::vector<std::string> names;
+  for_each_paged_policy(
+      [&](const char* name, auto) { names.push_back(std::string("paged:") + name); });
+  names.push_back("block:lru");
+  return names;
+}
 
 }  // namespace promptcache::replay

@@ -5,6 +5,7 @@
 
 #include "adaptive_policy.hpp"
 #include "block_sim.hpp"
+#include "paged.hpp"
 #include "trace.hpp"
 
 #include <promptcache/manual_clock.hpp>
@@ -86,8 +87,9 @@ struct SweepRow {
 /// prompt cache pool in both match modes.
 [[nodiscard]] inline std::vector<SweepStructure> basic_structures() {
   std::vector<SweepStructure> s;
-  s.push_back({"belady", "optimal",
-               [](const Trace& t, std::size_t cap) { return run_belady(t, cap / t.block_size); }});
+  s.push_back({"belady", "optimal", [](const Trace& t, std::size_t cap) {
+                 return run_optimum_bound(t, cap / t.block_size);
+               }});
   s.push_back({"block", "lru", [](const Trace& t, std::size_t cap) {
                  LruPolicy p(t, cap / t.block_size);
                  return run_leaf_cache(t, cap / t.block_size, p);
@@ -102,6 +104,18 @@ struct SweepRow {
   s.push_back({"pool-common", "lru", [](const Trace& t, std::size_t cap) {
                  return run_pool(t, cap, MatchMode::common_prefix);
                }});
+  return s;
+}
+
+/// Every structure of the default sweep, in output order: the basic ones,
+/// then the paged prefix cache under each of its policies.
+[[nodiscard]] inline std::vector<SweepStructure> all_structures() {
+  std::vector<SweepStructure> s = basic_structures();
+  for_each_paged_policy([&](const char* name, auto make) {
+    s.push_back({"paged", name, [make](const Trace& t, std::size_t cap) {
+                   return run_paged(t, cap, make(cap / t.block_size));
+                 }});
+  });
   return s;
 }
 

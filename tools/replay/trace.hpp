@@ -156,7 +156,9 @@ inline bool read_request(const nlohmann::json& j, std::size_t block_size, Reques
     }
     r.hash_ids.push_back(id);
   }
-  const std::size_t want = (r.input_length + block_size - 1) / block_size;
+  // ceil(input_length / block_size) without the overflow of the usual
+  // (n + b - 1) / b near SIZE_MAX, where it would wrap to 0 blocks.
+  const std::size_t want = r.input_length / block_size + (r.input_length % block_size != 0 ? 1 : 0);
   if (r.hash_ids.size() != want) {
     err = "\"hash_ids\" has " + std::to_string(r.hash_ids.size()) + " ids but input_length " +
           std::to_string(r.input_length) + " needs " + std::to_string(want) + " blocks of " +
@@ -168,16 +170,24 @@ inline bool read_request(const nlohmann::json& j, std::size_t block_size, Reques
 
 }  // namespace detail
 
-/// Parses a whole trace from `in`. `block_size` must be > 0 (0 is reported as
-/// an error on line 0 and nothing is read). Never throws on bad input.
+/// The largest block size parse_trace accepts: one block's pseudo-tokens must
+/// fit in 32 bits.
+inline constexpr std::size_t max_block_size = std::size_t{1} << 32;
+
+/// Parses a whole trace from `in`. `block_size` must be 1..max_block_size
+/// (anything else is reported as an error on line 0 and nothing is read). A
+/// line whose input_length would take the trace's total prompt tokens past
+/// SIZE_MAX is malformed, so every sum over the accepted requests (the trace's
+/// and each simulation's token totals) fits a size_t. Never throws on bad input.
 [[nodiscard]] inline Trace parse_trace(std::istream& in, std::size_t block_size,
                                        OnError on_error = OnError::skip) {
   Trace t;
   t.block_size = block_size;
-  if (block_size == 0) {
-    t.errors.push_back({0, "block size must be > 0"});
+  if (block_size == 0 || block_size > max_block_size) {
+    t.errors.push_back({0, "block size must be 1.." + std::to_string(max_block_size)});
     return t;
   }
+  std::size_t total = 0;  // prompt tokens of the requests accepted so far
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> children;
   std::string line;
   while (std::getline(in, line)) {
@@ -193,7 +203,13 @@ inline bool read_request(const nlohmann::json& j, std::size_t block_size, Reques
     } catch (const nlohmann::json::exception& e) {
       err = e.what();
     }
-    if (err.empty() && detail::read_request(j, block_size, r, err)) {
+    if (err.empty() && detail::read_request(j, block_size, r, err) &&
+        r.input_length > std::numeric_limits<std::size_t>::max() - total)
+      err = "input_length " + std::to_string(r.input_length) +
+            " takes the trace's prompt tokens past " +
+            std::to_string(std::numeric_limits<std::size_t>::max());
+    if (err.empty()) {
+      total += r.input_length;
       std::uint32_t parent = Trace::npos;
       r.nodes.reserve(r.hash_ids.size());
       for (std::uint64_t id : r.hash_ids) {
