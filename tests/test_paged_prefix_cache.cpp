@@ -130,26 +130,55 @@ TEST_CASE("paged cache: match into a caller's table writes only the matched ids"
   CHECK(c.stats().lookups == 7);
 }
 
+namespace {
+
+// Matches a query held in `storage` into the same bytes, ids of type Id at page size ps:
+// 12 pages, then a 13-page tail (no node a multiple of the fused compare's 8-token steps),
+// then one page the cache does not hold.
+template <class Id>
+void match_in_place(std::size_t ps) {
+  PagedPrefixCache<Id> c(ps);
+  const Tokens head = seq(1, 12 * ps);
+  const Tokens full = cat(head, seq(500, 13 * ps));
+  std::vector<Id> want(25);
+  std::iota(want.begin(), want.end(), Id{100});
+  c.insert(head, std::span<const Id>(want.data(), 12));
+  c.insert(full, want);
+  const std::size_t nodes = c.node_count();
+  const Tokens query = cat(full, seq(900, ps));
+  const std::size_t bytes = query.size() * sizeof(std::uint32_t);
+  std::vector<std::uint64_t> storage(bytes / sizeof(std::uint64_t) + 1);
+  std::memcpy(storage.data(), query.data(), bytes);
+  const auto* tokens = reinterpret_cast<const std::uint32_t*>(storage.data());
+  auto* out = reinterpret_cast<Id*>(storage.data());
+  const auto e = c.match(std::span<const std::uint32_t>(tokens, query.size()), 0,
+                         std::span<Id>(out, query.size() / ps));
+  INFO("page size " << ps << ", " << sizeof(Id) << "-byte ids");
+  CHECK(e.matched == 25 * ps);
+  std::vector<Id> got(25);
+  std::memcpy(got.data(), storage.data(), 25 * sizeof(Id));
+  CHECK(got == want);
+  // Past the ids, the query's bytes as they were.
+  const auto* b = reinterpret_cast<const unsigned char*>(storage.data());
+  const auto* q = reinterpret_cast<const unsigned char*>(query.data());
+  CHECK(std::equal(b + 25 * sizeof(Id), b + bytes, q + 25 * sizeof(Id)));
+  CHECK(c.node_count() == nodes);  // no split
+  CHECK(c.check_invariants());
+}
+
+}  // namespace
+
 TEST_CASE("paged cache: match into the query's own buffer, the ids overwriting the tokens") {
   // The ids of a node are written while (page size 1) or after its tokens are compared, and
-  // never ahead of the tokens still to compare: one buffer can be the query and the table.
+  // never ahead of the tokens still to compare while ids are at most 4 bytes or pages at
+  // least 2 tokens: one buffer can then be the query and the table.
   for (const std::size_t ps : {std::size_t{1}, std::size_t{2}}) {
-    PagedPrefixCache<> c(ps);
-    const Tokens head = seq(1, 12 * ps);  // 12 pages, then a 13-page tail: no node a multiple
-    const Tokens full = cat(head, seq(500, 13 * ps));  // of the fused compare's 8-token steps
-    c.insert(head, ids(100, 12));
-    c.insert(full, ids(100, 25));
-    const std::size_t nodes = c.node_count();
-    const Tokens query = cat(full, seq(900, ps));  // and one page the cache does not hold
-    Tokens buf = query;
-    const auto e = c.match(buf, 0, std::span<std::uint32_t>(buf.data(), buf.size() / ps));
-    INFO("page size " << ps);
-    CHECK(e.matched == 25 * ps);
-    CHECK(Pages(buf.begin(), buf.begin() + 25) == ids(100, 25));
-    CHECK(Tokens(buf.begin() + 25, buf.end()) == Tokens(query.begin() + 25, query.end()));
-    CHECK(c.node_count() == nodes);  // no split
-    CHECK(c.check_invariants());
+    match_in_place<std::uint32_t>(ps);
+    match_in_place<std::uint16_t>(ps);
+    match_in_place<std::int8_t>(ps);
   }
+  for (const std::size_t ps : {std::size_t{2}, std::size_t{3}})
+    match_in_place<std::uint64_t>(ps);
 }
 
 TEST_CASE("paged cache: a namespace's slot reused by another namespace is not matched") {

@@ -84,7 +84,7 @@ struct PagedCacheStats {
   std::uint64_t erased_pages = 0;     ///< Pages freed by erase_namespace().
   std::uint64_t cleared_pages = 0;    ///< Pages freed by clear().
   std::uint64_t splits = 0;           ///< Nodes split by a match or insert ending inside them.
-  std::uint64_t events = 0;           ///< KV events published.
+  std::uint64_t events = 0;           ///< Event ids consumed (a throwing sink's included).
   std::size_t cached_pages = 0;       ///< Gauge: pages in the cache.
   std::size_t locked_pages = 0;       ///< Gauge: pages on the path of at least one lock.
   std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
@@ -104,8 +104,12 @@ struct PagedCacheMemory {
 /// Costs below: T = tokens of the call, P = pages of the call, L = evictable
 /// leaves, N = nodes. Invalidation: results are values (vectors, counts,
 /// handles); a handle is invalidated only as PagedPrefixHandle says.
-/// Exception safety: see each member; the event sink and the eviction callbacks
-/// are called after the cache is consistent.
+/// Exception safety: see each member. The eviction callbacks must not throw. The
+/// event sink may throw; a sink that throws is taken not to have published the event
+/// (its id stays consumed, so a router sees the gap and resyncs). insert() calls the
+/// sink before it changes anything, so a throwing sink leaves the cache unchanged;
+/// evict(), erase_namespace() and clear() call it after their change, which stands
+/// (their callbacks have run) while the exception propagates.
 template <std::integral PageId = std::uint32_t, PagedEvictionPolicy Policy = eviction::Lru>
 class PagedPrefixCache {
   static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
@@ -265,7 +269,8 @@ class PagedPrefixCache {
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
   /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
   /// cached pages and every answer are unchanged; the walked pages' access metadata may
-  /// have been refreshed and a split made before the failure may remain.
+  /// have been refreshed. A walk splits at most once, after the split's allocations
+  /// succeed, so a split remains only when growing the result vector throws after it.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
@@ -292,7 +297,9 @@ class PagedPrefixCache {
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   /// If that split throws std::bad_alloc, out may already hold a prefix of the ids a
   /// successful call writes (never an entry past them); the cache is as above. out may be
-  /// the query's own storage (out.data() == tokens.data()): ids land only on compared tokens.
+  /// the query's own storage (out.data() == tokens.data()) when page_size() >= 2 or
+  /// sizeof(PageId) <= 4: ids then land only on compared tokens. With 8-byte ids at page
+  /// size 1 they would overwrite tokens still to compare: use separate storage.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
     const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
     const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
@@ -391,10 +398,14 @@ class PagedPrefixCache {
   /// that count (the partial page) are ignored. Leading pages already cached keep
   /// their cached ids; engine ids that differ from them are returned as duplicates.
   /// The policy sees an insert hit on every cached page of the path and `priority`
-  /// on the new ones. Publishes one Stored event for the new pages.
-  /// Throws std::invalid_argument if pages.size() is below the page count, or if `ns`
-  /// is new and its default seed is taken by a configured namespace. O(T + log L).
-  /// Strong guarantee: on any exception nothing changed (except the sink's own).
+  /// on the new ones. Publishes one Stored event for the new pages, before storing them.
+  /// With no whole page it only counts the call (no namespace is created, nothing is
+  /// checked but the page count). Throws std::invalid_argument if pages.size() is below
+  /// the page count, or if `ns` is new and another namespace's configured seed equals its
+  /// default (configure_namespace() refuses every seed that is another id's default by
+  /// construction, so only a 64-bit collision of seeds gets here). O(T + log L).
+  /// Strong guarantee for every exception, the sink's included: nothing was inserted and
+  /// the engine still owns its pages (a throwing sink consumes the event id).
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
     const std::size_t q_pages = tokens.size() / page_size_;
@@ -527,7 +538,8 @@ class PagedPrefixCache {
   /// each node it touches (a node keeps only its last page's hash, so trimming k pages
   /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
   /// callback terminates: the cache cannot hand back half a node). Strong guarantee
-  /// for std::bad_alloc (before anything changes).
+  /// for std::bad_alloc (before anything changes). A throwing sink: the pages are freed
+  /// (on_evict ran), the event id consumed, and the exception propagates.
   template <class OnEvict>
   std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
     const std::size_t target = std::min(n_pages, evictable_pages_);
@@ -547,7 +559,8 @@ class PagedPrefixCache {
   /// Drops every page of every namespace, calling on_free(PageId) for each (in
   /// unspecified order), and publishes Cleared. Namespace configurations stay.
   /// Returns false, changing nothing, if any page is locked. O(N + pages); the
-  /// callback must not throw (see evict). Invalidates every handle.
+  /// callback must not throw (see evict). Invalidates every handle. A throwing sink:
+  /// the cache is cleared (on_free ran), the event id consumed, the exception propagates.
   template <class OnFree>
   bool clear(OnFree&& on_free) {
     if (stats_.locked_pages > 0) return false;
@@ -565,6 +578,8 @@ class PagedPrefixCache {
   /// namespace, configuration included; publishes one Removed event if pages were
   /// dropped. Returns false, changing nothing, if a page of `ns` is locked; true for
   /// an unknown namespace. O(nodes and pages of ns). Strong guarantee for bad_alloc.
+  /// A throwing sink: the namespace is erased (on_free ran), the event id consumed, the
+  /// exception propagates.
   template <class OnFree>
   bool erase_namespace(namespace_id ns, OnFree&& on_free) {
     const auto it = ns_index_.find(ns);
