@@ -9,6 +9,7 @@
 #include <numeric>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -845,6 +846,11 @@ void moved_from_cases(Make make, std::size_t ps) {
 }  // namespace
 
 TEST_CASE("paged cache: a moved-from cache is empty and usable") {
+  // Moves throw only where a member's would: a vector of caches moves them when it grows.
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<PagedPrefixCache<>>);
+  STATIC_REQUIRE(std::is_nothrow_move_assignable_v<PagedPrefixCache<>>);
+  STATIC_REQUIRE(
+      std::is_nothrow_move_constructible_v<PagedPrefixCache<std::uint64_t, eviction::Adaptive>>);
   for (const std::size_t ps : {std::size_t{1}, std::size_t{3}}) {
     INFO("page size " << ps);
     moved_from_cases<PagedPrefixCache<>>([ps] { return PagedPrefixCache<>(ps); }, ps);
