@@ -7,7 +7,8 @@
 // insert with cached, fresh, foreign and too few page ids and extreme priorities;
 // lock and unlock (below zero included) of kept handles; evict (with and without a
 // callback, up to SIZE_MAX pages); erase_namespace; clear; configure_namespace
-// with seeds that collide with other namespaces' defaults; a move round trip.
+// with seeds equal to other namespaces' defaults (refused); a move round trip (each
+// moved-from side must be an empty, valid cache).
 // Every answer is compared with the naive model of tests/support/paged_model.hpp,
 // so are the counters, handle states and (Adaptive) the target and ghost list
 // sizes; check_invariants() runs after every
