@@ -5615,6 +5615,19 @@ class PagedPrefixCache {
   using meta_type = typename Policy::meta_type;
   using key_type = typename Policy::key_type;
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+  using ns_map = std::unordered_map<std::uint64_t, std::uint32_t>;
+  using seed_map = std::unordered_map<std::uint64_t, std::uint64_t>;
+  // The moves throw only where the policy's, the sink's or a map's own move does (the
+  // vectors and the edge table never do).
+  static constexpr bool nothrow_move_construct =
+      std::is_nothrow_move_constructible_v<Policy> &&
+      std::is_nothrow_move_constructible_v<std::function<void(const KvEvent&)>> &&
+      std::is_nothrow_move_constructible_v<ns_map> &&
+      std::is_nothrow_move_constructible_v<seed_map>;
+  static constexpr bool nothrow_move_assign =
+      std::is_nothrow_move_assignable_v<Policy> &&
+      std::is_nothrow_move_assignable_v<std::function<void(const KvEvent&)>> &&
+      std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
 
  public:
   using page_id = PageId;              ///< The engine's page id type.
@@ -5664,7 +5677,7 @@ class PagedPrefixCache {
   /// Takes over `other` (handles into it stay valid for the new object). `other` is left
   /// empty and usable: no namespaces, pages, events or counters, the same page size, its
   /// policy as Policy's move left it, and no sink (publishes_events() false). O(1).
-  PagedPrefixCache(PagedPrefixCache&& other)
+  PagedPrefixCache(PagedPrefixCache&& other) noexcept(nothrow_move_construct)
       : page_size_(other.page_size_),
         policy_(std::move(other.policy_)),
         sink_(std::move(other.sink_)),
@@ -5689,7 +5702,7 @@ class PagedPrefixCache {
   }
   /// Takes over `other` as the move constructor does, leaving `other` as it says; this
   /// cache's pages are dropped without callbacks. Self-move changes nothing. O(N).
-  PagedPrefixCache& operator=(PagedPrefixCache&& other) {
+  PagedPrefixCache& operator=(PagedPrefixCache&& other) noexcept(nothrow_move_assign) {
     if (this == &other) return *this;
     page_size_ = other.page_size_;
     policy_ = std::move(other.policy_);
@@ -7103,8 +7116,8 @@ class PagedPrefixCache {
   std::array<std::vector<HeapEntry>, classes> heaps_;
   std::array<std::size_t, classes> class_pages_{};  // cached pages per key class (classes > 1)
   std::vector<NsSlot> ns_slots_;
-  std::unordered_map<namespace_id, std::uint32_t> ns_index_;
-  std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
+  ns_map ns_index_;
+  seed_map seed_owner_;
   std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
   std::uint32_t ns_hint_ = npos;     // the slot match() used last (checked before use)
   std::uint64_t tick_ = 0;
