@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -129,26 +131,55 @@ TEST_CASE("paged cache: match into a caller's table writes only the matched ids"
   CHECK(c.stats().lookups == 7);
 }
 
+namespace {
+
+// Matches a query held in `storage` into the same bytes, ids of type Id at page size ps:
+// 12 pages, then a 13-page tail (no node a multiple of the fused compare's 8-token steps),
+// then one page the cache does not hold.
+template <class Id>
+void match_in_place(std::size_t ps) {
+  PagedPrefixCache<Id> c(ps);
+  const Tokens head = seq(1, 12 * ps);
+  const Tokens full = cat(head, seq(500, 13 * ps));
+  std::vector<Id> want(25);
+  std::iota(want.begin(), want.end(), Id{100});
+  c.insert(head, std::span<const Id>(want.data(), 12));
+  c.insert(full, want);
+  const std::size_t nodes = c.node_count();
+  const Tokens query = cat(full, seq(900, ps));
+  const std::size_t bytes = query.size() * sizeof(std::uint32_t);
+  std::vector<std::uint64_t> storage(bytes / sizeof(std::uint64_t) + 1);
+  std::memcpy(storage.data(), query.data(), bytes);
+  const auto* tokens = reinterpret_cast<const std::uint32_t*>(storage.data());
+  auto* out = reinterpret_cast<Id*>(storage.data());
+  const auto e = c.match(std::span<const std::uint32_t>(tokens, query.size()), 0,
+                         std::span<Id>(out, query.size() / ps));
+  INFO("page size " << ps << ", " << sizeof(Id) << "-byte ids");
+  CHECK(e.matched == 25 * ps);
+  std::vector<Id> got(25);
+  std::memcpy(got.data(), storage.data(), 25 * sizeof(Id));
+  CHECK(got == want);
+  // Past the ids, the query's bytes as they were.
+  const auto* b = reinterpret_cast<const unsigned char*>(storage.data());
+  const auto* q = reinterpret_cast<const unsigned char*>(query.data());
+  CHECK(std::equal(b + 25 * sizeof(Id), b + bytes, q + 25 * sizeof(Id)));
+  CHECK(c.node_count() == nodes);  // no split
+  CHECK(c.check_invariants());
+}
+
+}  // namespace
+
 TEST_CASE("paged cache: match into the query's own buffer, the ids overwriting the tokens") {
   // The ids of a node are written while (page size 1) or after its tokens are compared, and
-  // never ahead of the tokens still to compare: one buffer can be the query and the table.
+  // never ahead of the tokens still to compare while ids are at most 4 bytes or pages at
+  // least 2 tokens: one buffer can then be the query and the table.
   for (const std::size_t ps : {std::size_t{1}, std::size_t{2}}) {
-    PagedPrefixCache<> c(ps);
-    const Tokens head = seq(1, 12 * ps);  // 12 pages, then a 13-page tail: no node a multiple
-    const Tokens full = cat(head, seq(500, 13 * ps));  // of the fused compare's 8-token steps
-    c.insert(head, ids(100, 12));
-    c.insert(full, ids(100, 25));
-    const std::size_t nodes = c.node_count();
-    const Tokens query = cat(full, seq(900, ps));  // and one page the cache does not hold
-    Tokens buf = query;
-    const auto e = c.match(buf, 0, std::span<std::uint32_t>(buf.data(), buf.size() / ps));
-    INFO("page size " << ps);
-    CHECK(e.matched == 25 * ps);
-    CHECK(Pages(buf.begin(), buf.begin() + 25) == ids(100, 25));
-    CHECK(Tokens(buf.begin() + 25, buf.end()) == Tokens(query.begin() + 25, query.end()));
-    CHECK(c.node_count() == nodes);  // no split
-    CHECK(c.check_invariants());
+    match_in_place<std::uint32_t>(ps);
+    match_in_place<std::uint16_t>(ps);
+    match_in_place<std::int8_t>(ps);
   }
+  for (const std::size_t ps : {std::size_t{2}, std::size_t{3}})
+    match_in_place<std::uint64_t>(ps);
 }
 
 TEST_CASE("paged cache: a namespace's slot reused by another namespace is not matched") {
@@ -368,11 +399,22 @@ TEST_CASE("paged cache: namespace seeds") {
   // Another namespace may not take the seed.
   CHECK_THROWS_AS(c.configure_namespace(6, "lora", "s"), std::invalid_argument);
   CHECK(c.namespace_count() == 1);
-  // A namespace whose default seed is taken cannot be created by an insert.
-  c.configure_namespace(8, "", "7");
-  CHECK_THROWS_AS(c.insert(seq(0, 2), ids(0, 2), 7), std::invalid_argument);
-  CHECK(c.cached_pages() == 0);
-  CHECK(c.namespace_count() == 2);
+  // No namespace may take another id's default seed, used or not.
+  CHECK_THROWS_AS(c.configure_namespace(8, "", "7"), std::invalid_argument);
+  CHECK_THROWS_AS(c.configure_namespace(8, "", ""), std::invalid_argument);  // namespace 0's
+  CHECK_THROWS_AS(c.configure_namespace(5, "", "18446744073709551615"), std::invalid_argument);
+  CHECK(c.namespace_count() == 1);
+  CHECK(c.namespace_seed(5) == promptcache::block_hash_seed("lora", "s"));
+  CHECK(c.namespace_seed(8) == promptcache::block_hash_seed("", "8"));
+  // Its own default, a LoRA name, or a salt that is no id in decimal are accepted.
+  c.configure_namespace(8, "", "8");
+  c.configure_namespace(0, "", "");
+  c.configure_namespace(9, "lora", "7");
+  c.configure_namespace(10, "", "07");
+  c.configure_namespace(11, "", "0");
+  c.configure_namespace(12, "", "18446744073709551616");
+  c.configure_namespace(13, "", "+7");
+  CHECK(c.namespace_count() == 8);
   // A namespace holding pages cannot change its seed; an empty one can.
   c.insert(seq(0, 2), ids(0, 2), 5);
   CHECK_THROWS_AS(c.configure_namespace(5, "other"), std::invalid_argument);
@@ -562,17 +604,92 @@ TEST_CASE("paged cache: a policy's out-of-range key class or choice counts as th
   CHECK(c.check_invariants());
 }
 
-TEST_CASE("paged cache: a throwing sink leaves the cache consistent and the id consumed") {
+TEST_CASE("paged cache: a configured seed never answers for another namespace's id") {
+  // A router asking for namespace 7 (or 0) must not find the blocks of namespace 5.
+  KvIndex router;
+  const KvWorker w{1, 0};
+  PagedPrefixCache<> c(1, eviction::Lru{}, [&](const KvEvent& e) { router.apply(w, e); });
+  const Tokens t = seq(1, 3);
+  for (const char* salt : {"7", ""}) {
+    CHECK_THROWS_AS(c.configure_namespace(5, "", salt), std::invalid_argument);
+    CHECK(c.namespace_count() == 0);
+  }
+  c.insert(t, ids(10, 3), 5);
+  for (const std::uint64_t other : {0U, 7U}) {
+    promptcache::BlockHashOptions o;
+    o.seed = c.namespace_seed(other);
+    const auto m = router.find_matches(promptcache::local_block_hashes(t, 1, o));
+    CHECK((m.empty() ? 0 : m[0].blocks) == c.peek(t, other));
+    CHECK(c.peek(t, other) == 0);
+  }
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: a throwing sink on insert leaves the cache unchanged, the id consumed") {
   bool fail = true;
+  std::size_t delivered = 0;
+  PagedPrefixCache<> c(1, eviction::Lru{}, [&](const KvEvent&) {
+    if (fail) throw std::runtime_error("sink down");
+    ++delivered;
+  });
+  // A new namespace: it is withdrawn again.
+  CHECK_THROWS_AS(c.insert(seq(0, 2), ids(0, 2), 3), std::runtime_error);
+  CHECK(c.cached_pages() == 0);
+  CHECK(c.namespace_count() == 0);
+  CHECK(c.next_event_id() == 1);
+  CHECK(c.check_invariants());
+  fail = false;
+  c.insert(seq(0, 4), ids(0, 4));
+  c.insert(cat(seq(0, 2), seq(50, 2)), ids(10, 4));  // two nodes under a split
+  // Duplicates, a split and new pages: the engine's pages stay the engine's.
+  const Tokens q = cat(seq(0, 3), seq(70, 3));
+  const auto before = c.stats();
+  const std::size_t nodes = c.node_count();
+  const std::uint64_t next = c.next_event_id();
+  fail = true;
+  CHECK_THROWS_AS(c.insert(q, ids(100, 6)), std::runtime_error);
+  CHECK(c.peek(q) == 3);
+  CHECK(c.peek(seq(0, 4)) == 4);
+  CHECK(c.cached_pages() == 6);
+  CHECK(c.node_count() == nodes);
+  CHECK(c.next_event_id() == next + 1);
+  auto after = c.stats();
+  CHECK(after.events == before.events + 1);  // the id is consumed
+  after.events = before.events;
+  CHECK(std::memcmp(&after, &before, sizeof after) == 0);
+  CHECK(c.check_invariants());
+  fail = false;
+  const auto r = c.insert(q, ids(100, 6));
+  CHECK(r.cached_pages == 3);
+  CHECK(r.inserted_pages == 3);
+  CHECK(r.duplicates == Pages{100, 101, 102});
+  CHECK(c.lock(r.handle));
+  CHECK(c.peek(q) == 6);
+  CHECK(c.stats().splits == before.splits + 1);
+  CHECK(delivered == 3);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("paged cache: a throwing sink on evict, erase or clear keeps the change") {
+  bool fail = false;
   PagedPrefixCache<> c(1, eviction::Lru{}, [&](const KvEvent&) {
     if (fail) throw std::runtime_error("sink down");
   });
-  CHECK_THROWS_AS(c.insert(seq(0, 2), ids(0, 2)), std::runtime_error);
-  CHECK(c.cached_pages() == 2);
-  CHECK(c.next_event_id() == 1);
-  fail = false;
-  CHECK(c.evict(1) == 1);
-  CHECK(c.next_event_id() == 2);
+  c.insert(seq(0, 4), ids(0, 4));
+  c.insert(seq(10, 2), ids(10, 2), 1);
+  c.insert(seq(20, 2), ids(20, 2), 2);
+  fail = true;
+  std::vector<std::uint32_t> freed;
+  const auto keep = [&](std::uint32_t p) { freed.push_back(p); };
+  CHECK_THROWS_AS(c.evict(1, keep), std::runtime_error);
+  CHECK(c.cached_pages() == 7);
+  CHECK_THROWS_AS(c.erase_namespace(1, keep), std::runtime_error);
+  CHECK(c.cached_pages() == 5);
+  CHECK(c.namespace_count() == 2);
+  CHECK_THROWS_AS(c.clear(keep), std::runtime_error);
+  CHECK(c.cached_pages() == 0);
+  CHECK(freed.size() == 8);  // the callbacks ran for every freed page
+  CHECK(c.next_event_id() == 6);
   CHECK(c.check_invariants());
 }
 
@@ -592,11 +709,30 @@ TEST_CASE("paged cache: statistics and memory") {
   CHECK(s.duplicate_pages == 1);
   CHECK(s.evicted_pages == 1);
   CHECK(s.cached_pages == 3);
+  CHECK(s.splits == 1);  // the match of 5 tokens ends inside the first node
+  CHECK(s.nodes == 2);
+  CHECK(s.nodes == c.node_count());
+  CHECK(s.locked_pages == 0);
   CHECK(s.events == 0);  // no sink
   CHECK_FALSE(c.publishes_events());
   const auto m = c.memory();
   CHECK(m.token_bytes >= 3 * 2 * sizeof(std::uint32_t));
   CHECK(m.index_bytes >= 3 * sizeof(std::uint32_t));
+  const auto h = c.match(seq(0, 4)).handle;
+  CHECK(c.lock(h));
+  CHECK(c.stats().locked_pages == 2);
+  CHECK(c.unlock(h));
+  CHECK(c.stats().locked_pages == 0);
+  CHECK(c.clear());
+  CHECK(c.stats().nodes == 0);
+  Recorder rec;
+  PagedPrefixCache<> e(2, eviction::Lru{}, rec.sink());
+  e.insert(seq(0, 8), ids(0, 4));
+  e.evict(1);
+  e.clear();
+  CHECK(e.stats().events == 3);
+  CHECK(e.stats().events == rec.events.size());
+  CHECK(e.stats().nodes == 0);
 }
 
 TEST_CASE("paged cache: a moved-from cache's handles work in the new one") {
@@ -607,4 +743,123 @@ TEST_CASE("paged cache: a moved-from cache's handles work in the new one") {
   CHECK(b.locked_pages() == 3);
   CHECK(b.unlock(r.handle));
   CHECK(b.check_invariants());
+}
+
+namespace {
+
+// Page ids of the cache's own type.
+template <class Cache>
+std::vector<typename Cache::page_id> pids(std::uint32_t from, std::size_t n) {
+  std::vector<typename Cache::page_id> p(n);
+  std::iota(p.begin(), p.end(), typename Cache::page_id{from});
+  return p;
+}
+
+// A moved-from cache is an empty cache of the same page size, without a sink: every
+// operation works on it.
+template <class Cache>
+void check_moved_from_usable(Cache& c, std::size_t ps) {
+  CHECK(c.check_invariants());
+  CHECK(c.page_size() == ps);
+  CHECK_FALSE(c.publishes_events());
+  CHECK(c.cached_pages() == 0);
+  CHECK(c.node_count() == 0);
+  CHECK(c.namespace_count() == 0);
+  CHECK(c.evictable_pages() == 0);
+  CHECK(c.next_event_id() == 0);
+  CHECK(c.stats().inserts == 0);
+  CHECK(c.memory().token_bytes == 0);
+  CHECK(c.peek(seq(0, 4 * ps)) == 0);
+  CHECK(c.match(seq(0, 4 * ps)).matched == 0);
+  CHECK(c.evict(3) == 0);
+  CHECK(c.clear());
+  const auto r = c.insert(seq(0, 4 * ps), pids<Cache>(0, 4), 2);
+  CHECK(r.inserted_pages == 4);
+  c.insert(cat(seq(0, 2 * ps), seq(90, 2 * ps)), pids<Cache>(10, 4), 2);
+  CHECK(c.match(seq(0, 3 * ps), 2).matched == 3 * ps);
+  CHECK(c.lock(r.handle));
+  CHECK(c.evict(10) == 2);  // all but the locked path
+  CHECK(c.unlock(r.handle));
+  CHECK(c.evict(1) == 1);
+  CHECK(c.cached_pages() == 3);
+  CHECK(c.check_invariants());
+  CHECK(c.erase_namespace(2));
+  c.configure_namespace(4, "lora");
+  c.insert(seq(0, ps), pids<Cache>(0, 1), 4);
+  CHECK(c.cached_pages() == 1);
+  CHECK(c.check_invariants());
+}
+
+// A cache with pages, locks, namespaces and free node slots (evicted and split nodes).
+template <class Cache>
+void fill(Cache& c, std::size_t ps) {
+  c.configure_namespace(3, "lora", "x");
+  c.insert(seq(0, 6 * ps), pids<Cache>(0, 6));
+  c.insert(cat(seq(0, 3 * ps), seq(40, 3 * ps)), pids<Cache>(10, 6));
+  c.insert(seq(100, 2 * ps), pids<Cache>(20, 2), 3);
+  c.insert(seq(200, 2 * ps), pids<Cache>(30, 2), 1);
+  (void)c.match(seq(0, ps));
+  c.lock(c.match(seq(0, 6 * ps)).handle);
+  c.evict(4);  // frees whole leaves: their slots go on the free list
+  REQUIRE(c.check_invariants());
+}
+
+template <class Cache, class Make>
+void moved_from_cases(Make make, std::size_t ps) {
+  {  // move construction
+    Cache a = make();
+    fill(a, ps);
+    const std::size_t cached = a.cached_pages();
+    Cache b(std::move(a));
+    CHECK(b.cached_pages() == cached);
+    CHECK(b.check_invariants());
+    check_moved_from_usable(a, ps);  // NOLINT(bugprone-use-after-move)
+    CHECK(b.check_invariants());
+  }
+  {  // move assignment
+    Cache a = make();
+    fill(a, ps);
+    Cache b = make();
+    b.insert(seq(500, 3 * ps), pids<Cache>(50, 3));
+    const std::size_t cached = a.cached_pages();
+    b = std::move(a);
+    CHECK(b.cached_pages() == cached);
+    CHECK(b.check_invariants());
+    check_moved_from_usable(a, ps);  // NOLINT(bugprone-use-after-move)
+    // And moving into the moved-from cache works too.
+    a = std::move(b);
+    CHECK(a.cached_pages() == cached);
+    CHECK(a.check_invariants());
+    check_moved_from_usable(b, ps);  // NOLINT(bugprone-use-after-move)
+  }
+  {  // self-move assignment changes nothing
+    Cache a = make();
+    fill(a, ps);
+    const std::size_t cached = a.cached_pages();
+    Cache& self = a;
+    a = std::move(self);
+    CHECK(a.cached_pages() == cached);
+    CHECK(a.check_invariants());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("paged cache: a moved-from cache is empty and usable") {
+  // Moves throw only where a member's would: a vector of caches moves them when it grows.
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<PagedPrefixCache<>>);
+  STATIC_REQUIRE(std::is_nothrow_move_assignable_v<PagedPrefixCache<>>);
+  STATIC_REQUIRE(
+      std::is_nothrow_move_constructible_v<PagedPrefixCache<std::uint64_t, eviction::Adaptive>>);
+  for (const std::size_t ps : {std::size_t{1}, std::size_t{3}}) {
+    INFO("page size " << ps);
+    moved_from_cases<PagedPrefixCache<>>([ps] { return PagedPrefixCache<>(ps); }, ps);
+    Recorder rec;
+    moved_from_cases<PagedPrefixCache<std::uint64_t, eviction::Adaptive>>(
+        [ps, &rec] {
+          return PagedPrefixCache<std::uint64_t, eviction::Adaptive>(ps, eviction::Adaptive(8),
+                                                                     rec.sink());
+        },
+        ps);
+  }
 }

@@ -1,8 +1,9 @@
 // Exception safety of PagedPrefixCache: every allocation an operation makes is
-// made to fail in turn; after each failure the cache must satisfy its
-// invariants and be exactly as before (the strong guarantee the header
-// promises), and the successful run must leave the state of a run without
-// failures.
+// made to fail in turn (the node vector's over-aligned growth included); after each
+// failure the cache must satisfy its invariants and be exactly as before (the strong
+// guarantee the header promises), and the successful run must leave the state of a run
+// without failures. Each case runs with LRU and with the adaptive policy, whose ghost
+// history and target must not move on a failure either.
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -20,8 +22,20 @@
 namespace {
 
 using promptcache::KvEvent;
-using Cache = promptcache::PagedPrefixCache<std::uint32_t>;
+using LruCache = promptcache::PagedPrefixCache<std::uint32_t>;
+using AdaptiveCache = promptcache::PagedPrefixCache<std::uint32_t, promptcache::eviction::Adaptive>;
 using Tokens = std::vector<std::uint32_t>;
+
+// A cache of `page_size`-token pages, with a sink when asked.
+template <class Cache>
+std::unique_ptr<Cache> make_cache(std::size_t page_size, bool sink) {
+  typename Cache::event_sink s;
+  if (sink) s = [](const KvEvent&) {};
+  if constexpr (std::is_same_v<Cache, AdaptiveCache>)
+    return std::make_unique<Cache>(page_size, promptcache::eviction::Adaptive(16, 2.0), s);
+  else
+    return std::make_unique<Cache>(page_size, promptcache::eviction::Lru{}, s);
+}
 
 Tokens seq(std::uint32_t from, std::size_t n) {
   Tokens t(n);
@@ -52,9 +66,12 @@ struct Snapshot {
   std::size_t cached = 0, locked = 0, evictable = 0, nodes = 0, namespaces = 0;
   std::uint64_t next_event = 0;
   std::uint64_t seed5 = 0;
+  double target = 0;  // the adaptive policy's state
+  std::size_t ghosts_once = 0, ghosts_reused = 0;
   bool operator==(const Snapshot&) const = default;
 };
 
+template <class Cache>
 Snapshot snapshot(const Cache& c) {
   Snapshot s;
   for (const std::uint64_t ns : {0U, 1U, 5U, 7U})
@@ -67,11 +84,22 @@ Snapshot snapshot(const Cache& c) {
   s.namespaces = c.namespace_count();
   s.next_event = c.next_event_id();
   s.seed5 = c.namespace_seed(5);
+  if constexpr (std::is_same_v<Cache, AdaptiveCache>) {
+    s.target = c.policy().target();
+    s.ghosts_once = c.policy().ghosts_once();
+    s.ghosts_reused = c.policy().ghosts_reused();
+  }
   return s;
 }
 
+// Pages in two namespaces, one of them locked; with the adaptive policy, ghosts of evicted
+// pages (the new namespace's insert below brings one back).
+template <class Cache>
 std::unique_ptr<Cache> base() {
-  auto c = std::make_unique<Cache>(2, promptcache::eviction::Lru{}, [](const KvEvent&) {});
+  auto c = make_cache<Cache>(2, true);
+  c->insert(seq(400, 2), ids(90, 1), 7);
+  c->evict(1);
+  c->erase_namespace(7);
   c->insert(seq(0, 12), ids(0, 6));
   c->insert(cat(seq(0, 4), seq(50, 8)), ids(10, 6));
   c->insert(seq(100, 8), ids(20, 4), 0, 1);
@@ -83,13 +111,14 @@ std::unique_ptr<Cache> base() {
 
 // Runs `op` on a fresh base cache with allocation k failing, for k = 0, 1, ...
 // until it succeeds; returns how many runs failed.
+template <class Cache>
 int fail_every_allocation(const std::function<void(Cache&)>& op, bool split_may_remain = false) {
-  auto clean = base();
+  auto clean = base<Cache>();
   op(*clean);
   const Snapshot want = snapshot(*clean);
   int failures = 0;
   for (long k = 0; k < 1000; ++k) {
-    auto c = base();
+    auto c = base<Cache>();
     const Snapshot before = snapshot(*c);
     bool threw = false;
     test_alloc::countdown = k;
@@ -120,36 +149,45 @@ TEST_CASE("paged cache exceptions: the replaced allocator is in use") {
   REQUIRE(test_alloc::replacement_active());
 }
 
-TEST_CASE("paged cache exceptions: insert is all or nothing") {
+TEMPLATE_TEST_CASE("paged cache exceptions: insert is all or nothing", "", LruCache,
+                   AdaptiveCache) {
+  using Cache = TestType;
   // New pages below a split, with a Stored event.
-  CHECK(fail_every_allocation([](Cache& c) { c.insert(cat(seq(0, 6), seq(70, 4)), ids(40, 5)); }) >
-        0);
+  CHECK(fail_every_allocation<Cache>(
+            [](Cache& c) { c.insert(cat(seq(0, 6), seq(70, 4)), ids(40, 5)); }) > 0);
   // New pages at the root.
-  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(200, 8), ids(50, 4)); }) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.insert(seq(200, 8), ids(50, 4)); }) > 0);
   // A new namespace.
-  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(400, 4), ids(60, 2), 7); }) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.insert(seq(400, 4), ids(60, 2), 7); }) > 0);
   // Duplicates reported for an already cached prefix.
-  CHECK(fail_every_allocation([](Cache& c) { c.insert(seq(0, 12), ids(80, 6)); }) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.insert(seq(0, 12), ids(80, 6)); }) > 0);
 }
 
-TEST_CASE("paged cache exceptions: evict, erase_namespace and configure_namespace") {
-  CHECK(fail_every_allocation([](Cache& c) { c.evict(5); }) > 0);
-  CHECK(fail_every_allocation([](Cache& c) { c.erase_namespace(1); }) > 0);
-  CHECK(fail_every_allocation([](Cache& c) { c.configure_namespace(5, "lora", "salt"); }) > 0);
+TEMPLATE_TEST_CASE("paged cache exceptions: evict, erase_namespace and configure_namespace", "",
+                   LruCache, AdaptiveCache) {
+  using Cache = TestType;
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.evict(5); }) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.erase_namespace(1); }) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { c.configure_namespace(5, "lora", "salt"); }) >
+        0);
 }
 
-TEST_CASE("paged cache exceptions: a match that splits leaves the tree as it was") {
+TEMPLATE_TEST_CASE("paged cache exceptions: a match that splits leaves the tree as it was", "",
+                   LruCache, AdaptiveCache) {
+  using Cache = TestType;
   // The walked pages' access times may have been refreshed, and a split made
   // before the failure (growing the result) may remain: it changes no answer.
-  CHECK(fail_every_allocation([](Cache& c) { (void)c.match(seq(100, 4)); }, true) > 0);
+  CHECK(fail_every_allocation<Cache>([](Cache& c) { (void)c.match(seq(100, 4)); }, true) > 0);
 }
 
-TEST_CASE("paged cache exceptions: a split while matching into a table at page size 1") {
+TEMPLATE_TEST_CASE("paged cache exceptions: a split while matching into a table at page size 1", "",
+                   LruCache, AdaptiveCache) {
+  using Cache = TestType;
   // One token per page: the compare writes the ids as it goes, so a failed split may leave
   // the ids of the pages matched so far in the table, but nothing past them.
   constexpr std::uint32_t unset = 0xFFFFFFFFU;
   const auto make = [] {
-    auto c = std::make_unique<Cache>(1);
+    auto c = make_cache<Cache>(1, true);
     c->insert(cat(seq(0, 10), seq(50, 20)), ids(100, 30));
     c->insert(cat(seq(0, 10), seq(80, 20)), ids(200, 30));
     return c;

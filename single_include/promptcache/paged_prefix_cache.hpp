@@ -4902,7 +4902,8 @@ class KvIndex {
 //   unspecified order.
 // - key_class() depends on the metadata alone, like key(); when a hook changes a
 //   node's class the cache moves it to its new heap at once (O(log leaves)).
-// - Hooks and choose_class must not throw (they run while the cache is mid-update).
+// - Hooks and choose_class must not throw: the cache calls them from noexcept functions
+//   (mid-update), so an exception escaping one calls std::terminate.
 // The policy object is a member of the cache (constructed from the instance
 // given to the cache), so it may keep state of its own: ghost lists, adaptive
 // targets, counters.
@@ -5580,7 +5581,7 @@ struct PagedCacheStats {
   std::uint64_t erased_pages = 0;     ///< Pages freed by erase_namespace().
   std::uint64_t cleared_pages = 0;    ///< Pages freed by clear().
   std::uint64_t splits = 0;           ///< Nodes split by a match or insert ending inside them.
-  std::uint64_t events = 0;           ///< KV events published.
+  std::uint64_t events = 0;           ///< Event ids consumed (a throwing sink's included).
   std::size_t cached_pages = 0;       ///< Gauge: pages in the cache.
   std::size_t locked_pages = 0;       ///< Gauge: pages on the path of at least one lock.
   std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
@@ -5600,8 +5601,12 @@ struct PagedCacheMemory {
 /// Costs below: T = tokens of the call, P = pages of the call, L = evictable
 /// leaves, N = nodes. Invalidation: results are values (vectors, counts,
 /// handles); a handle is invalidated only as PagedPrefixHandle says.
-/// Exception safety: see each member; the event sink and the eviction callbacks
-/// are called after the cache is consistent.
+/// Exception safety: see each member. The eviction callbacks must not throw. The
+/// event sink may throw; a sink that throws is taken not to have published the event
+/// (its id stays consumed, so a router sees the gap and resyncs). insert() calls the
+/// sink before it changes anything, so a throwing sink leaves the cache unchanged;
+/// evict(), erase_namespace() and clear() call it after their change, which stands
+/// (their callbacks have run) while the exception propagates.
 template <std::integral PageId = std::uint32_t, PagedEvictionPolicy Policy = eviction::Lru>
 class PagedPrefixCache {
   static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
@@ -5610,6 +5615,19 @@ class PagedPrefixCache {
   using meta_type = typename Policy::meta_type;
   using key_type = typename Policy::key_type;
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+  using ns_map = std::unordered_map<std::uint64_t, std::uint32_t>;
+  using seed_map = std::unordered_map<std::uint64_t, std::uint64_t>;
+  // The moves throw only where the policy's, the sink's or a map's own move does (the
+  // vectors and the edge table never do).
+  static constexpr bool nothrow_move_construct =
+      std::is_nothrow_move_constructible_v<Policy> &&
+      std::is_nothrow_move_constructible_v<std::function<void(const KvEvent&)>> &&
+      std::is_nothrow_move_constructible_v<ns_map> &&
+      std::is_nothrow_move_constructible_v<seed_map>;
+  static constexpr bool nothrow_move_assign =
+      std::is_nothrow_move_assignable_v<Policy> &&
+      std::is_nothrow_move_assignable_v<std::function<void(const KvEvent&)>> &&
+      std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
 
  public:
   using page_id = PageId;              ///< The engine's page id type.
@@ -5656,10 +5674,59 @@ class PagedPrefixCache {
   PagedPrefixCache(const PagedPrefixCache&) = delete;
   /// Not copy-assignable.
   PagedPrefixCache& operator=(const PagedPrefixCache&) = delete;
-  /// Takes over `other` (handles into it stay valid for the new object). O(1).
-  PagedPrefixCache(PagedPrefixCache&&) = default;
-  /// Takes over `other`; this cache's pages are dropped without callbacks. O(N).
-  PagedPrefixCache& operator=(PagedPrefixCache&&) = default;
+  /// Takes over `other` (handles into it stay valid for the new object). `other` is left
+  /// empty and usable: no namespaces, pages, events or counters, the same page size, its
+  /// policy as Policy's move left it, and no sink (publishes_events() false). O(1).
+  PagedPrefixCache(PagedPrefixCache&& other) noexcept(nothrow_move_construct)
+      : page_size_(other.page_size_),
+        policy_(std::move(other.policy_)),
+        sink_(std::move(other.sink_)),
+        hashes_(other.hashes_),
+        nodes_(std::move(other.nodes_)),
+        free_head_(other.free_head_),
+        free_count_(other.free_count_),
+        block_pages_(other.block_pages_),
+        evictable_pages_(other.evictable_pages_),
+        edges_(std::move(other.edges_)),
+        heaps_(std::move(other.heaps_)),
+        class_pages_(other.class_pages_),
+        ns_slots_(std::move(other.ns_slots_)),
+        ns_index_(std::move(other.ns_index_)),
+        seed_owner_(std::move(other.seed_owner_)),
+        path_(std::move(other.path_)),
+        ns_hint_(other.ns_hint_),
+        tick_(other.tick_),
+        next_event_id_(other.next_event_id_),
+        stats_(other.stats_) {
+    other.reset_moved_from();
+  }
+  /// Takes over `other` as the move constructor does, leaving `other` as it says; this
+  /// cache's pages are dropped without callbacks. Self-move changes nothing. O(N).
+  PagedPrefixCache& operator=(PagedPrefixCache&& other) noexcept(nothrow_move_assign) {
+    if (this == &other) return *this;
+    page_size_ = other.page_size_;
+    policy_ = std::move(other.policy_);
+    sink_ = std::move(other.sink_);
+    hashes_ = other.hashes_;
+    nodes_ = std::move(other.nodes_);
+    free_head_ = other.free_head_;
+    free_count_ = other.free_count_;
+    block_pages_ = other.block_pages_;
+    evictable_pages_ = other.evictable_pages_;
+    edges_ = std::move(other.edges_);
+    heaps_ = std::move(other.heaps_);
+    class_pages_ = other.class_pages_;
+    ns_slots_ = std::move(other.ns_slots_);
+    ns_index_ = std::move(other.ns_index_);
+    seed_owner_ = std::move(other.seed_owner_);
+    path_ = std::move(other.path_);
+    ns_hint_ = other.ns_hint_;
+    tick_ = other.tick_;
+    next_event_id_ = other.next_event_id_;
+    stats_ = other.stats_;
+    other.reset_moved_from();
+    return *this;
+  }
   /// Releases the index (not the engine's pages: the engine owns them). O(N).
   ~PagedPrefixCache() = default;
 
@@ -5669,10 +5736,16 @@ class PagedPrefixCache {
   /// (block_hash_seed()). A namespace never configured hashes with no LoRA name and,
   /// except namespace 0, its id in decimal as the cache salt, so distinct namespaces
   /// never share block hashes. Throws std::invalid_argument (nothing changed) if `ns`
-  /// holds pages and the seed would change (published hashes would be wrong), or if
-  /// another namespace uses the seed. O(names + 1) expected.
+  /// holds pages and the seed would change (published hashes would be wrong), if
+  /// another namespace uses the seed, or if the seed is the default of another
+  /// namespace id (no LoRA name and either no salt with `ns` != 0, or a salt that is
+  /// another id in decimal), used or not: a router asking for that id would be
+  /// answered with this namespace's blocks. O(names + 1) expected.
   void configure_namespace(namespace_id ns, std::string_view lora_name = {},
                            std::string_view cache_salt = {}) {
+    if (lora_name.empty() && names_other_namespace(cache_salt, ns))
+      throw std::invalid_argument(
+          "PagedPrefixCache: the seed is another namespace's default block-hash seed");
     const std::uint64_t seed = block_hash_seed(lora_name, cache_salt);
     const auto it = ns_index_.find(ns);
     if (it != ns_index_.end()) {
@@ -5706,7 +5779,8 @@ class PagedPrefixCache {
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
   /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
   /// cached pages and every answer are unchanged; the walked pages' access metadata may
-  /// have been refreshed and a split made before the failure may remain.
+  /// have been refreshed. A walk splits at most once, after the split's allocations
+  /// succeed, so a split remains only when growing the result vector throws after it.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
@@ -5733,7 +5807,9 @@ class PagedPrefixCache {
   /// there like a shorter query would). Allocates only for a split; the cheapest match().
   /// If that split throws std::bad_alloc, out may already hold a prefix of the ids a
   /// successful call writes (never an entry past them); the cache is as above. out may be
-  /// the query's own storage (out.data() == tokens.data()): ids land only on compared tokens.
+  /// the query's own storage (out.data() == tokens.data()) when page_size() >= 2 or
+  /// sizeof(PageId) <= 4: ids then land only on compared tokens. With 8-byte ids at page
+  /// size 1 they would overwrite tokens still to compare: use separate storage.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
     const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
     const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
@@ -5832,10 +5908,14 @@ class PagedPrefixCache {
   /// that count (the partial page) are ignored. Leading pages already cached keep
   /// their cached ids; engine ids that differ from them are returned as duplicates.
   /// The policy sees an insert hit on every cached page of the path and `priority`
-  /// on the new ones. Publishes one Stored event for the new pages.
-  /// Throws std::invalid_argument if pages.size() is below the page count, or if `ns`
-  /// is new and its default seed is taken by a configured namespace. O(T + log L).
-  /// Strong guarantee: on any exception nothing changed (except the sink's own).
+  /// on the new ones. Publishes one Stored event for the new pages, before storing them.
+  /// With no whole page it only counts the call (no namespace is created, nothing is
+  /// checked but the page count). Throws std::invalid_argument if pages.size() is below
+  /// the page count, or if `ns` is new and another namespace's configured seed equals its
+  /// default (configure_namespace() refuses every seed that is another id's default by
+  /// construction, so only a 64-bit collision of seeds gets here). O(T + log L).
+  /// Strong guarantee for every exception, the sink's included: nothing was inserted and
+  /// the engine still owns its pages (a throwing sink consumes the event id).
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
     const std::size_t q_pages = tokens.size() / page_size_;
@@ -5917,10 +5997,22 @@ class PagedPrefixCache {
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
     reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
     edges_.reserve(extra_nodes);
-    reserve_heap(live_nodes_ + extra_nodes);
+    reserve_heap(stats_.nodes + extra_nodes);
     if (it == ns_index_.end()) {
       create_namespace(ns, seed);  // strong: nothing else changed yet
       cur = ns_slots_[ns_index_.find(ns)->second].root;
+    }
+    // The event goes out before the commit, the one step after it that cannot throw: a
+    // sink that throws has not published it, and leaves the cache as it was (the new
+    // namespace withdrawn), so the engine keeps its pages whatever insert throws.
+    const std::uint64_t leaf_hash = event ? event->blocks.back().block_hash : 0;
+    if (event) {
+      try {
+        publish(std::move(*event));
+      } catch (...) {
+        if (it == ns_index_.end()) drop_empty_namespace(ns);
+        throw;
+      }
     }
 
     // Phase 2: commit; nothing below throws.
@@ -5935,14 +6027,13 @@ class PagedPrefixCache {
     if (new_pages > 0) {
       cur = add_leaf(cur, tokens.data() + pos * page_size_, pages.data() + pos,
                      static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns, priority,
-                     event ? &*event : nullptr);
+                     leaf_hash);
     }
     r.cached_pages = pos;
     r.inserted_pages = new_pages;
     r.handle = handle_of(cur);
     stats_.inserted_pages += new_pages;
     stats_.duplicate_pages += r.duplicates.size();
-    if (event) publish(std::move(*event));
     return r;
   }
 
@@ -5957,7 +6048,8 @@ class PagedPrefixCache {
   /// each node it touches (a node keeps only its last page's hash, so trimming k pages
   /// of an n-page leaf rehashes n pages). on_evict must not throw (a throwing
   /// callback terminates: the cache cannot hand back half a node). Strong guarantee
-  /// for std::bad_alloc (before anything changes).
+  /// for std::bad_alloc (before anything changes). A throwing sink: the pages are freed
+  /// (on_evict ran), the event id consumed, and the exception propagates.
   template <class OnEvict>
   std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
     const std::size_t target = std::min(n_pages, evictable_pages_);
@@ -5977,7 +6069,8 @@ class PagedPrefixCache {
   /// Drops every page of every namespace, calling on_free(PageId) for each (in
   /// unspecified order), and publishes Cleared. Namespace configurations stay.
   /// Returns false, changing nothing, if any page is locked. O(N + pages); the
-  /// callback must not throw (see evict). Invalidates every handle.
+  /// callback must not throw (see evict). Invalidates every handle. A throwing sink:
+  /// the cache is cleared (on_free ran), the event id consumed, the exception propagates.
   template <class OnFree>
   bool clear(OnFree&& on_free) {
     if (stats_.locked_pages > 0) return false;
@@ -5995,6 +6088,8 @@ class PagedPrefixCache {
   /// namespace, configuration included; publishes one Removed event if pages were
   /// dropped. Returns false, changing nothing, if a page of `ns` is locked; true for
   /// an unknown namespace. O(nodes and pages of ns). Strong guarantee for bad_alloc.
+  /// A throwing sink: the namespace is erased (on_free ran), the event id consumed, the
+  /// exception propagates.
   template <class OnFree>
   bool erase_namespace(namespace_id ns, OnFree&& on_free) {
     const auto it = ns_index_.find(ns);
@@ -6035,7 +6130,7 @@ class PagedPrefixCache {
   /// Pages evict() can free now (cached minus locked). O(1).
   [[nodiscard]] std::size_t evictable_pages() const noexcept { return evictable_pages_; }
   /// Tree nodes, namespace roots not counted. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return live_nodes_; }
+  [[nodiscard]] std::size_t node_count() const noexcept { return stats_.nodes; }
   /// True when a sink was given: pages carry block hashes and events are published. O(1).
   [[nodiscard]] bool publishes_events() const noexcept { return hashes_; }
   /// Id the next event will carry (events are numbered 0, 1, 2, ...). O(1).
@@ -6137,12 +6232,12 @@ class PagedPrefixCache {
           return false;
       }
     }
-    if (live != live_nodes_ || pages != stats_.cached_pages || locked != stats_.locked_pages ||
+    if (live != stats_.nodes || pages != stats_.cached_pages || locked != stats_.locked_pages ||
         evictable != evictable_pages_ || in_heap != heap_size() || block_pages != block_pages_)
       return false;
     if constexpr (classes > 1)
       if (class_pages != class_pages_) return false;
-    if (edges_.size() != live_nodes_ - chained_siblings()) return false;
+    if (edges_.size() != stats_.nodes - chained_siblings()) return false;
     for (const auto& heap : heaps_)
       for (std::size_t i = 1; i < heap.size(); ++i)
         if (heap[i].key < heap[(i - 1) / 2].key) return false;
@@ -6213,6 +6308,32 @@ class PagedPrefixCache {
   // Compares at least this long look the next level up while they run (see find_child).
   static constexpr std::size_t look_ahead_bytes = 256;
 
+  // After a move: every container the counters describe is emptied (a moved-from standard
+  // container is only "valid but unspecified") and every counter and free-list link that
+  // pointed into them is reset, so the object is an empty cache again. The page size and
+  // the policy stay; the sink went with the contents.
+  void reset_moved_from() noexcept {
+    sink_ = nullptr;
+    hashes_ = false;
+    nodes_.clear();
+    free_head_ = npos;
+    free_count_ = 0;
+    block_pages_ = 0;
+    evictable_pages_ = 0;
+    edges_.clear();
+    for (auto& heap : heaps_)
+      heap.clear();
+    class_pages_ = {};
+    ns_slots_.clear();
+    ns_index_.clear();
+    seed_owner_.clear();
+    path_.clear();
+    ns_hint_ = npos;
+    tick_ = 0;
+    next_event_id_ = 0;
+    stats_ = PagedCacheStats{};
+  }
+
   static std::size_t check_page_size(std::size_t page_size) {
     if (page_size == 0 || page_size > (std::size_t{1} << 20))
       throw std::invalid_argument("PagedPrefixCache: page_size must be in [1, 2^20]");
@@ -6222,6 +6343,22 @@ class PagedPrefixCache {
   static std::uint64_t default_seed(namespace_id ns) {
     if (ns == 0) return block_hash_seed();
     return block_hash_seed({}, std::to_string(ns));
+  }
+
+  // True when a cache salt with no LoRA name gives namespace `ns` the default seed of
+  // another id m (default_seed(m)): the empty salt is namespace 0's, and the decimal form
+  // std::to_string(m) (no sign, no leading zero) is m's for m != 0.
+  static bool names_other_namespace(std::string_view salt, namespace_id ns) noexcept {
+    if (salt.empty()) return ns != 0;
+    if (salt.size() > 20 || salt[0] == '0') return false;
+    namespace_id m = 0;
+    for (const char ch : salt) {
+      if (ch < '0' || ch > '9') return false;
+      const auto d = static_cast<namespace_id>(ch - '0');
+      if (m > (std::numeric_limits<namespace_id>::max() - d) / 10) return false;
+      m = m * 10 + d;
+    }
+    return m != ns;
   }
 
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
@@ -6555,6 +6692,18 @@ class PagedPrefixCache {
     ns_slots_[slot] = NsSlot{ns, seed, root, true};
   }
 
+  // Undoes create_namespace(ns) for a namespace that holds nothing yet. Never throws.
+  void drop_empty_namespace(namespace_id ns) noexcept {
+    const auto it = ns_index_.find(ns);
+    const std::uint32_t slot = it->second;
+    NsSlot& s = ns_slots_[slot];
+    free_node(s.root);
+    seed_owner_.erase(s.seed);
+    ns_index_.erase(it);
+    s = NsSlot{};
+    if (slot + 1 == ns_slots_.size()) ns_slots_.pop_back();
+  }
+
   void check_seed_free(std::uint64_t seed, namespace_id ns) const {
     const auto so = seed_owner_.find(seed);
     if (so != seed_owner_.end() && so->second != ns)
@@ -6578,7 +6727,7 @@ class PagedPrefixCache {
   void prepare_split() {
     reserve_nodes(1);
     edges_.reserve(1);
-    reserve_heap(live_nodes_ + 1);
+    reserve_heap(stats_.nodes + 1);
   }
 
   // A new unlinked node holding a copy of n pages (their tokens and ids) in `block`, with
@@ -6641,7 +6790,7 @@ class PagedPrefixCache {
     C.prev = C.next = C.next_same = npos;
     H.first_child = c;
     edges_.insert_reserved(h, tokens_of(C)[0], c, C.tok);
-    ++live_nodes_;
+    ++stats_.nodes;
     ++stats_.splits;
     return h;
   }
@@ -6650,13 +6799,13 @@ class PagedPrefixCache {
   // node, an edge and a heap entry. Never throws.
   std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
                          std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
-                         std::int64_t priority, const kv_event::Stored* st) noexcept {
+                         std::int64_t priority, std::uint64_t last_hash) noexcept {
     const Node& p = nodes_[parent];
     const std::uint32_t x = new_node(std::move(block), n, tokens, ids, parent,
                                      p.kind == Kind::root ? 0U : p.depth + p.n, p.ns);
     Node& L = nodes_[x];
     Node& P = nodes_[parent];
-    if (st != nullptr) L.last_hash = st->blocks.back().block_hash;
+    L.last_hash = last_hash;
     L.meta = policy_.on_create(context(L, ns, priority));
     // Link as the first child; chain behind any sibling with the same first token.
     L.prev = npos;
@@ -6671,7 +6820,7 @@ class PagedPrefixCache {
       L.next_same = head;
       edges_.replace(parent, tokens[0], x, L.tok);
     }
-    ++live_nodes_;
+    ++stats_.nodes;
     stats_.cached_pages += n;
     if constexpr (classes > 1) class_pages_[class_of(L)] += n;
     evictable_pages_ += n;
@@ -6699,7 +6848,7 @@ class PagedPrefixCache {
         e = nodes_[e].next_same;
       nodes_[e].next_same = L.next_same;
     }
-    --live_nodes_;
+    --stats_.nodes;
     free_node(x);
   }
 
@@ -6791,8 +6940,8 @@ class PagedPrefixCache {
     }
     stats_.cleared_pages += stats_.cached_pages;
     stats_.cached_pages = 0;
+    stats_.nodes = 0;
     evictable_pages_ = 0;
-    live_nodes_ = 0;
     edges_.clear();
     for (auto& heap : heaps_)
       heap.clear();
@@ -6961,15 +7110,14 @@ class PagedPrefixCache {
   std::vector<Node> nodes_;
   std::uint32_t free_head_ = npos;
   std::size_t free_count_ = 0;
-  std::size_t live_nodes_ = 0;
   std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
   std::size_t evictable_pages_ = 0;
   detail::PagedEdgeTable edges_;
   std::array<std::vector<HeapEntry>, classes> heaps_;
   std::array<std::size_t, classes> class_pages_{};  // cached pages per key class (classes > 1)
   std::vector<NsSlot> ns_slots_;
-  std::unordered_map<namespace_id, std::uint32_t> ns_index_;
-  std::unordered_map<std::uint64_t, namespace_id> seed_owner_;
+  ns_map ns_index_;
+  seed_map seed_owner_;
   std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
   std::uint32_t ns_hint_ = npos;     // the slot match() used last (checked before use)
   std::uint64_t tick_ = 0;

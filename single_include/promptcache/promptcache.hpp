@@ -4196,7 +4196,8 @@ class ManualClock {
 //   unspecified order.
 // - key_class() depends on the metadata alone, like key(); when a hook changes a
 //   node's class the cache moves it to its new heap at once (O(log leaves)).
-// - Hooks and choose_class must not throw (they run while the cache is mid-update).
+// - Hooks and choose_class must not throw: the cache calls them from noexcept functions
+//   (mid-update), so an exception escaping one calls std::terminate.
 // The policy object is a member of the cache (constructed from the instance
 // given to the cache), so it may keep state of its own: ghost lists, adaptive
 // targets, counters.

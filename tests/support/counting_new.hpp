@@ -5,7 +5,7 @@
 //   test_alloc::count      allocations so far (only successful ones count)
 //   test_alloc::countdown  -1: disarmed; k >= 0: the allocation after the next
 //                          k succeeds throws (then it disarms itself)
-//   test_alloc::replacement_active()  whether these functions are the ones in use
+//   test_alloc::replacement_active()  whether these functions (plain and aligned) are in use
 #pragma once
 
 #include <cstddef>
@@ -43,9 +43,34 @@ inline void* allocate_nothrow(std::size_t n) noexcept {
   }
 }
 
+// Over-aligned types (alignas above the default new alignment) come through the
+// align_val_t forms: they count and fail like the others. aligned_alloc wants a size that
+// is a multiple of the alignment; the memory is released with free() like malloc's.
+inline void* allocate_aligned(std::size_t n, std::align_val_t al) {
+  if (countdown == 0) {
+    countdown = -1;
+    throw std::bad_alloc();
+  }
+  if (countdown > 0) --countdown;
+  ++count;
+  const auto a = static_cast<std::size_t>(al);
+  const std::size_t size = n == 0 ? a : (n + a - 1) / a * a;
+  void* p = std::aligned_alloc(a, size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+inline void* allocate_aligned_nothrow(std::size_t n, std::align_val_t al) noexcept {
+  try {
+    return allocate_aligned(n, al);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 }  // namespace test_alloc
 
-// Every non-aligned form, so the sanitizers' own operators never pair with ours.
+// Every form, aligned ones included, so the sanitizers' own operators never pair with ours.
 void* operator new(std::size_t n) {
   return test_alloc::allocate(n);
 }
@@ -76,16 +101,49 @@ void operator delete(void* p, const std::nothrow_t&) noexcept {
 void operator delete[](void* p, const std::nothrow_t&) noexcept {
   std::free(p);
 }
+void* operator new(std::size_t n, std::align_val_t al) {
+  return test_alloc::allocate_aligned(n, al);
+}
+void* operator new[](std::size_t n, std::align_val_t al) {
+  return test_alloc::allocate_aligned(n, al);
+}
+void* operator new(std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
+  return test_alloc::allocate_aligned_nothrow(n, al);
+}
+void* operator new[](std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
+  return test_alloc::allocate_aligned_nothrow(n, al);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 
 namespace test_alloc {
 
-// One direct call of the allocation function must count once. (A new-expression would not
-// do: clang at -O2 removes a new/delete pair whose result is unused.)
+// One direct call of the allocation function must count once, plain and aligned. (A
+// new-expression would not do: clang at -O2 removes a new/delete pair whose result is unused.)
 inline bool replacement_active() {
   const long before = count;
   void* p = ::operator new(sizeof(int));
   ::operator delete(p);
-  return count == before + 1;
+  constexpr auto al = std::align_val_t{2 * __STDCPP_DEFAULT_NEW_ALIGNMENT__};
+  void* q = ::operator new(sizeof(int), al);
+  ::operator delete(q, al);
+  return count == before + 2;
 }
 
 }  // namespace test_alloc
