@@ -200,6 +200,40 @@ TEST_CASE("strong guarantee: first entry of a new namespace and a new TTL class"
   CHECK(n >= 4);
 }
 
+TEST_CASE("strong guarantee: a failed insert leaves the pool's time alone") {
+  // The pool never lets its time go back, so a failed insert that kept its later clock
+  // reading would expire an entry the clock, once set back, says is still fresh.
+  int failures = 0;
+  for (long k = 0; k < 1000; ++k) {
+    INFO("allocation " << k << " failed");
+    ManualClock clock;
+    Pool::Options o;
+    o.max_entries = 4;
+    o.min_cacheable_tokens = 0;
+    o.ttl = 10ns;
+    Pool pool(o, clock);
+    pool.insert({1, 2}, {Layer(1)});
+    clock.set(ManualClock::time_point(100ns));
+    bool threw = false;
+    test_alloc::countdown = k;
+    try {
+      pool.insert({7, 8, 9}, {Layer(2)}, in_ns(5));
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    test_alloc::countdown = -1;
+    if (!threw) break;
+    ++failures;
+    clock.set(ManualClock::time_point(5ns));
+    const auto hit = pool.find_longest_prefix(Ids{1, 2, 3});
+    REQUIRE(hit.has_value());
+    CHECK(hit->entry->caches.at(0).tag == 1);
+    CHECK(pool.stats().evicted_ttl == 0);
+    pool.check_invariants();
+  }
+  CHECK(failures >= 3);
+}
+
 TEST_CASE("strong guarantee in common-prefix mode: leaf, split, extension, new namespace") {
   constexpr auto common = promptcache::MatchMode::common_prefix;
   CHECK(fail_every_allocation(
