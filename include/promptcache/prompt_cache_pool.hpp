@@ -91,7 +91,7 @@ struct PoolStats {
   std::uint64_t superseded = 0;    ///< Common-prefix mode: shorter prefixes retired by an insert.
   std::size_t entries = 0;         ///< Gauge: stored entries.
   std::size_t pinned_entries = 0;  ///< Gauge: stored pinned entries.
-  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes (size customization point).
+  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes, saturating at SIZE_MAX.
 };
 
 /// Memory of a pool, split into the index and the token ids it indexes.

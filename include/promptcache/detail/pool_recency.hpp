@@ -183,16 +183,10 @@ class PoolRecency {
     return !due_.empty() && !(now < due_[0].due);
   }
 
-  /// Whether an entry used at `last_used` with `ttl` is expired at `now`: its deadline
-  /// (pool_deadline) is not "never" and not after `now`. O(1).
-  [[nodiscard]] static bool expired(time_point last_used, duration ttl, time_point now) noexcept {
-    const PoolDeadline<time_point> d = pool_deadline(last_used, ttl);
-    return !d.never && !(now < d.at);
-  }
-
-  /// Calls remove(s) for every listed entry expired at `now` (see expired()); remove must
-  /// unlink s. Within one call the order is by class keys, which may lag (not by exact expiry
-  /// time). Returns how many. O(1) when nothing is due, else O((expired + re-keyed) x log T).
+  /// Calls remove(s) for every listed entry expired at `now` (its deadline, pool_deadline, is
+  /// not "never" and not after `now`); remove must unlink s. Within one call the order is by class
+  /// keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing is due,
+  /// else O((expired + re-keyed) x log T).
   template <class Remove>
   std::size_t expire(time_point now, Remove&& remove) noexcept {
     std::size_t n = 0;
@@ -210,7 +204,7 @@ class PoolRecency {
         continue;
       }
       // Not expired, so the key lagged behind the head (a key is exact once re-read): it only
-      // grows, and the loop ends.
+      // grows, and the loop goes on with whichever class is due next.
       top = exact;
       sift_down(due_, 0);
     }
