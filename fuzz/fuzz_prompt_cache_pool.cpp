@@ -4,7 +4,8 @@
 // token type (16-bit, or signed 8-bit so ids meet at both extremes) and then a
 // sequence of inserts (fresh ids, extensions, truncations and divergences of
 // earlier ids, in several namespaces, pinned or not, with per-entry TTLs and
-// sizes), lookups, clock advances, erases, pins, unpins, expiry, namespace drops
+// sizes, some near SIZE_MAX), lookups, clock advances (and clock settings back or near
+// the end of its range), erases, pins, unpins, expiry, namespace drops
 // and clears. After every operation each observable result, every counter and
 // every stored entry is compared with the linear-scan model of
 // tests/support/pool_model.hpp, and check_invariants() runs (after every operation
@@ -111,17 +112,26 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
       if (in.ConsumeBool()) ttl = pick_ttl();
       if (ttl) o.ttl = ManualClock::duration(*ttl);
       o.ns = pick_ns();
+      constexpr std::size_t kMaxBytes = std::numeric_limits<std::size_t>::max();
       std::size_t bytes = 0;
       std::vector<Layer> caches{Layer{++tag, 0}};
-      if (mo.max_bytes != 0) {
-        bytes = in.ConsumeIntegralInRange<std::size_t>(0, mo.max_bytes + 2);
-        if (in.ConsumeIntegralInRange<int>(0, 31) == 0) {
-          // Two layers whose sizes sum past SIZE_MAX: saturates, so too large.
-          bytes = std::numeric_limits<std::size_t>::max();
+      switch (in.ConsumeIntegralInRange<int>(0, 31)) {
+        case 0:
+          // Two layers whose sizes sum past SIZE_MAX: the entry's size saturates.
+          bytes = kMaxBytes;
           caches = {Layer{tag, bytes - 1}, Layer{tag, 2}};
-        } else {
+          break;
+        case 1:
+        case 2:
+        case 3:  // near SIZE_MAX: a few such entries carry the byte sum past the gauge's range
+          bytes = kMaxBytes - in.ConsumeIntegralInRange<std::size_t>(0, 2);
           caches[0].bytes = bytes;
-        }
+          break;
+        default:
+          bytes = in.ConsumeIntegralInRange<std::size_t>(
+              0, mo.max_bytes != 0 && mo.max_bytes < 1000 ? mo.max_bytes + 2 : 200);
+          caches[0].bytes = bytes;
+          break;
       }
       const auto got = pool.insert(ids, caches, o);
       const auto want = model.insert(ids, tag, o.pinned, ttl, o.ns, bytes);
@@ -133,10 +143,25 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
       const ns_t ns = pick_ns();
       const auto got = pool.find_longest_prefix(q, ns);
       pool_model::compare_lookup(got, model.lookup(q, ns), q, check);
-    } else if (op < 15) {  // time passes
-      const std::int64_t dt = in.ConsumeIntegralInRange<std::int64_t>(0, 60);
-      clock.advance(ManualClock::duration(dt));
-      model.now += dt;
+    } else if (op < 15) {  // time passes, or the clock is set back or near its end
+      constexpr std::int64_t kEnd = std::numeric_limits<std::int64_t>::max();
+      std::int64_t t = 0;
+      switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+        case 0:  // near the end of the clock's range (the pool keeps it: time stays there)
+          t = kEnd - in.ConsumeIntegralInRange<std::int64_t>(0, 130);
+          break;
+        case 1:
+        case 2:  // back, possibly before the epoch
+          t = model.now - in.ConsumeIntegralInRange<std::int64_t>(0, 200);
+          break;
+        default: {
+          const std::int64_t dt = in.ConsumeIntegralInRange<std::int64_t>(0, 60);
+          t = model.now > kEnd - dt ? kEnd : model.now + dt;
+          break;
+        }
+      }
+      clock.set(ManualClock::time_point(ManualClock::duration(t)));
+      model.now = t;
     } else if (op == 15) {
       const Ids ids = derived();
       const ns_t ns = pick_ns();
@@ -223,7 +248,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   mo.min_cacheable_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 5);
   mo.keep_one_token = in.ConsumeBool();
   mo.min_match_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 3);
-  mo.max_bytes = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::size_t>(1, 200);
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0:
+    case 1:
+      mo.max_bytes = 0;
+      break;
+    case 2:
+      mo.max_bytes = std::numeric_limits<std::size_t>::max();
+      break;
+    default:
+      mo.max_bytes = in.ConsumeIntegralInRange<std::size_t>(1, 200);
+      break;
+  }
   const bool synchronized_pool = in.ConsumeIntegralInRange<int>(0, 7) == 0;
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
     run_token<std::int8_t>(in, mo, synchronized_pool);

@@ -45,6 +45,11 @@ struct Config {
   // (stale children) before the next insert or removal has to settle them.
   std::uint32_t extra_lookup_pct = 0;
   int invariants_every = 16;  // steps between check_invariants() calls
+  // The clock is sometimes set back, and in the second half of a run near the end of its range
+  // (the pool keeps its latest reading, so time then stays there).
+  bool wild_clock = false;
+  // Some entries are sized near SIZE_MAX, so the byte sum carries past the gauge's range.
+  bool huge_sizes = false;
 };
 
 template <class Tok = std::uint16_t>
@@ -105,8 +110,8 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
       std::optional<std::int64_t> ttl;
       if (cfg.per_entry_ttl && rnd(3) == 0) ttl = pick_ttl();
       const ns_t ns = pick_ns();
-      const std::size_t bytes =
-          cfg.sized ? rnd(static_cast<std::uint32_t>(cfg.max_layer_bytes) + 1) : 0;
+      std::size_t bytes = cfg.sized ? rnd(static_cast<std::uint32_t>(cfg.max_layer_bytes) + 1) : 0;
+      if (cfg.huge_sizes && rnd(4) == 0) bytes = std::numeric_limits<std::size_t>::max() - rnd(3);
       ++tag;
       typename P::InsertOptions o;
       o.pinned = pinned;
@@ -123,9 +128,19 @@ void run(const Config& cfg, std::uint32_t seed, int steps) {
       const auto got = pool.find_longest_prefix(q, ns);
       compare_lookup(got, model.lookup(q, ns), q, require);
     } else if (op < 88) {
-      const std::int64_t dt = rnd(30);
-      clock.advance(ManualClock::duration(dt));
-      model.now += dt;
+      constexpr std::int64_t kEnd = std::numeric_limits<std::int64_t>::max();
+      const std::uint32_t how = cfg.wild_clock ? rnd(16) : 15;
+      std::int64_t t = 0;
+      if (how == 0 && 2 * step > steps) {
+        t = kEnd - rnd(100);  // near the end of the clock's range
+      } else if (how < 3) {
+        t = model.now - rnd(200);  // back
+      } else {
+        const std::int64_t dt = rnd(30);
+        t = model.now > kEnd - dt ? kEnd : model.now + dt;
+      }
+      clock.set(ManualClock::time_point(ManualClock::duration(t)));
+      model.now = t;
     } else if (op < 91) {
       const Ids ids = derived();
       const ns_t ns = pick_ns();
@@ -302,6 +317,31 @@ TEST_CASE("differential: a tight byte budget (entries close to max_bytes)") {
   o.match = MatchMode::common_prefix;
   const Config common{"tight-bytes-common", o, 2, true, true, 3, 10, 4};
   run(common, 402, 2500);
+}
+
+TEST_CASE("differential: the clock set back and near the end of its range") {
+  Pool::Options o = opts(10, 60, 1);
+  Config exact{"wild-clock-exact", o, 2, true, false};
+  exact.wild_clock = true;
+  run(exact, 601, 2000);
+  o.match = MatchMode::common_prefix;
+  Config common{"wild-clock-common", o, 2, true, false};
+  common.wild_clock = true;
+  run(common, 602, 2000);
+}
+
+TEST_CASE("differential: sizes near SIZE_MAX with no byte budget and with a budget of SIZE_MAX") {
+  for (const std::size_t max_bytes : {std::size_t{0}, std::numeric_limits<std::size_t>::max()}) {
+    Pool::Options o = opts(10, 60, 1);
+    o.max_bytes = max_bytes;
+    Config exact{"huge-sizes-exact", o, 2, true, true, 3, 20};
+    exact.huge_sizes = true;
+    run(exact, 701 + (max_bytes == 0 ? 0U : 10U), 1500);
+    o.match = MatchMode::common_prefix;
+    Config common{"huge-sizes-common", o, 2, true, true, 3, 20};
+    common.huge_sizes = true;
+    run(common, 702 + (max_bytes == 0 ? 0U : 10U), 1500);
+  }
 }
 
 TEST_CASE("differential: long ids (edges compared in 1024-, 128- and 8-token blocks)") {

@@ -47,6 +47,11 @@ struct ModelHit {
   Ids ids;
 };
 
+// 128-bit integers (a GCC and Clang extension) for the model's time and byte arithmetic, so
+// that it needs no overflow guards of its own.
+__extension__ typedef __int128 wide;
+__extension__ typedef unsigned __int128 uwide;
+
 // The reference: a vector scanned linearly, following the documented rules literally.
 template <class Tok>
 class Model {
@@ -86,12 +91,14 @@ class Model {
   }
 
   // Expired at `t`: unpinned and idle for at least its TTL (a negative TTL counts as 0),
-  // unless the TTL is the maximum or its deadline is past the clock's range ("never").
+  // unless the TTL is the maximum or its deadline is past the clock's range ("never"). The
+  // deadline is computed exactly, in 128 bits, rather than by guarding a 64-bit sum.
   static bool expired(const E& e, std::int64_t t) {
     constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-    const std::int64_t ttl = std::max<std::int64_t>(e.ttl, 0);
-    if (e.pinned || e.ttl == kMax || e.last_used > kMax - ttl) return false;
-    return e.last_used + ttl <= t;
+    if (e.pinned || e.ttl == kMax) return false;
+    const wide deadline = static_cast<wide>(e.last_used) + (e.ttl < 0 ? 0 : e.ttl);
+    if (deadline > static_cast<wide>(kMax)) return false;
+    return deadline <= static_cast<wide>(t);
   }
 
   std::size_t expire() {
@@ -272,24 +279,21 @@ class Model {
   }
 
   const std::vector<E>& entries() const { return es_; }
-  // The exact sum of the entries' sizes as {carries past SIZE_MAX, low word}.
-  std::pair<std::size_t, std::size_t> exact_bytes() const {
-    std::size_t carries = 0, low = 0;
-    for (const E& e : es_) {
-      low += e.bytes;
-      if (low < e.bytes) ++carries;
-    }
-    return {carries, low};
+  // The exact sum of the entries' sizes, in 128 bits (far more entries than a run stores
+  // could not overflow it).
+  uwide exact_bytes() const {
+    uwide sum = 0;
+    for (const E& e : es_)
+      sum += e.bytes;
+    return sum;
   }
   // The byte gauge: the sum, saturating at SIZE_MAX.
   std::size_t total_bytes() const {
-    const auto [carries, low] = exact_bytes();
-    return carries != 0 ? std::numeric_limits<std::size_t>::max() : low;
+    const uwide sum = exact_bytes();
+    constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+    return sum > kMax ? kMax : static_cast<std::size_t>(sum);
   }
-  bool over_bytes() const {
-    const auto [carries, low] = exact_bytes();
-    return opt_.max_bytes != 0 && (carries != 0 || low > opt_.max_bytes);
-  }
+  bool over_bytes() const { return opt_.max_bytes != 0 && exact_bytes() > opt_.max_bytes; }
   std::size_t pinned_count() const {
     return static_cast<std::size_t>(
         std::count_if(es_.begin(), es_.end(), [](const E& e) { return e.pinned; }));
