@@ -117,9 +117,15 @@ void run(FuzzedDataProvider& in, const ModelOptions& mo) {
       std::vector<Layer> caches{Layer{++tag, 0}};
       switch (in.ConsumeIntegralInRange<int>(0, 31)) {
         case 0:
-          // Two layers whose sizes sum past SIZE_MAX: the entry's size saturates.
+          // An entry's size saturates at SIZE_MAX: two layers summing past it under a small
+          // budget (rejected as too large; the model compares one layer per stored entry),
+          // one layer of SIZE_MAX otherwise.
           bytes = kMaxBytes;
-          caches = {Layer{tag, bytes - 1}, Layer{tag, 2}};
+          if (mo.max_bytes != 0 && mo.max_bytes < kMaxBytes) {
+            caches = {Layer{tag, bytes - 1}, Layer{tag, 2}};
+          } else {
+            caches[0].bytes = bytes;
+          }
           break;
         case 1:
         case 2:
