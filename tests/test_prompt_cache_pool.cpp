@@ -682,7 +682,7 @@ TEST_CASE("memory_usage reports the index separately from the ids") {
   CHECK(m.index_bytes < m.id_bytes);  // labels point into the entries' ids: no copies
 }
 
-TEST_CASE("bad input: absent ids, empty ids and unknown namespaces change nothing") {
+TEST_CASE("bad input: absent ids and unknown namespaces find nothing; pin and unpin still expire") {
   ManualClock clock;
   Pool pool(16, 300s, 0, clock);
   REQUIRE(pool.insert({1, 2, 3}, caches(1)) == R::inserted);
@@ -705,6 +705,24 @@ TEST_CASE("bad input: absent ids, empty ids and unknown namespaces change nothin
   CHECK(pool.find_exact(Ids{1, 2, 3})->caches[0].tag == 1);
   CHECK(pool.stats().evicted_explicit == before.evicted_explicit);
   pool.check_invariants();
+
+  // Like a lookup, pin and unpin collect expired entries before they look for the ids, even
+  // when there is nothing to find; erase and erase_namespace do not.
+  for (int op = 0; op < 4; ++op) {
+    CAPTURE(op);
+    ManualClock c;
+    Pool p(16, 10s, 0, c);
+    REQUIRE(p.insert({1, 2}, caches(1)) == R::inserted);
+    c.advance(10s);
+    if (op == 0) CHECK_FALSE(p.pin(Ids{9, 9}));
+    if (op == 1) CHECK_FALSE(p.unpin(Ids{9, 9}, unknown_ns));
+    if (op == 2) CHECK_FALSE(p.erase(Ids{9, 9}));
+    if (op == 3) CHECK(p.erase_namespace(unknown_ns) == 0);
+    const bool collects = op < 2;
+    CHECK(p.size() == (collects ? 0U : 1U));
+    CHECK(p.stats().evicted_ttl == (collects ? 1U : 0U));
+    p.check_invariants();
+  }
 }
 
 TEST_CASE("bad input: an entry without layers is stored and weighs nothing") {

@@ -321,7 +321,7 @@ TEST_CASE("synchronized pool: 8-thread random-operation stress, common-prefix + 
   stress({MatchMode::common_prefix, 150}, 30000);
 }
 
-TEST_CASE("synchronized pool: bad input gets the plain pool's results and changes nothing") {
+TEST_CASE("synchronized pool: bad input gets the plain pool's results and stores nothing") {
   ManualClock clock;
   Pool::Options o;
   o.max_entries = 4;

@@ -111,6 +111,8 @@ class SynchronizedPromptCachePool;
 ///   ManualClock handle shared with a test drives TTLs. Should not go backwards; if it does,
 ///   the pool keeps using the latest reading it used until the clock passes it again (so
 ///   entries only look younger: nothing expires early, and the structure stays consistent).
+///   Hence one bogus reading near time_point::max() stops TTL expiry (positive TTLs) for
+///   the pool's lifetime: steady_clock cannot produce one, a ManualClock set() can.
 /// - `CacheBytes`: size customization point for the byte budget: a default-constructible
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
