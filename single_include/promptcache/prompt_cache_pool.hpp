@@ -239,16 +239,10 @@ class PoolRecency {
     return !due_.empty() && !(now < due_[0].due);
   }
 
-  /// Whether an entry used at `last_used` with `ttl` is expired at `now`: its deadline
-  /// (pool_deadline) is not "never" and not after `now`. O(1).
-  [[nodiscard]] static bool expired(time_point last_used, duration ttl, time_point now) noexcept {
-    const PoolDeadline<time_point> d = pool_deadline(last_used, ttl);
-    return !d.never && !(now < d.at);
-  }
-
-  /// Calls remove(s) for every listed entry expired at `now` (see expired()); remove must
-  /// unlink s. Within one call the order is by class keys, which may lag (not by exact expiry
-  /// time). Returns how many. O(1) when nothing is due, else O((expired + re-keyed) x log T).
+  /// Calls remove(s) for every listed entry expired at `now` (its deadline, pool_deadline, is
+  /// not "never" and not after `now`); remove must unlink s. Within one call the order is by class
+  /// keys, which may lag (not by exact expiry time). Returns how many. O(1) when nothing is due,
+  /// else O((expired + re-keyed) x log T).
   template <class Remove>
   std::size_t expire(time_point now, Remove&& remove) noexcept {
     std::size_t n = 0;
@@ -266,7 +260,7 @@ class PoolRecency {
         continue;
       }
       // Not expired, so the key lagged behind the head (a key is exact once re-read): it only
-      // grows, and the loop ends.
+      // grows, and the loop goes on with whichever class is due next.
       top = exact;
       sift_down(due_, 0);
     }
@@ -1799,7 +1793,7 @@ struct PoolStats {
   std::uint64_t superseded = 0;    ///< Common-prefix mode: shorter prefixes retired by an insert.
   std::size_t entries = 0;         ///< Gauge: stored entries.
   std::size_t pinned_entries = 0;  ///< Gauge: stored pinned entries.
-  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes (size customization point).
+  std::size_t bytes = 0;           ///< Gauge: sum of entry sizes, saturating at SIZE_MAX.
 };
 
 /// Memory of a pool, split into the index and the token ids it indexes.
@@ -1819,6 +1813,8 @@ class SynchronizedPromptCachePool;
 ///   ManualClock handle shared with a test drives TTLs. Should not go backwards; if it does,
 ///   the pool keeps using the latest reading it used until the clock passes it again (so
 ///   entries only look younger: nothing expires early, and the structure stays consistent).
+///   Hence one bogus reading near time_point::max() stops TTL expiry (positive TTLs) for
+///   the pool's lifetime: steady_clock cannot produce one, a ManualClock set() can.
 /// - `CacheBytes`: size customization point for the byte budget: a default-constructible
 ///   functor `std::size_t(const LayerCache&)`; an entry weighs the sum over its caches.
 ///   It must be callable concurrently (SynchronizedPromptCachePool calls it unlocked).
