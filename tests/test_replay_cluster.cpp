@@ -81,6 +81,11 @@ TEST_CASE("replay cluster: every prompt token is cached or computed on exactly o
             r.cached_tokens);
       CHECK(std::accumulate(r.worker_computed.begin(), r.worker_computed.end(), std::size_t{0}) ==
             r.computed_tokens);
+      CHECK(r.cached_tokens + r.computed_tokens == r.prompt_tokens);
+      // A worker is busy for its prefills: its computed tokens at 4 tokens/s.
+      REQUIRE(r.worker_busy_s.size() == 3);
+      for (std::size_t i = 0; i < 3; ++i)
+        CHECK(r.worker_busy_s[i] == Approx(static_cast<double>(r.worker_computed[i]) / 4.0));
       CHECK(r.index_rejected == 0);
       CHECK(r.ttft_s.size() == t.requests.size());
       for (double x : r.ttft_s)
