@@ -209,7 +209,8 @@ TEST_CASE("replay cluster: decode load counts the distinct full blocks in flight
   // 6 distinct blocks, not 12, and r2 (7 new blocks) at 20 s costs 7 + (6 + 7)
   // = 20 on w0 against 7 + (0 + 7) = 14 on w1; r3 at 40 s then costs
   // 1 + (6 + 1) = 8 on w0 against 1 + (7 + 1) = 9 on w1. Summing each
-  // request's blocks, w0 would carry 12 and r1 go to w1.
+  // request's blocks instead, r1 no longer finds w0 cheaper (6 against 6)
+  // and the requests go to 0, 1, 0, 1.
   const rp::Trace shared = parse(
       "{\"timestamp\": 0, \"input_length\": 24, \"output_length\": 1000, \"hash_ids\": [1, 2, 3, "
       "4, 5, 6]}\n"

@@ -47,8 +47,9 @@ enum class RoutePolicy : std::uint8_t {
   random,        ///< Uniformly at random (seeded).
   round_robin,   ///< Workers in turn.
   least_loaded,  ///< Fewest KV blocks in flight (ties: lowest id).
-  /// KvRouter's overlap-vs-load cost over the KvIndex's matches, with each
-  /// worker's queued prefill tokens and Dynamo's decode blocks (the distinct
+  /// KvRouter's overlap-vs-load cost over the KvIndex's matches, with Dynamo's
+  /// loads: each worker's queued prefill tokens (requests' whole uncached
+  /// tokens until their prefill ends) and decode blocks (the distinct full
   /// blocks in flight plus the request's full blocks not among them).
   cache_aware,
 };
