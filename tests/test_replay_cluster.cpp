@@ -40,6 +40,14 @@ rp::ClusterRun run(const rp::Trace& t, rp::RoutePolicy p, std::size_t workers,
   return rp::run_named_cluster(t, h, cfg, p, blocks_per_worker * 4, cache);
 }
 
+// A trace from JSON lines, block size 4.
+rp::Trace parse(const std::string& lines) {
+  std::istringstream in(lines);
+  rp::Trace t = rp::parse_trace(in, 4);
+  REQUIRE(t.errors.empty());
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("replay cluster: every prompt token is cached or computed on exactly one worker",
@@ -73,6 +81,11 @@ TEST_CASE("replay cluster: every prompt token is cached or computed on exactly o
             r.cached_tokens);
       CHECK(std::accumulate(r.worker_computed.begin(), r.worker_computed.end(), std::size_t{0}) ==
             r.computed_tokens);
+      CHECK(r.cached_tokens + r.computed_tokens == r.prompt_tokens);
+      // A worker is busy for its prefills: its computed tokens at 4 tokens/s.
+      REQUIRE(r.worker_busy_s.size() == 3);
+      for (std::size_t i = 0; i < 3; ++i)
+        CHECK(r.worker_busy_s[i] == Approx(static_cast<double>(r.worker_computed[i]) / 4.0));
       CHECK(r.index_rejected == 0);
       CHECK(r.ttft_s.size() == t.requests.size());
       for (double x : r.ttft_s)
@@ -154,6 +167,77 @@ TEST_CASE("replay cluster: cache-aware routing counts each worker's queued prefi
     const rp::ClusterRun r = run(t, rp::RoutePolicy::cache_aware, 2, 100, cache);
     CHECK(r.assignment == std::vector<std::uint32_t>{0, 1, 0});
     CHECK(r.ttft_s[2] == 1.0);
+  }
+}
+
+TEST_CASE("replay cluster: a request's queued prefill counts in full until it ends", "[replay]") {
+  // r0 (17 blocks) prefills on w0 until 17 s and decodes for 100 s; r1 (10
+  // blocks) at 20 s prefills on w1 until 30 s. r2 at 25 s, one new block:
+  // w0 costs 1 + (17 + 1) = 19, w1 with r1's whole 40 tokens queued
+  // (40 + 4) / 4 + (10 + 1) = 22, so r2 goes to w0 and waits for nothing.
+  // Counting only the 20 tokens r1 has left would send r2 to w1 (17).
+  const rp::Trace t = parse(
+      "{\"timestamp\": 0, \"input_length\": 68, \"output_length\": 1000, \"hash_ids\": [1, 2, 3, "
+      "4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]}\n"
+      "{\"timestamp\": 20000, \"input_length\": 40, \"output_length\": 1000, \"hash_ids\": [21, "
+      "22, 23, 24, 25, 26, 27, 28, 29, 30]}\n"
+      "{\"timestamp\": 25000, \"input_length\": 4, \"output_length\": 1000, \"hash_ids\": [99]}\n");
+  for (const std::string& cache : {std::string("block:lru"), std::string("paged:lru")}) {
+    INFO(cache);
+    const rp::ClusterRun r = run(t, rp::RoutePolicy::cache_aware, 2, 100, cache);
+    CHECK(r.assignment == std::vector<std::uint32_t>{0, 1, 0});
+    CHECK(r.ttft_s[2] == 1.0);
+  }
+}
+
+TEST_CASE("replay cluster: decode load counts the distinct full blocks in flight", "[replay]") {
+  // Dynamo hashes full blocks only: a partial final block is neither in flight
+  // nor matched by a later full block. r0 (1 full block + 1 token) on w0, r1
+  // (3 full blocks) on w1, both decoding for 100 s. r2 at 10 s (block 6
+  // partial) goes to w0: 2 + (1 + 1) = 4 against 2 + (3 + 1) = 6. r3 at 20 s,
+  // one full block: w0 holds 2 distinct full blocks in flight, so 1 + (2 + 1)
+  // = 4 against 1 + (3 + 1) = 5 on w1. Counting partial blocks too, w0 would
+  // hold 4 and r3 go to w1.
+  const rp::Trace partial = parse(
+      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1000, \"hash_ids\": [1, 2]}\n"
+      "{\"timestamp\": 0, \"input_length\": 12, \"output_length\": 1000, \"hash_ids\": [3, 4, "
+      "5]}\n"
+      "{\"timestamp\": 10000, \"input_length\": 5, \"output_length\": 1000, \"hash_ids\": [6, "
+      "7]}\n"
+      "{\"timestamp\": 20000, \"input_length\": 4, \"output_length\": 1000, \"hash_ids\": [9]}\n");
+  // A prompt resent while the first is in flight shares its blocks: w0 carries
+  // 6 distinct blocks, not 12, and r2 (7 new blocks) at 20 s costs 7 + (6 + 7)
+  // = 20 on w0 against 7 + (0 + 7) = 14 on w1; r3 at 40 s then costs
+  // 1 + (6 + 1) = 8 on w0 against 1 + (7 + 1) = 9 on w1. Summing each
+  // request's blocks instead, r1 no longer finds w0 cheaper (6 against 6)
+  // and the requests go to 0, 1, 0, 1.
+  const rp::Trace shared = parse(
+      "{\"timestamp\": 0, \"input_length\": 24, \"output_length\": 1000, \"hash_ids\": [1, 2, 3, "
+      "4, 5, 6]}\n"
+      "{\"timestamp\": 10000, \"input_length\": 24, \"output_length\": 1000, \"hash_ids\": [1, 2, "
+      "3, 4, 5, 6]}\n"
+      "{\"timestamp\": 20000, \"input_length\": 28, \"output_length\": 1000, \"hash_ids\": [11, "
+      "12, 13, 14, 15, 16, 17]}\n"
+      "{\"timestamp\": 40000, \"input_length\": 4, \"output_length\": 1000, \"hash_ids\": [99]}\n");
+  // The request's own new blocks count as decode load: r0 (6 blocks) on w0,
+  // r1 (3 blocks) on w1, both decoding. r2 at 20 s shares r0's first two
+  // blocks: w0 costs 1 + (6 + 1) = 8, w1 3 + (3 + 3) = 9, so r2 goes to w0.
+  // Without the new blocks w0 would cost 7 and w1 6.
+  const rp::Trace fresh = parse(
+      "{\"timestamp\": 0, \"input_length\": 24, \"output_length\": 1000, \"hash_ids\": [1, 2, 3, "
+      "4, 5, 6]}\n"
+      "{\"timestamp\": 10000, \"input_length\": 12, \"output_length\": 1000, \"hash_ids\": [11, "
+      "12, 13]}\n"
+      "{\"timestamp\": 20000, \"input_length\": 12, \"output_length\": 1000, \"hash_ids\": [1, 2, "
+      "21]}\n");
+  for (const std::string& cache : {std::string("block:lru"), std::string("paged:lru")}) {
+    INFO(cache);
+    CHECK(run(partial, rp::RoutePolicy::cache_aware, 2, 100, cache).assignment ==
+          std::vector<std::uint32_t>{0, 1, 0, 0});
+    CHECK(run(shared, rp::RoutePolicy::cache_aware, 2, 100, cache).assignment ==
+          std::vector<std::uint32_t>{0, 0, 1, 0});
+    CHECK(run(fresh, rp::RoutePolicy::cache_aware, 2, 100, cache).assignment ==
+          std::vector<std::uint32_t>{0, 1, 0});
   }
 }
 

@@ -82,6 +82,29 @@ TEST_CASE("replay sim: partial blocks count their own tokens", "[replay]") {
   CHECK(rp::run_leaf_cache(t, 4, with_partial).hit_tokens == 6);
 }
 
+TEST_CASE("replay sim: a block stored from a shorter partial use serves only its tokens",
+          "[replay]") {
+  // [1] is first a 2-token partial block, then a full one: the cache holds 2
+  // of its tokens, so the second request hits 2, and the third (after the
+  // second stored all 4) hits 4 more in every block and paged cache.
+  const rp::Trace t = make({{2, {1}}, {4, {1}}, {4, {1}}});
+  // The paged cache and the adaptive policy store no partial block: they miss
+  // the second request.
+  // The optimum bound counts both full uses whole (8): it stays an upper bound.
+  CHECK(rp::run_belady(t, 1).hit_tokens == 6);
+  CHECK(rp::run_optimum_bound(t, 1).hit_tokens == 8);
+  for (const rp::SweepStructure& s : rp::all_structures()) {
+    if (s.structure == "pool-exact" || s.structure == "pool-common" || s.structure == "belady")
+      continue;
+    INFO(s.structure << ":" << s.policy);
+    CHECK(s.run(t, 4).hit_tokens == (s.policy == "lru" && s.structure == "block" ? 6U : 4U));
+  }
+  const rp::Trace two = make({{2, {1}}, {4, {1}}});
+  rp::LruPolicy lru(two, 1);
+  CHECK(rp::run_leaf_cache(two, 1, lru).hit_tokens == 2);
+  CHECK(rp::run_belady(two, 1).hit_tokens == 2);
+}
+
 TEST_CASE("replay sim: the adaptive policy keeps a reused block that LRU loses", "[replay]") {
   // Block 1 is used by every other request; scans of fresh single blocks go in
   // between. 2 slots: LRU holds 1 across one scan block but not two; the

@@ -229,6 +229,11 @@ TEST_CASE("replay options: token counts, lists and bad flags", "[replay]") {
     INFO(args[2]);
     CHECK_NOTHROW(rp::parse_options(static_cast<int>(args.size()), args.data()));
   }
+  // --help prints the usage: names it would reject do not stop it.
+  for (const std::vector<const char*>& args :
+       {std::vector<const char*>{"replay", "--help", "--worker-cache", "foo"},
+        std::vector<const char*>{"replay", "--structures", "blocks", "-h"}})
+    CHECK(rp::parse_options(static_cast<int>(args.size()), args.data()).help);
   CHECK(rp::structure_names().front() == "belady");
   CHECK(rp::structure_names().back() == "paged:adaptive");
   CHECK(rp::structure_names().size() == 5 + rp::all_structures().size());

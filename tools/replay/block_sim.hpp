@@ -4,9 +4,12 @@
 //
 // A block is one node of Trace's prefix tree and takes one slot whatever its
 // token count (a paged engine allocates the final partial block a whole page),
-// so a capacity of C tokens is C / block_size slots. A request hits the tokens
-// of its leading cached blocks; then its blocks are touched and the missing
-// ones inserted, root first, evicting as needed. Blocks of the request being
+// so a capacity of C tokens is C / block_size slots. A cached block holds the
+// tokens of the longest use that stored it since it was inserted. A request
+// hits its leading cached blocks, each up to the tokens it holds (a block
+// stored from a shorter partial use serves those and ends the hit); then its
+// blocks are touched and the missing ones inserted, root first, evicting as
+// needed. Blocks of the request being
 // served are never evicted; when nothing else is evictable the rest of the
 // request is not cached.
 #pragma once
@@ -172,20 +175,22 @@ template <class Policy>
 [[nodiscard]] CacheRun run_leaf_cache(const Trace& t, std::size_t capacity_blocks, Policy& policy) {
   CacheRun run;
   LeafState s(t);
+  std::vector<std::size_t> stored(t.node_count(), 0);  // tokens a cached block holds
   for (const Request& r : t.requests) {
     ++run.requests;
     run.prompt_tokens += r.input_length;
     s.begin_request();
     const std::size_t n = r.nodes.size();
-    std::size_t m = 0;
-    while (m < n && s.resident(r.nodes[m])) {
-      run.hit_tokens += block_tokens(r, m, t.block_size);
-      ++m;
+    for (std::size_t m = 0; m < n && s.resident(r.nodes[m]); ++m) {
+      const std::size_t used = block_tokens(r, m, t.block_size);
+      run.hit_tokens += std::min(used, stored[r.nodes[m]]);
+      if (stored[r.nodes[m]] < used) break;
     }
     std::size_t cached = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t node = r.nodes[i];
       if (s.resident(node)) {
+        stored[node] = std::max(stored[node], block_tokens(r, i, t.block_size));
         s.lock(node);
         policy.touch(node);
         cached = i + 1;
@@ -202,6 +207,7 @@ template <class Policy>
       }
       if (!room) break;
       s.add(node);
+      stored[node] = block_tokens(r, i, t.block_size);
       s.lock(node);
       policy.inserted(node, r, i);
       cached = i + 1;
@@ -217,8 +223,8 @@ template <class Policy>
 /// deeper one first on ties. A parent is used whenever its child is, so its
 /// next use is never later than its child's and the cached set stays
 /// prefix-closed. The hits it counts are the leading cached blocks of each
-/// request, as in run_leaf_cache. It maximizes block hits, not tokens: a cache
-/// that spends no slot on final partial blocks can serve more tokens (see
+/// request, each up to the tokens it holds, as in run_leaf_cache. It maximizes block hits, not
+/// tokens: a cache that spends no slot on final partial blocks can serve more tokens (see
 /// run_optimum_bound for a bound on every block cache).
 [[nodiscard]] inline CacheRun run_belady(const Trace& t, std::size_t capacity_blocks) {
   CacheRun run;
@@ -241,21 +247,26 @@ template <class Policy>
   std::priority_queue<Item> heap;  // farthest next use, then deepest, on top
   std::vector<std::uint32_t> cached_next(t.node_count(), 0);
   std::vector<std::uint8_t> resident(t.node_count(), 0);
+  std::vector<std::size_t> stored(t.node_count(), 0);  // tokens a cached block holds
   std::size_t used = 0;
   for (std::size_t k = 0; k < t.requests.size(); ++k) {
     const Request& r = t.requests[k];
     ++run.requests;
     run.prompt_tokens += r.input_length;
-    std::size_t m = 0;
-    while (m < r.nodes.size() && resident[r.nodes[m]] != 0) {
-      run.hit_tokens += block_tokens(r, m, t.block_size);
-      ++m;
+    for (std::size_t m = 0; m < r.nodes.size() && resident[r.nodes[m]] != 0; ++m) {
+      const std::size_t tokens = block_tokens(r, m, t.block_size);
+      run.hit_tokens += std::min(tokens, stored[r.nodes[m]]);
+      if (stored[r.nodes[m]] < tokens) break;
     }
     for (std::size_t i = 0; i < r.nodes.size(); ++i) {
       const std::uint32_t node = r.nodes[i];
+      const std::size_t tokens = block_tokens(r, i, t.block_size);
       if (resident[node] == 0) {
         resident[node] = 1;
+        stored[node] = tokens;
         ++used;
+      } else {
+        stored[node] = std::max(stored[node], tokens);
       }
       cached_next[node] = next_use[k][i];
       heap.push({next_use[k][i], t.node_depth[node], node});
@@ -354,8 +365,10 @@ void optimal_gaps(const Trace& t, std::size_t capacity, Counted counted, OnHit o
 /// cache can hit (exact: see detail::optimal_gaps), times the block size, and
 /// the most tokens it can hit in final partial blocks (the most partial hits
 /// any cache scores, each counted at the size of the largest repeated partial
-/// blocks). Each part gets the whole capacity, so the sum can exceed what one
-/// cache achieves; on a trace whose partial blocks never repeat it is exact.
+/// blocks). Each part gets the whole capacity, and a full use of a block
+/// stored from a partial one counts whole, so the sum can exceed what one
+/// cache achieves; on a trace where no block used partially is used twice it
+/// is exact.
 /// O(blocks log blocks).
 [[nodiscard]] inline CacheRun run_optimum_bound(const Trace& t, std::size_t capacity_blocks) {
   CacheRun run;

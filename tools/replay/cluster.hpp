@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <queue>
@@ -36,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace promptcache::replay {
@@ -45,8 +47,9 @@ enum class RoutePolicy : std::uint8_t {
   random,        ///< Uniformly at random (seeded).
   round_robin,   ///< Workers in turn.
   least_loaded,  ///< Fewest KV blocks in flight (ties: lowest id).
-  /// KvRouter's overlap-vs-load cost over the KvIndex's matches, with each
-  /// worker's queued prefill tokens and Dynamo's decode blocks (the distinct
+  /// KvRouter's overlap-vs-load cost over the KvIndex's matches, with Dynamo's
+  /// loads: each worker's queued prefill tokens (requests' whole uncached
+  /// tokens until their prefill ends) and decode blocks (the distinct full
   /// blocks in flight plus the request's full blocks not among them).
   cache_aware,
 };
@@ -275,9 +278,15 @@ template <class Cache, class MakeCache>
   run.request_cached.reserve(t.requests.size());
   std::vector<double> prefill_free(w, 0.0);
   std::vector<std::size_t> decode_blocks(w, 0);
-  // Cache-aware: how many requests in flight on each worker hold each block.
+  // Cache-aware: how many requests in flight on each worker hold each full
+  // block (Dynamo hashes full blocks only), and the (prefill end, uncached
+  // tokens) of the requests on each worker whose prefill has not ended, in
+  // end order (prefills are serialized per worker).
   std::vector<std::unordered_map<std::uint32_t, std::uint32_t>> in_flight(
       policy == RoutePolicy::cache_aware ? w : 0);
+  std::vector<std::deque<std::pair<double, std::size_t>>> queued(
+      policy == RoutePolicy::cache_aware ? w : 0);
+  std::vector<std::size_t> queued_tokens(w, 0);
   std::vector<KvWorkerLoad> loads(w);
   for (std::size_t i = 0; i < w; ++i)
     loads[i].worker = KvWorker{i, 0};
@@ -305,10 +314,17 @@ template <class Cache, class MakeCache>
       finishing.pop();
       caches[f.worker]->release(f.request);
       decode_blocks[f.worker] -= f.blocks;
-      if (!in_flight.empty())
-        for (std::uint32_t n : t.requests[f.request].nodes)
-          if (--in_flight[f.worker][n] == 0) in_flight[f.worker].erase(n);
+      if (!in_flight.empty()) {
+        const Request& done = t.requests[f.request];
+        for (std::size_t b = 0; b < done.input_length / t.block_size; ++b)
+          if (--in_flight[f.worker][done.nodes[b]] == 0) in_flight[f.worker].erase(done.nodes[b]);
+      }
     }
+    for (std::size_t i = 0; i < queued.size(); ++i)
+      while (!queued[i].empty() && queued[i].front().first <= clock) {
+        queued_tokens[i] -= queued[i].front().second;
+        queued[i].pop_front();
+      }
     tokens.clear();
     expand_tokens(r, t.block_size, tokens);
     const std::size_t nfull = r.input_length / t.block_size;
@@ -342,10 +358,9 @@ template <class Cache, class MakeCache>
             fresh += in_flight[i].count(r.nodes[b]) == 0 ? 1U : 0U;
           loads[i].decode_blocks = in_flight[i].size() + fresh;
           loads[i].cached_blocks = index.block_count(loads[i].worker);
-          // Prefill is serialized per worker, so its queue holds the tokens of
-          // the time until it frees.
-          loads[i].prefill_tokens = static_cast<std::size_t>(
-              std::llround(std::max(0.0, prefill_free[i] - clock) * cfg.prefill_tokens_per_s));
+          // Dynamo's queued prefill: the whole uncached tokens of every
+          // request on the worker whose prefill has not ended.
+          loads[i].prefill_tokens = queued_tokens[i];
         }
         const auto d = router.select(r.input_length, matches, loads, rng);
         target = d ? d->index : 0;
@@ -372,8 +387,12 @@ template <class Cache, class MakeCache>
         prefill_free[target] + static_cast<double>(r.output_length) * cfg.decode_s_per_token;
     decode_blocks[target] += blocks;
     if (!in_flight.empty())
-      for (std::uint32_t n : r.nodes)
-        ++in_flight[target][n];
+      for (std::size_t b = 0; b < nfull; ++b)
+        ++in_flight[target][r.nodes[b]];
+    if (!queued.empty() && computed > 0) {
+      queued[target].emplace_back(prefill_free[target], computed);
+      queued_tokens[target] += computed;
+    }
     finishing.push(Finish{end, k, static_cast<std::uint32_t>(target), blocks});
 
     ++run.requests;

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #ifndef PROMPTCACHE_REPLAY_DEFAULT_TRACE
@@ -42,11 +44,15 @@ class Progress {
 
 int run(const rp::Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  // Opened first, so an unwritable path fails before the run, not after it.
-  std::ofstream csv;
+  // Checked first, so an unwritable path fails before the run, not after it:
+  // opened for append, which leaves an existing file as it is until the run
+  // succeeds (a file the check creates is removed again).
   if (!o.csv.empty()) {
-    csv.open(o.csv);
-    if (!csv) {
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(o.csv, ec);
+    const bool writable = static_cast<bool>(std::ofstream(o.csv, std::ios::app));
+    if (!existed) std::filesystem::remove(o.csv, ec);
+    if (!writable) {
       std::fprintf(stderr, "promptcache_replay: cannot write '%s'\n", o.csv.c_str());
       return 2;
     }
@@ -105,6 +111,7 @@ int run(const rp::Options& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!o.csv.empty()) {
+    std::ofstream csv(o.csv);
     rp::write_csv(csv, report);
     csv.flush();
     if (!csv) {

@@ -184,7 +184,7 @@ inline void check_options(const Options& o) {
                                 std::to_string(o.block_size) + " tokens");
 }
 
-/// Parses argv[1..argc), then check_options(). Throws std::invalid_argument
+/// Parses argv[1..argc), then check_options() unless --help is given. Throws std::invalid_argument
 /// with a message naming the flag on a bad or missing value or an unknown flag.
 [[nodiscard]] inline Options parse_options(int argc, const char* const* argv) {
   Options o;
@@ -262,7 +262,7 @@ inline void check_options(const Options& o) {
       throw std::invalid_argument("unknown option: " + a + " (see --help)");
     }
   }
-  check_options(o);
+  if (!o.help) check_options(o);  // --help prints the usage whatever else is given
   return o;
 }
 
