@@ -3786,8 +3786,9 @@ class KvIndex {
 //     prefill_blocks(w) = (prefill_tokens(w) + request_tokens - cached_tokens(w)) / block_size
 //     cached_tokens(w) = min(request_tokens, matched_blocks(w) * block_size)
 //
-// where prefill_tokens(w) is the tokens still to prefill of the requests in
-// flight on w and decode_blocks(w) the KV blocks they hold (see
+// where prefill_tokens(w) is the uncached tokens of the requests on w whose
+// prefill has not finished, each counted whole until it finishes, and
+// decode_blocks(w) the KV blocks the requests in flight hold (see
 // docs/kv_router.md for what Dynamo counts in each). The first term is the
 // prefill work queued on w if the request goes there, the second the decode
 // work w carries: a large overlap_weight chases cache hits, 0 balances load
@@ -3843,8 +3844,8 @@ struct KvWorkerLoad {
   /// request's full blocks not among them (see docs/kv_router.md).
   std::size_t decode_blocks = 0;
   std::size_t cached_blocks = 0;  ///< Blocks it holds in total (tie-break; 0 if unknown).
-  /// Tokens still to prefill of the requests in flight on it, each without the
-  /// prefix it found cached (Dynamo's active prefill tokens; 0: an idle queue).
+  /// Uncached tokens of the requests whose prefill on it has not finished, each
+  /// counted whole until it finishes (Dynamo's active prefill tokens; 0: idle).
   std::size_t prefill_tokens = 0;
 };
 
