@@ -4,7 +4,8 @@
 // documents (shared prefixes, a three-token alphabet, the largest token id) and
 // then a sequence of operations on four namespaces (the largest id included):
 // match (all three overloads) and peek of truncated, mutated and extended documents;
-// insert with cached, fresh, foreign and too few page ids and extreme priorities;
+// insert with cached, fresh, foreign and too few page ids and extreme priorities, its
+// sink sometimes throwing (nothing may change) or calling back into the cache (refused);
 // lock and unlock (below zero included) of kept handles; evict (with and without a
 // callback, up to SIZE_MAX pages); erase_namespace; clear; configure_namespace
 // with seeds equal to other namespaces' defaults (refused); a move round trip (each
@@ -68,7 +69,7 @@ class Harness {
         ps_(page_size),
         sink_(sink),
         cache_(page_size, std::move(policy),
-               sink ? typename Cache::event_sink([this](const KvEvent& e) { events_.push_back(e); })
+               sink ? typename Cache::event_sink([this](const KvEvent& e) { on_event(e); })
                     : typename Cache::event_sink{}),
         model_(page_size, pol, arc) {
     cache_.configure_namespace(2, "adapter", "");
@@ -212,6 +213,41 @@ class Harness {
     }
   }
 
+  // The sink: records the event, unless told to throw (the event is then not published,
+  // its id consumed) or to call back into the cache first (refused, nothing changed).
+  void on_event(const KvEvent& e) {
+    const SinkMode mode = std::exchange(sink_mode_, SinkMode::record);
+    if (mode == SinkMode::fail) throw std::runtime_error("sink down");
+    if (mode == SinkMode::reenter) {
+      const auto before = cache_.stats();
+      const Tokens& d = docs_[0];
+      std::size_t refused = 0;
+      const auto refuse = [&](auto&& call) {
+        try {
+          call();
+        } catch (const std::logic_error&) {
+          ++refused;
+        }
+      };
+      refuse([&] { (void)cache_.match(d, 0); });
+      refuse([&] { (void)cache_.insert(d, std::vector<PageId>(d.size() / ps_, PageId{1}), 0); });
+      refuse([&] { (void)cache_.evict(1); });
+      refuse([&] { (void)cache_.erase_namespace(1); });
+      refuse([&] { (void)cache_.clear(); });
+      refuse([&] { cache_.configure_namespace(5, "other"); });
+      FUZZ_CHECK(refused == 6);
+      if (!held_.empty()) {
+        FUZZ_CHECK(!cache_.lock(held_[0].real));
+        FUZZ_CHECK(!cache_.unlock(held_[0].real));
+      }
+      const auto after = cache_.stats();
+      FUZZ_CHECK(after.lookups == before.lookups && after.inserts == before.inserts &&
+                 after.events == before.events && after.cached_pages == before.cached_pages &&
+                 after.locked_pages == before.locked_pages);
+    }
+    events_.push_back(e);
+  }
+
   void insert(const Tokens& t, std::uint64_t ns) {
     // Cached ids for what matches (mostly), fresh ids after; sometimes an id the engine
     // used before, or too few ids.
@@ -236,15 +272,33 @@ class Harness {
       prio = in_.ConsumeBool() ? std::numeric_limits<std::int64_t>::min()
                                : std::numeric_limits<std::int64_t>::max();
     const std::size_t before = events_.size();
+    const std::size_t namespaces_before = cache_.namespace_count();
+    // Two of the shapes with the usual ids also make the sink throw or call back in.
+    if (sink_ && shape >= 14) sink_mode_ = shape == 14 ? SinkMode::fail : SinkMode::reenter;
     std::optional<typename Cache::InsertResult> r;
     try {
       r = cache_.insert(t, ids, ns, prio);
     } catch (const std::invalid_argument&) {
       // Too few ids: no namespace can hold another's default seed.
+      sink_mode_ = SinkMode::record;
       FUZZ_CHECK(ids.size() < q);
       FUZZ_CHECK(events_.size() == before);
       return;
+    } catch (const std::runtime_error&) {
+      // The sink threw: nothing stored, no namespace created, the event id consumed.
+      FUZZ_CHECK(sink_mode_ == SinkMode::record);
+      FUZZ_CHECK(events_.size() == before);
+      FUZZ_CHECK(cache_.namespace_count() == namespaces_before);
+      apply_events();
+      // The router sees a gap at the consumed id. The lost event stored nothing the cache
+      // kept, so telling it "nothing changed" at that id is an exact resync.
+      KvEvent nothing;
+      nothing.event_id = applied_++;
+      nothing.data = promptcache::kv_event::Removed{};
+      FUZZ_CHECK(index_.apply(worker_, nothing).ok());
+      return;
     }
+    sink_mode_ = SinkMode::record;
     FUZZ_CHECK(ids.size() >= q);
     ++inserts_;
     const auto e = model_.insert(t, ids, ns, prio);
@@ -413,12 +467,7 @@ class Harness {
       return;
     }
     // The mirror: a KvIndex fed only by the events answers what the cache matches.
-    for (const KvEvent& e : events_) {
-      FUZZ_CHECK(e.event_id == applied_);
-      ++applied_;
-      FUZZ_CHECK(index_.apply(worker_, e).ok());
-    }
-    events_.clear();
+    apply_events();
     FUZZ_CHECK(cache_.next_event_id() == applied_);
     FUZZ_CHECK(s.events == applied_);
     FUZZ_CHECK(index_.block_count(worker_) == cache_.cached_pages());
@@ -427,9 +476,21 @@ class Harness {
     FUZZ_CHECK(mirror_ok(d, namespaces[pick(4)]));
   }
 
+  void apply_events() {
+    for (const KvEvent& e : events_) {
+      FUZZ_CHECK(e.event_id == applied_);
+      ++applied_;
+      FUZZ_CHECK(index_.apply(worker_, e).ok());
+    }
+    events_.clear();
+  }
+
+  enum class SinkMode { record, fail, reenter };
+
   FuzzedDataProvider& in_;
   std::size_t ps_;
   bool sink_;
+  SinkMode sink_mode_ = SinkMode::record;
   std::vector<KvEvent> events_;
   Cache cache_;
   Model model_;

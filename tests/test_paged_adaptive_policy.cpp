@@ -276,3 +276,38 @@ TEST_CASE("ghost history: a moved-from history holds nothing") {
   g.push(1, 1);
   CHECK(g.take(1) == 0);
 }
+
+TEST_CASE("adaptive: a moved-from policy has no history and a target of 0") {
+  Cache c(1, eviction::Adaptive(4, 2.0, 1.0));
+  c.insert(Tokens{1}, Pages{10});
+  c.insert(Tokens{2}, Pages{11});
+  REQUIRE(evict(c, 1) == std::vector<std::uint32_t>{10});
+  c.insert(Tokens{1}, Pages{12});  // back from B1: the target rises
+  REQUIRE(c.policy().target() == 1.0);
+  // |T1| = 1 is not above p = 1: T2's page goes, onto B2.
+  REQUIRE(evict(c, 1) == std::vector<std::uint32_t>{12});
+  REQUIRE(c.policy().ghosts_reused() == 1);
+
+  Cache b(std::move(c));  // the policy's move constructor
+  CHECK(b.policy().target() == 1.0);
+  CHECK(b.policy().ghosts_reused() == 1);
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.policy().ghost_capacity() == 0);
+  Cache d(1, eviction::Adaptive(4));
+  d = std::move(b);  // the policy's move assignment
+  CHECK(d.policy().target() == 1.0);
+  CHECK(d.policy().ghosts_reused() == 1);
+  CHECK(b.policy().target() == 0.0);
+  CHECK(b.policy().ghost_capacity() == 0);
+  // A moved-from policy still runs: with no history the target stays 0.
+  b.insert(Tokens{2}, Pages{20});
+  CHECK(evict(b, 1) == std::vector<std::uint32_t>{20});
+  b.insert(Tokens{2}, Pages{21});
+  CHECK(b.policy().target() == 0.0);
+  CHECK(b.check_invariants());
+  // Self-move assignment keeps everything.
+  eviction::Adaptive p(4, 2.0);
+  eviction::Adaptive& alias = p;
+  p = std::move(alias);
+  CHECK(p.ghost_capacity() == 8);
+}

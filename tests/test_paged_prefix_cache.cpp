@@ -863,3 +863,168 @@ TEST_CASE("paged cache: a moved-from cache is empty and usable") {
         ps);
   }
 }
+
+namespace {
+
+// Calls every non-const member of `c` (each overload) from inside its event sink and
+// counts the ones refused as documented: std::logic_error, or false from lock/unlock.
+// Checks that the refusals changed nothing the const members can see.
+struct Reentrant {
+  PagedPrefixCache<>* c = nullptr;
+  bool armed = false;
+  std::size_t refused = 0;
+  std::size_t calls = 0;
+  bool unchanged = true;
+  PagedPrefixHandle held;  // a handle valid when the sink runs
+
+  void probe() {
+    const auto before = c->stats();
+    const std::uint64_t next = c->next_event_id();
+    const std::size_t namespaces = c->namespace_count();
+    const Tokens q = seq(0, 2);
+    const Pages p = ids(900, 2);
+    std::vector<std::uint32_t> out(4);
+    const auto expect_throw = [&](auto&& call) {
+      ++calls;
+      try {
+        call();
+      } catch (const std::logic_error&) {
+        ++refused;
+      }
+    };
+    expect_throw([&] { (void)c->match(q); });
+    expect_throw([&] { (void)c->match(q, 0, out); });
+    expect_throw([&] { (void)c->match(q, 0, std::span<std::uint32_t>(out)); });
+    expect_throw([&] { (void)c->insert(seq(500, 2), p); });
+    expect_throw([&] { (void)c->insert(seq(500, 2), p, 77); });
+    expect_throw([&] { (void)c->evict(1); });
+    expect_throw([&] { (void)c->evict(1, [](std::uint32_t) noexcept {}); });
+    expect_throw([&] { (void)c->clear(); });
+    expect_throw([&] { (void)c->clear([](std::uint32_t) noexcept {}); });
+    expect_throw([&] { (void)c->erase_namespace(0); });
+    expect_throw([&] { (void)c->erase_namespace(0, [](std::uint32_t) noexcept {}); });
+    expect_throw([&] { c->configure_namespace(78, "lora"); });
+    calls += 2;
+    refused += c->lock(held) ? 0U : 1U;
+    refused += c->unlock(held) ? 0U : 1U;
+    // Const members still answer.
+    (void)c->peek(q);
+    unchanged = unchanged && c->stats().lookups == before.lookups &&
+                c->stats().inserts == before.inserts && c->stats().events == before.events &&
+                c->next_event_id() == next && c->namespace_count() == namespaces &&
+                c->lock_count(held) == (held.empty() ? 0U : 1U) && c->valid(held);
+  }
+
+  auto sink() {
+    return [this](const KvEvent&) {
+      if (armed) probe();
+    };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("paged cache: a non-const call from the event sink is refused and changes nothing") {
+  Reentrant re;
+  PagedPrefixCache<> c(1, eviction::Lru{}, re.sink());
+  re.c = &c;
+  c.insert(seq(1, 4), ids(10, 4));
+  c.insert(seq(0, 2), ids(0, 2));
+  c.insert(seq(40, 3), ids(40, 3), 5);
+  re.held = c.insert(seq(0, 2), ids(0, 2)).handle;
+  REQUIRE(c.lock(re.held));
+  const std::size_t per_event = 14;
+
+  SECTION("from insert, across a split") {
+    re.armed = true;
+    const auto r = c.insert(Tokens{1, 2, 9}, Pages{10, 11, 20});
+    CHECK(r.cached_pages == 2);
+    CHECK(r.inserted_pages == 1);
+    re.armed = false;
+    CHECK(c.check_invariants());
+    const auto m = c.match(Tokens{1, 2, 3, 9});
+    CHECK(m.matched == 3);
+    CHECK(m.pages == Pages{10, 11, 12});
+    CHECK(c.match(Tokens{1, 2, 9}).pages == Pages{10, 11, 20});
+  }
+  SECTION("from insert into a new namespace") {
+    re.armed = true;
+    c.insert(seq(60, 2), ids(60, 2), 9);
+    re.armed = false;
+    CHECK(c.namespace_count() == 3);
+    CHECK(c.peek(seq(60, 2), 9) == 2);
+  }
+  SECTION("from evict") {
+    re.armed = true;
+    CHECK(c.evict(2) == 2);
+    re.armed = false;
+    CHECK(c.cached_pages() == 7);
+  }
+  SECTION("from erase_namespace") {
+    re.armed = true;
+    CHECK(c.erase_namespace(5));
+    re.armed = false;
+    CHECK(c.namespace_count() == 1);
+    CHECK(c.cached_pages() == 6);
+  }
+  SECTION("from clear") {
+    REQUIRE(c.unlock(re.held));
+    re.held = {};  // an empty handle: lock and unlock are refused all the same
+    re.armed = true;
+    CHECK(c.clear());
+    re.armed = false;
+    CHECK(c.cached_pages() == 0);
+  }
+  CHECK(re.calls == per_event);
+  CHECK(re.refused == per_event);
+  CHECK(re.unchanged);
+  CHECK(c.check_invariants());
+  // Outside the sink every member works again.
+  CHECK(c.lock(re.held));
+  CHECK(c.unlock(re.held));
+  (void)c.match(seq(0, 2));
+  CHECK(c.check_invariants());
+}
+
+namespace {
+
+// Lru whose move assignment throws when armed (so the cache's is not noexcept).
+struct ThrowingMoveLru : eviction::Lru {
+  static inline bool arm = false;
+  ThrowingMoveLru() = default;
+  ThrowingMoveLru(const ThrowingMoveLru&) = default;
+  ThrowingMoveLru(ThrowingMoveLru&&) = default;
+  ThrowingMoveLru& operator=(const ThrowingMoveLru&) = default;
+  ThrowingMoveLru& operator=(ThrowingMoveLru&&) {
+    if (arm) throw std::runtime_error("policy move");
+    return *this;
+  }
+  ~ThrowingMoveLru() = default;
+};
+
+}  // namespace
+
+TEST_CASE("paged cache: a move assignment whose policy move throws changes nothing") {
+  using Cache = PagedPrefixCache<std::uint32_t, ThrowingMoveLru>;
+  STATIC_REQUIRE(!std::is_nothrow_move_assignable_v<Cache>);
+  Cache a(4);
+  Cache b(1);
+  const Tokens t = seq(0, 8);
+  a.insert(t, ids(100, 2));
+  b.insert(seq(50, 3), ids(50, 3));
+  ThrowingMoveLru::arm = true;
+  CHECK_THROWS_AS(a = std::move(b), std::runtime_error);
+  ThrowingMoveLru::arm = false;
+  CHECK(a.page_size() == 4);
+  CHECK(a.cached_pages() == 2);
+  CHECK(a.check_invariants());
+  const auto m = a.match(t);
+  CHECK(m.matched == 8);
+  CHECK(m.pages == Pages{100, 101});
+  CHECK(b.page_size() == 1);
+  CHECK(b.cached_pages() == 3);
+  CHECK(b.check_invariants());
+  a = std::move(b);
+  CHECK(a.page_size() == 1);
+  CHECK(a.peek(seq(50, 3)) == 3);
+}

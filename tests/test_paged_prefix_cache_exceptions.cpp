@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <new>
 #include <span>
@@ -147,6 +148,16 @@ int fail_every_allocation(const std::function<void(Cache&)>& op, bool split_may_
 
 TEST_CASE("paged cache exceptions: the replaced allocator is in use") {
   REQUIRE(test_alloc::replacement_active());
+}
+
+TEST_CASE("paged cache exceptions: an aligned size too large to round up is refused") {
+  // Rounding SIZE_MAX - 1 up to 64 bytes wraps: the allocator must fail, not hand out a
+  // tiny block.
+  // volatile: the size is a run-time value, as in the code this allocator serves.
+  volatile std::size_t at_run_time = std::numeric_limits<std::size_t>::max() - 1;
+  const std::size_t huge = at_run_time;
+  CHECK_THROWS_AS(::operator new (huge, std::align_val_t{64}), std::bad_alloc);
+  CHECK(::operator new (huge, std::align_val_t{64}, std::nothrow) == nullptr);
 }
 
 TEMPLATE_TEST_CASE("paged cache exceptions: insert is all or nothing", "", LruCache,

@@ -110,6 +110,11 @@ struct PagedCacheMemory {
 /// sink before it changes anything, so a throwing sink leaves the cache unchanged;
 /// evict(), erase_namespace() and clear() call it after their change, which stands
 /// (their callbacks have run) while the exception propagates.
+/// Reentrance: while the sink runs, the cache is mid-change (insert has found its path
+/// and reserved its space but not stored yet), so every non-const member called from
+/// the sink changes nothing and throws std::logic_error (lock() and unlock(), which never
+/// throw, return false); const members (peek, valid, stats, ...) answer as usual. The
+/// sink must not move, move-assign or destroy the cache that calls it.
 template <std::integral PageId = std::uint32_t, PagedEvictionPolicy Policy = eviction::Lru>
 class PagedPrefixCache {
   static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
@@ -139,7 +144,9 @@ class PagedPrefixCache {
   using policy_type = Policy;          ///< The eviction policy.
   /// Key classes of the policy: one heap of evictable leaves each (1 for most policies).
   static constexpr std::size_t classes = paged_key_classes<Policy>;
-  using event_sink = std::function<void(const KvEvent&)>;  ///< Receives the KV events.
+  /// Receives the KV events. It may read the cache through const members; a non-const
+  /// call from it throws std::logic_error (see the class comment).
+  using event_sink = std::function<void(const KvEvent&)>;
 
   /// What match() found.
   struct MatchResult {
@@ -205,10 +212,15 @@ class PagedPrefixCache {
   }
   /// Takes over `other` as the move constructor does, leaving `other` as it says; this
   /// cache's pages are dropped without callbacks. Self-move changes nothing. O(N).
+  /// Invalidates this cache's handles, undetectably: an old handle whose index and
+  /// generation happen to match one of `other`'s nodes is accepted (as a handle from
+  /// another cache would be). If Policy's move assignment throws, nothing changed.
   PagedPrefixCache& operator=(PagedPrefixCache&& other) noexcept(nothrow_move_assign) {
     if (this == &other) return *this;
-    page_size_ = other.page_size_;
+    // The policy first: it is the one member whose move may throw, so a throw leaves
+    // this cache as it was.
     policy_ = std::move(other.policy_);
+    page_size_ = other.page_size_;
     sink_ = std::move(other.sink_);
     hashes_ = other.hashes_;
     nodes_ = std::move(other.nodes_);
@@ -246,6 +258,7 @@ class PagedPrefixCache {
   /// answered with this namespace's blocks. O(names + 1) expected.
   void configure_namespace(namespace_id ns, std::string_view lora_name = {},
                            std::string_view cache_salt = {}) {
+    if (publishing_) throw_reentered();
     if (lora_name.empty() && names_other_namespace(cache_salt, ns))
       throw std::invalid_argument(
           "PagedPrefixCache: the seed is another namespace's default block-hash seed");
@@ -349,9 +362,10 @@ class PagedPrefixCache {
 
   /// Locks the prefix ending at `h`: its pages are not evicted until a matching
   /// unlock(). Locks nest (counted per node). Returns false, changing nothing, for a
-  /// stale handle or when 2^32 - 1 locks are held in the namespace; true (no-op) for
-  /// an empty handle. O(nodes on the path + log L); never throws.
+  /// stale handle, when 2^32 - 1 locks are held in the namespace, or when called from the
+  /// event sink; true (no-op) for an empty handle. O(nodes on the path + log L); never throws.
   bool lock(const PagedPrefixHandle& h) noexcept {
+    if (publishing_) return false;
     if (h.empty()) return true;
     if (!valid(h)) return false;
     Node& root = nodes_[ns_slots_[nodes_[h.node].ns].root];
@@ -372,9 +386,11 @@ class PagedPrefixCache {
 
   /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
   /// false, changing nothing, for a stale handle or when no such lock is held
-  /// (unlocking below zero; locks of longer prefixes through `h` do not count); true
-  /// (no-op) for an empty handle. O(nodes on the path + log L); never throws.
+  /// (unlocking below zero; locks of longer prefixes through `h` do not count), or when
+  /// called from the event sink; true (no-op) for an empty handle. O(nodes on the path +
+  /// log L); never throws.
   bool unlock(const PagedPrefixHandle& h) noexcept {
+    if (publishing_) return false;
     if (h.empty()) return true;
     if (!valid(h) || nodes_[h.node].own == 0) return false;
     --nodes_[h.node].own;
@@ -421,6 +437,7 @@ class PagedPrefixCache {
   /// the engine still owns its pages (a throwing sink consumes the event id).
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
+    if (publishing_) throw_reentered();
     const std::size_t q_pages = tokens.size() / page_size_;
     if (pages.size() < q_pages)
       throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
@@ -555,6 +572,7 @@ class PagedPrefixCache {
   /// (on_evict ran), the event id consumed, and the exception propagates.
   template <class OnEvict>
   std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
+    if (publishing_) throw_reentered();
     const std::size_t target = std::min(n_pages, evictable_pages_);
     if (target == 0) return 0;
     std::vector<std::uint64_t> removed;
@@ -576,6 +594,7 @@ class PagedPrefixCache {
   /// the cache is cleared (on_free ran), the event id consumed, the exception propagates.
   template <class OnFree>
   bool clear(OnFree&& on_free) {
+    if (publishing_) throw_reentered();
     if (stats_.locked_pages > 0) return false;
     clear_reserved(on_free);
     publish(kv_event::Cleared{});
@@ -595,6 +614,7 @@ class PagedPrefixCache {
   /// exception propagates.
   template <class OnFree>
   bool erase_namespace(namespace_id ns, OnFree&& on_free) {
+    if (publishing_) throw_reentered();
     const auto it = ns_index_.find(ns);
     if (it == ns_index_.end()) return true;
     const std::uint32_t slot = it->second;
@@ -989,6 +1009,8 @@ class PagedPrefixCache {
   template <bool Copy, class Emit>
   MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
                 Emit&& emit, PageId* out) {
+    if (publishing_) [[unlikely]]
+      throw_reentered();
     ++stats_.lookups;
     stats_.query_tokens += tokens.size();
     ++tick_;
@@ -1488,7 +1510,19 @@ class PagedPrefixCache {
     ev.event_id = next_event_id_++;
     ev.data.template emplace<std::decay_t<Payload>>(std::forward<Payload>(payload));
     ++stats_.events;
+    // The caller's saved state (insert's path and reserved space, evict's heap) would go
+    // stale if the sink changed the cache: every non-const member refuses while this runs.
+    publishing_ = true;
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{publishing_};
     sink_(ev);
+  }
+
+  // A non-const member called from the event sink: refused, nothing changed.
+  [[noreturn]] static void throw_reentered() {
+    throw std::logic_error("PagedPrefixCache: called from its own event sink");
   }
 
   // ---- heaps of evictable leaves, one per key class ------------------------------------------
@@ -1626,6 +1660,7 @@ class PagedPrefixCache {
   std::uint64_t tick_ = 0;
   std::uint64_t next_event_id_ = 0;
   PagedCacheStats stats_;
+  bool publishing_ = false;  // the sink is running: non-const members throw std::logic_error
 };
 
 }  // namespace promptcache

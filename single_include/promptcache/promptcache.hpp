@@ -4217,6 +4217,7 @@ class ManualClock {
 #include <span>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 // ---- begin promptcache/detail/paged_ghost_history.hpp ----
 // promptcache: detail/paged_ghost_history.hpp
@@ -4746,6 +4747,28 @@ class Adaptive {
       : capacity_(capacity_pages),
         step_(check(step)),
         ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
+  /// Takes over `o`'s target and ghost history. `o` keeps its capacity and step, with no
+  /// ghost history and a target of 0 (as a policy of capacity 0 keeps). O(1).
+  Adaptive(Adaptive&& o) noexcept
+      : capacity_(o.capacity_),
+        step_(o.step_),
+        p_(std::exchange(o.p_, 0.0)),
+        ghosts_(std::move(o.ghosts_)) {}
+  /// As the move constructor; self-move changes nothing. O(1).
+  Adaptive& operator=(Adaptive&& o) noexcept {
+    if (this == &o) return *this;
+    capacity_ = o.capacity_;
+    step_ = o.step_;
+    p_ = std::exchange(o.p_, 0.0);
+    ghosts_ = std::move(o.ghosts_);
+    return *this;
+  }
+  /// Not copyable (the ghost history is not).
+  Adaptive(const Adaptive&) = delete;
+  /// Not copy-assignable.
+  Adaptive& operator=(const Adaptive&) = delete;
+  /// Frees the ghost history. O(1).
+  ~Adaptive() = default;
 
   /// New node: used again when every one of its pages was on a ghost list, else
   /// used once; each ghost found moves the target. O(pages of the node).

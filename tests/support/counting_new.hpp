@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <new>
 
 // GCC sees the malloc/free pair through the replaced operators and warns about
@@ -54,6 +55,8 @@ inline void* allocate_aligned(std::size_t n, std::align_val_t al) {
   if (countdown > 0) --countdown;
   ++count;
   const auto a = static_cast<std::size_t>(al);
+  // Rounding up would wrap past SIZE_MAX to a tiny block: no such size can be allocated.
+  if (n > std::numeric_limits<std::size_t>::max() - (a - 1)) throw std::bad_alloc();
   const std::size_t size = n == 0 ? a : (n + a - 1) / a * a;
   void* p = std::aligned_alloc(a, size);
   if (p == nullptr) throw std::bad_alloc();
