@@ -5645,17 +5645,15 @@ class PagedPrefixCache {
   static constexpr std::uint32_t npos = 0xFFFFFFFFU;
   using ns_map = std::unordered_map<std::uint64_t, std::uint32_t>;
   using seed_map = std::unordered_map<std::uint64_t, std::uint64_t>;
-  // The moves throw only where the policy's, the sink's or a map's own move does (the
-  // vectors and the edge table never do).
-  static constexpr bool nothrow_move_construct =
-      std::is_nothrow_move_constructible_v<Policy> &&
-      std::is_nothrow_move_constructible_v<std::function<void(const KvEvent&)>> &&
-      std::is_nothrow_move_constructible_v<ns_map> &&
-      std::is_nothrow_move_constructible_v<seed_map>;
-  static constexpr bool nothrow_move_assign =
-      std::is_nothrow_move_assignable_v<Policy> &&
+  // The moves throw only where the policy's move, or the sink's or a map's move
+  // assignment, does (the vectors and the edge table never do).
+  static constexpr bool nothrow_take =
       std::is_nothrow_move_assignable_v<std::function<void(const KvEvent&)>> &&
       std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
+  static constexpr bool nothrow_move_construct =
+      std::is_nothrow_move_constructible_v<Policy> && nothrow_take;
+  static constexpr bool nothrow_move_assign =
+      std::is_nothrow_move_assignable_v<Policy> && nothrow_take;
 
  public:
   using page_id = PageId;              ///< The engine's page id type.
@@ -5708,27 +5706,8 @@ class PagedPrefixCache {
   /// empty and usable: no namespaces, pages, events or counters, the same page size, its
   /// policy as Policy's move left it, and no sink (publishes_events() false). O(1).
   PagedPrefixCache(PagedPrefixCache&& other) noexcept(nothrow_move_construct)
-      : page_size_(other.page_size_),
-        policy_(std::move(other.policy_)),
-        sink_(std::move(other.sink_)),
-        hashes_(other.hashes_),
-        nodes_(std::move(other.nodes_)),
-        free_head_(other.free_head_),
-        free_count_(other.free_count_),
-        block_pages_(other.block_pages_),
-        evictable_pages_(other.evictable_pages_),
-        edges_(std::move(other.edges_)),
-        heaps_(std::move(other.heaps_)),
-        class_pages_(other.class_pages_),
-        ns_slots_(std::move(other.ns_slots_)),
-        ns_index_(std::move(other.ns_index_)),
-        seed_owner_(std::move(other.seed_owner_)),
-        path_(std::move(other.path_)),
-        ns_hint_(other.ns_hint_),
-        tick_(other.tick_),
-        next_event_id_(other.next_event_id_),
-        stats_(other.stats_) {
-    other.reset_moved_from();
+      : page_size_(other.page_size_), policy_(std::move(other.policy_)), hashes_(false) {
+    take_contents(other);
   }
   /// Takes over `other` as the move constructor does, leaving `other` as it says; this
   /// cache's pages are dropped without callbacks. Self-move changes nothing. O(N).
@@ -5741,25 +5720,7 @@ class PagedPrefixCache {
     // this cache as it was.
     policy_ = std::move(other.policy_);
     page_size_ = other.page_size_;
-    sink_ = std::move(other.sink_);
-    hashes_ = other.hashes_;
-    nodes_ = std::move(other.nodes_);
-    free_head_ = other.free_head_;
-    free_count_ = other.free_count_;
-    block_pages_ = other.block_pages_;
-    evictable_pages_ = other.evictable_pages_;
-    edges_ = std::move(other.edges_);
-    heaps_ = std::move(other.heaps_);
-    class_pages_ = other.class_pages_;
-    ns_slots_ = std::move(other.ns_slots_);
-    ns_index_ = std::move(other.ns_index_);
-    seed_owner_ = std::move(other.seed_owner_);
-    path_ = std::move(other.path_);
-    ns_hint_ = other.ns_hint_;
-    tick_ = other.tick_;
-    next_event_id_ = other.next_event_id_;
-    stats_ = other.stats_;
-    other.reset_moved_from();
+    take_contents(other);
     return *this;
   }
   /// Releases the index (not the engine's pages: the engine owns them). O(N).
@@ -6351,30 +6312,30 @@ class PagedPrefixCache {
   // Compares at least this long look the next level up while they run (see find_child).
   static constexpr std::size_t look_ahead_bytes = 256;
 
-  // After a move: every container the counters describe is emptied (a moved-from standard
-  // container is only "valid but unspecified") and every counter and free-list link that
-  // pointed into them is reset, so the object is an empty cache again. The page size and
-  // the policy stay; the sink went with the contents.
-  void reset_moved_from() noexcept {
-    sink_ = nullptr;
-    hashes_ = false;
-    nodes_.clear();
-    free_head_ = npos;
-    free_count_ = 0;
-    block_pages_ = 0;
-    evictable_pages_ = 0;
-    edges_.clear();
-    for (auto& heap : heaps_)
-      heap.clear();
-    class_pages_ = {};
-    ns_slots_.clear();
-    ns_index_.clear();
-    seed_owner_.clear();
-    path_.clear();
-    ns_hint_ = npos;
-    tick_ = 0;
-    next_event_id_ = 0;
-    stats_ = PagedCacheStats{};
+  // The moves' common part: takes every member but the page size and the policy from
+  // `other` and leaves `other` an empty cache (a moved-from standard container is only
+  // "valid but unspecified", and the counters and free-list links describe the
+  // containers, so each is exchanged with its empty value). The sink goes with the
+  // contents.
+  void take_contents(PagedPrefixCache& other) noexcept(nothrow_take) {
+    sink_ = std::exchange(other.sink_, nullptr);
+    hashes_ = std::exchange(other.hashes_, false);
+    nodes_ = std::exchange(other.nodes_, {});
+    free_head_ = std::exchange(other.free_head_, npos);
+    free_count_ = std::exchange(other.free_count_, 0);
+    block_pages_ = std::exchange(other.block_pages_, 0);
+    evictable_pages_ = std::exchange(other.evictable_pages_, 0);
+    edges_ = std::exchange(other.edges_, {});
+    heaps_ = std::exchange(other.heaps_, {});
+    class_pages_ = std::exchange(other.class_pages_, {});
+    ns_slots_ = std::exchange(other.ns_slots_, {});
+    ns_index_ = std::exchange(other.ns_index_, {});
+    seed_owner_ = std::exchange(other.seed_owner_, {});
+    path_ = std::exchange(other.path_, {});
+    ns_hint_ = std::exchange(other.ns_hint_, npos);
+    tick_ = std::exchange(other.tick_, 0);
+    next_event_id_ = std::exchange(other.next_event_id_, 0);
+    stats_ = std::exchange(other.stats_, {});
   }
 
   static std::size_t check_page_size(std::size_t page_size) {
@@ -6739,14 +6700,19 @@ class PagedPrefixCache {
 
   // Undoes create_namespace(ns) for a namespace that holds nothing yet. Never throws.
   void drop_empty_namespace(namespace_id ns) noexcept {
-    const auto it = ns_index_.find(ns);
-    const std::uint32_t slot = it->second;
+    const std::uint32_t slot = ns_index_.find(ns)->second;
+    release_slot(slot);
+    if (slot + 1 == ns_slots_.size()) ns_slots_.pop_back();
+  }
+
+  // Frees the root, the id and the seed of the namespace in `slot`, whose other nodes
+  // are gone, and marks the slot free for reuse. Never throws.
+  void release_slot(std::uint32_t slot) noexcept {
     NsSlot& s = ns_slots_[slot];
     free_node(s.root);
+    ns_index_.erase(s.id);
     seed_owner_.erase(s.seed);
-    ns_index_.erase(it);
     s = NsSlot{};
-    if (slot + 1 == ns_slots_.size()) ns_slots_.pop_back();
   }
 
   void check_seed_free(std::uint64_t seed, namespace_id ns) const {
@@ -7014,11 +6980,7 @@ class PagedPrefixCache {
       if (nd.heap_pos != npos) heap_erase(x);
       remove_leaf(x);
     }
-    NsSlot& s = ns_slots_[slot];
-    free_node(s.root);
-    ns_index_.erase(s.id);
-    seed_owner_.erase(s.seed);
-    s = NsSlot{};
+    release_slot(slot);
   }
 
   // The payload is emplaced into the event: building a variant first and moving
