@@ -1967,8 +1967,7 @@ class PromptCachePool {
   /// hit's recency; the heaps are re-sorted later, see insert); invalidates nothing a caller
   /// holds.
   std::optional<Hit> find_longest_prefix(std::span<const Token> ids, namespace_id ns = 0) {
-    const time_point now = monotonic(clock_.now());
-    latest_ = now;
+    const time_point now = use_clock();
     // The expiry check is one comparison; the removal work is out of line, so that the hot
     // path of a lookup that expires nothing keeps its registers (and its code) small.
     if (recency_.due(now)) [[unlikely]]
@@ -2029,9 +2028,7 @@ class PromptCachePool {
   /// Removes every unpinned entry idle for at least its TTL; returns how many.
   /// O(1 + expired x log T), T = TTL lists.
   std::size_t evict_expired() {
-    const time_point now = monotonic(clock_.now());
-    latest_ = now;
-    const std::size_t n = expire(now);
+    const std::size_t n = expire(use_clock());
     release_retired();
     return n;
   }
@@ -2070,8 +2067,7 @@ class PromptCachePool {
   /// expired one is collected, never revived). Snapshots are not rewritten (Entry::pinned).
   /// If the clock throws, nothing changed. O(|ids| + expired x log T), T = TTL lists.
   bool pin(std::span<const Token> ids, namespace_id ns = 0) {
-    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
-    latest_ = now;
+    const time_point now = use_clock();  // first: if the clock throws, nothing changed
     if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
     if (s != nullptr && !s->pinned) {
@@ -2088,8 +2084,7 @@ class PromptCachePool {
   /// there is no such entry (an expired unpinned one is collected first). If the clock throws,
   /// nothing changed. O(|ids| + (1 + evicted) x log T), T = TTL lists.
   bool unpin(std::span<const Token> ids, namespace_id ns = 0) {
-    const time_point now = monotonic(clock_.now());  // first: if it throws, nothing changed
-    latest_ = now;
+    const time_point now = use_clock();  // first: if the clock throws, nothing changed
     if (recency_.due(now)) expire(now);
     Slot* s = find_slot(ids, ns);
     if (s != nullptr && s->pinned) {
@@ -2266,6 +2261,14 @@ class PromptCachePool {
   // that goes back only makes entries look younger (nothing expires early, and every recency
   // list stays in time order). The caller stores it in latest_ once it cannot fail any more.
   time_point monotonic(time_point t) const noexcept { return t < latest_ ? latest_ : t; }
+
+  // The clock reading for a member that cannot fail once it has read the clock: stored in
+  // latest_ at once (insert, which can, stores its reading itself).
+  time_point use_clock() {
+    const time_point now = monotonic(clock_.now());
+    latest_ = now;
+    return now;
+  }
 
   bool over_bytes() const noexcept {
     return options_.max_bytes != 0 && (bytes_carry_ != 0 || stats_.bytes > options_.max_bytes);
