@@ -171,6 +171,22 @@ class LruPolicy {
 
 /// Replays `t` through a leaf-only block cache of `capacity_blocks` slots
 /// under `policy`.
+// The tokens request `r` hits in its leading cached blocks, each up to the
+// tokens the cache holds for it (`stored`): the hit ends at the first block
+// not resident, or after one held shorter than this use needs.
+template <class Resident>
+[[nodiscard]] std::size_t leading_hit_tokens(const Request& r, std::size_t block_size,
+                                             const std::vector<std::size_t>& stored,
+                                             Resident resident) {
+  std::size_t hit = 0;
+  for (std::size_t m = 0; m < r.nodes.size() && resident(r.nodes[m]); ++m) {
+    const std::size_t used = block_tokens(r, m, block_size);
+    hit += std::min(used, stored[r.nodes[m]]);
+    if (stored[r.nodes[m]] < used) break;
+  }
+  return hit;
+}
+
 template <class Policy>
 [[nodiscard]] CacheRun run_leaf_cache(const Trace& t, std::size_t capacity_blocks, Policy& policy) {
   CacheRun run;
@@ -181,11 +197,8 @@ template <class Policy>
     run.prompt_tokens += r.input_length;
     s.begin_request();
     const std::size_t n = r.nodes.size();
-    for (std::size_t m = 0; m < n && s.resident(r.nodes[m]); ++m) {
-      const std::size_t used = block_tokens(r, m, t.block_size);
-      run.hit_tokens += std::min(used, stored[r.nodes[m]]);
-      if (stored[r.nodes[m]] < used) break;
-    }
+    run.hit_tokens += leading_hit_tokens(r, t.block_size, stored,
+                                         [&](std::uint32_t node) { return s.resident(node); });
     std::size_t cached = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t node = r.nodes[i];
@@ -253,11 +266,8 @@ template <class Policy>
     const Request& r = t.requests[k];
     ++run.requests;
     run.prompt_tokens += r.input_length;
-    for (std::size_t m = 0; m < r.nodes.size() && resident[r.nodes[m]] != 0; ++m) {
-      const std::size_t tokens = block_tokens(r, m, t.block_size);
-      run.hit_tokens += std::min(tokens, stored[r.nodes[m]]);
-      if (stored[r.nodes[m]] < tokens) break;
-    }
+    run.hit_tokens += leading_hit_tokens(r, t.block_size, stored,
+                                         [&](std::uint32_t node) { return resident[node] != 0; });
     for (std::size_t i = 0; i < r.nodes.size(); ++i) {
       const std::uint32_t node = r.nodes[i];
       const std::size_t tokens = block_tokens(r, i, t.block_size);
