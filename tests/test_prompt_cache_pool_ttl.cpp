@@ -277,6 +277,31 @@ TEST_CASE("ttl: an insert over budget collects expired entries before evicting a
   pool.check_invariants();
 }
 
+TEST_CASE(
+    "ttl: an expired entry that no call has collected yet still counts for insert and erase") {
+  const auto mode = GENERATE(MatchMode::exact_prefix, MatchMode::common_prefix);
+  ManualClock clock;
+  auto o = options(16, 5min);
+  o.match = mode;
+  Pool pool(o, clock);
+  pool.insert({1, 2}, {Layer{}}, with_ttl(1min));
+  pool.insert({7, 8}, {Layer{}}, with_ttl(1min));
+  pool.insert({4, 5}, {Layer{}}, with_ttl(1min));
+  clock.advance(2min);  // all three expired; no lookup, pin, unpin or evict_expired since
+  // Equal ids: an update, and the dead entry's TTL carries over as for a live one.
+  CHECK(pool.insert({1, 2}, {Layer{}}) == Pool::InsertResult::updated);
+  // A longer lineage: an extension.
+  CHECK(pool.insert({7, 8, 9}, {Layer{}}) == Pool::InsertResult::extended);
+  CHECK(pool.stats().evicted_ttl == 0);
+  CHECK(pool.erase(Ids{4, 5}));
+  CHECK(pool.size() == 2);
+  pool.check_invariants();
+  clock.advance(1min);  // the carried 1-minute TTL, not the pool's 5 minutes
+  CHECK(pool.evict_expired() == 2);
+  CHECK(pool.empty());
+  pool.check_invariants();
+}
+
 TEST_CASE("ttl: idle times and deadlines at the clock's limits never overflow") {
   using TP = ManualClock::time_point;
   SECTION("used just before the epoch, checked at the clock's end: idle for ages") {
