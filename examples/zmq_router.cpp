@@ -12,23 +12,40 @@
 // endpoint means no replay: gaps reset that worker's view). Data-parallel
 // rank r of an engine publishes on its base port + r. Give the engines'
 // block size (and, for LoRA requests, their adapter name with --lora).
-// "stats" on a line of its own prints the subscriber counters.
+// "stats" on a line of its own prints the subscriber counters. Numbers out of
+// range (a token id above 2^32 - 1, a negative number, a block size of 0 or
+// above 2^32 - 1, the 32-bit field of the engines' events) are rejected; if the
+// subscriber's thread stops on an error, the router stops with it rather than
+// answer from an index that no longer follows the engines.
 #include <promptcache/zmq_kv_subscriber.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
-#include <cstdlib>
+#include <exception>
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace {
 
-int usage() {
-  std::cerr << "usage: zmq_router --block-size N [--lora NAME] "
-               "--publisher ENDPOINT,REPLAY,WORKER_ID,DP_RANK [--publisher ...]\n";
+int usage(const std::string& why) {
+  std::cerr << "zmq_router: " << why
+            << "\nusage: zmq_router --block-size N [--lora NAME] "
+               "--publisher ENDPOINT,REPLAY,WORKER_ID,DP_RANK [--publisher ...]\n"
+               "  N: 1..4294967295; WORKER_ID: 0..2^64-1; DP_RANK: 0..4294967295\n"
+               "  then one request per line on stdin: token ids 0..4294967295\n";
   return 2;
+}
+
+// A decimal number in [0, max], the whole string (no sign, no spaces).
+bool parse_number(const std::string& s, std::uint64_t max, std::uint64_t& out) {
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, out);
+  return ec == std::errc{} && ptr == end && !s.empty() && out <= max;
 }
 
 bool parse_publisher(const std::string& arg, promptcache::KvPublisherEndpoint& out) {
@@ -37,15 +54,14 @@ bool parse_publisher(const std::string& arg, promptcache::KvPublisherEndpoint& o
   std::string part;
   while (std::getline(in, part, ','))
     parts.push_back(part);
-  if (parts.size() != 4 || parts[0].empty()) return false;
-  try {
-    out.endpoint = parts[0];
-    out.replay_endpoint = parts[1];
-    out.worker.worker_id = std::stoull(parts[2]);
-    out.worker.dp_rank = static_cast<std::uint32_t>(std::stoul(parts[3]));
-  } catch (const std::exception&) {
+  std::uint64_t rank = 0;
+  if (parts.size() != 4 || parts[0].empty() ||
+      !parse_number(parts[2], std::numeric_limits<std::uint64_t>::max(), out.worker.worker_id) ||
+      !parse_number(parts[3], std::numeric_limits<std::uint32_t>::max(), rank))
     return false;
-  }
+  out.endpoint = parts[0];
+  out.replay_endpoint = parts[1];
+  out.worker.dp_rank = static_cast<std::uint32_t>(rank);
   return true;
 }
 
@@ -59,50 +75,79 @@ void print_stats(const promptcache::ZmqKvSubscriber& sub) {
   }
 }
 
+// The message of the exception `error` holds.
+std::string what(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t block_size = 0;
+  std::uint64_t block_size = 0;
   std::string lora;
   std::vector<promptcache::KvPublisherEndpoint> publishers;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i + 1 >= argc) return usage();
+    if (i + 1 >= argc) return usage(a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--block-size") {
-      block_size = std::strtoul(v.c_str(), nullptr, 10);
+      if (!parse_number(v, std::numeric_limits<std::uint32_t>::max(), block_size) ||
+          block_size == 0)
+        return usage("bad block size '" + v + "'");
     } else if (a == "--lora") {
       lora = v;
     } else if (a == "--publisher") {
       promptcache::KvPublisherEndpoint p;
-      if (!parse_publisher(v, p)) return usage();
+      if (!parse_publisher(v, p)) return usage("bad publisher '" + v + "'");
       publishers.push_back(p);
     } else {
-      return usage();
+      return usage("unknown option " + a);
     }
   }
-  if (block_size == 0 || publishers.empty()) return usage();
+  if (block_size == 0) return usage("--block-size is required");
+  if (publishers.empty()) return usage("at least one --publisher is required");
 
   promptcache::ZmqKvSubscriberOptions options;
-  options.wire.block_size = static_cast<std::uint32_t>(block_size);
-  promptcache::ZmqKvSubscriber sub(publishers, options);
-  sub.start();  // events apply in the background while requests are answered
+  options.wire.block_size = static_cast<std::uint32_t>(block_size);  // checked above
+  std::unique_ptr<promptcache::ZmqKvSubscriber> sub;
+  try {
+    sub = std::make_unique<promptcache::ZmqKvSubscriber>(publishers, options);
+    sub->start();  // events apply in the background while requests are answered
+  } catch (const std::exception& e) {
+    std::cerr << "zmq_router: cannot subscribe: " << e.what() << "\n";
+    return 1;
+  }
 
   promptcache::BlockHashOptions hash_options;
   hash_options.seed = promptcache::block_hash_seed(lora);
   std::string line;
   while (std::getline(std::cin, line)) {
+    if (!sub->running()) break;  // the thread died: the index no longer follows the engines
     if (line == "stats") {
-      print_stats(sub);
+      print_stats(*sub);
       continue;
     }
     std::vector<std::uint32_t> tokens;
     std::istringstream in(line);
+    std::string word;
     std::uint64_t t = 0;
-    while (in >> t)
+    bool ok = true;
+    while (ok && in >> word) {
+      ok = parse_number(word, std::numeric_limits<std::uint32_t>::max(), t);
       tokens.push_back(static_cast<std::uint32_t>(t));
+    }
+    if (!ok) {
+      std::cerr << "zmq_router: bad token id '" << word << "': token ids are 0..4294967295\n";
+      continue;
+    }
     const auto hashes = promptcache::local_block_hashes(tokens, block_size, hash_options);
-    auto matches = sub.with_index(
+    auto matches = sub->with_index(
         [&](const promptcache::KvIndex& index) { return index.find_matches(hashes); });
     std::sort(matches.begin(), matches.end(),
               [](const auto& a, const auto& b) { return a.blocks > b.blocks; });
@@ -113,9 +158,9 @@ int main(int argc, char** argv) {
                 << m.blocks;
     std::cout << std::endl;
   }
-  sub.stop();
-  if (sub.thread_error()) {
-    std::cerr << "subscriber stopped on an error\n";
+  sub->stop();
+  if (const std::exception_ptr error = sub->thread_error()) {
+    std::cerr << "zmq_router: the subscriber stopped on an error: " << what(error) << "\n";
     return 1;
   }
   return 0;
