@@ -1,24 +1,29 @@
 // A KV-aware router in miniature: three workers publish KV events, the router
-// feeds them into a KvIndex, routes each request to the worker that already
-// holds most of its prefix, notices a lost event, and resyncs that worker from
-// a dump with replace_worker.
+// feeds them into a KvIndex and routes each request with KvRouter, weighing
+// the prefix each worker already holds against the decode load it carries (as
+// Dynamo's default selector does), notices a lost event, and resyncs that
+// worker from a dump with replace_worker.
 //
 // Blocks are named the way Dynamo's engines name them: the tree is keyed by
 // the local block hashes of block_hash.hpp, and each worker's own block names
 // are the chained sequence hashes.
 #include <promptcache/block_hash.hpp>
 #include <promptcache/kv_index.hpp>
+#include <promptcache/kv_router.hpp>
 
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace pc = promptcache;
 
 constexpr std::size_t kBlockSize = 16;
+// A request decodes while this many later requests are routed, then finishes.
+constexpr std::size_t kInFlightFor = 3;
 
 // The engine side: which blocks a worker caches, and the events it publishes.
 class Worker {
@@ -83,25 +88,47 @@ int main() {
   pc::KvIndex router;
   bool drop_next_event_of_12 = false;
 
-  // The router picks the worker holding the longest prefix (lowest id on ties;
-  // with no match, the least loaded), the worker runs the prompt, and its
-  // event travels back to the router.
+  // Requests in flight: the worker and the names of the blocks (chained
+  // hashes) each one holds until it finishes.
+  struct InFlight {
+    std::size_t worker;
+    std::set<std::uint64_t> blocks;
+    std::size_t finishes_at;
+  };
+  std::vector<InFlight> in_flight;
+  std::size_t step = 0;
+  const pc::KvRouter kv_router(
+      pc::KvRouterConfig{/*overlap_weight*/ 1.0, /*temperature*/ 0.0, kBlockSize});
+
+  // The router asks the index for each worker's cached prefix, builds each
+  // worker's load the way docs/kv_router.md describes (distinct blocks of the
+  // requests in flight on it plus the request's blocks not among them;
+  // prefills finish at once here, so no prefill tokens are queued), lets
+  // KvRouter pick, and the chosen worker runs the prompt; its event travels
+  // back to the router.
   auto route = [&](const char* what, const std::vector<std::uint64_t>& locals) {
-    std::size_t best = 0;
-    std::size_t best_blocks = 0;
-    for (const pc::KvWorkerMatch& m : router.find_matches(locals))
-      for (std::size_t i = 0; i < workers.size(); ++i)
-        if (workers[i].id() == m.worker &&
-            (m.blocks > best_blocks || (m.blocks == best_blocks && i < best))) {
-          best = i;
-          best_blocks = m.blocks;
-        }
-    if (best_blocks == 0)
-      for (std::size_t i = 0; i < workers.size(); ++i)
-        if (workers[i].cached_blocks() < workers[best].cached_blocks()) best = i;
-    std::printf("%-34s -> worker %llu (%zu of %zu blocks cached)\n", what,
-                static_cast<unsigned long long>(workers[best].id().worker_id), best_blocks,
-                locals.size());
+    ++step;
+    std::erase_if(in_flight, [&](const InFlight& r) { return r.finishes_at <= step; });
+    const std::vector<std::uint64_t> names = pc::sequence_hashes(locals);
+    std::vector<pc::KvWorkerLoad> loads;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      std::set<std::uint64_t> busy;
+      for (const InFlight& r : in_flight)
+        if (r.worker == i) busy.insert(r.blocks.begin(), r.blocks.end());
+      std::size_t decode = busy.size();
+      for (const std::uint64_t name : names)
+        decode += busy.count(name) == 0 ? 1U : 0U;
+      loads.push_back({workers[i].id(), decode, router.block_count(workers[i].id()), 0});
+    }
+    const std::size_t request_tokens = locals.size() * kBlockSize;
+    const std::vector<pc::KvWorkerMatch> matches = router.find_matches(locals);
+    const pc::KvRouteDecision d = *kv_router.select(request_tokens, matches, loads);
+    const std::size_t best = d.index;  // loads lists the workers in order
+    std::printf("%-31s %6zu  ", what, locals.size());
+    for (const pc::KvRouteCandidate& c : kv_router.candidates(request_tokens, matches, loads))
+      std::printf("  %2zu/%2.0f/%2.0f", c.matched_blocks, c.decode_blocks, c.cost);
+    std::printf("  -> worker %llu\n", static_cast<unsigned long long>(d.chosen.worker.worker_id));
+    in_flight.push_back({best, {names.begin(), names.end()}, step + kInFlightFor});
     const std::optional<pc::KvEvent> event = workers[best].serve(locals);
     if (!event) return;
     if (workers[best].id().worker_id == 12 && drop_next_event_of_12) {
@@ -123,6 +150,8 @@ int main() {
     }
   };
 
+  std::printf("cost = blocks to prefill + load (distinct blocks in flight, this request added)\n");
+  std::printf("%-31s %6s  %s\n", "request", "blocks", "cached/load/cost on workers 10, 11, 12");
   route("system A + chat 1", prompt({"system A", "chat 1"}));
   route("system B + chat 2", prompt({"system B", "chat 2"}));
   route("system C + chat 3", prompt({"system C", "chat 3"}));
@@ -130,7 +159,9 @@ int main() {
   route("system B + chat 4", prompt({"system B", "chat 4"}));
   drop_next_event_of_12 = true;
   route("system C + chat 3 + turn 2", prompt({"system C", "chat 3", "turn 2"}));
-  route("system C + chat 5", prompt({"system C", "chat 5"}));  // reveals the gap
+  // Worker 12 holds part of this prompt, but an idle worker costs less.
+  route("system C + chat 5", prompt({"system C", "chat 5"}));
+  // Worker 12's next event reveals the lost one.
   route("system C + chat 3 + turn 2 + 3", prompt({"system C", "chat 3", "turn 2", "turn 3"}));
 
   const pc::KvIndexCounters& c = router.counters();
