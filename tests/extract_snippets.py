@@ -5,8 +5,10 @@ compiles them with the project's warnings and the tests run those that have a
 main(). Each marked snippet is a complete translation unit.
 
 Usage: tests/extract_snippets.py <output-dir> <markdown files...>
-Prints one line per snippet: <name>|<has main: 0 or 1>. Rewrites a file only
-when its content changed, so an unchanged snippet is not rebuilt.
+Prints one line per snippet: <name>|<has main: 0 or 1>|<headers>, the last
+field the promptcache headers it includes (e.g. "kv_index kv_event_wire"), from
+which the build picks the optional target a snippet needs. Rewrites a file
+only when its content changed, so an unchanged snippet is not rebuilt.
 """
 import pathlib
 import re
@@ -47,7 +49,8 @@ def main(argv):
                 target.write_text(text, encoding="utf-8")
             written.add(target)
             has_main = re.search(r"\bint\s+main\s*\(", code) is not None
-            print(f"{name}|{int(has_main)}")
+            headers = re.findall(r"^\s*#\s*include\s*[<\"]promptcache/(\w+)\.hpp[>\"]", code, re.M)
+            print(f"{name}|{int(has_main)}|{' '.join(headers)}")
     for stale in out_dir.glob("*.cpp"):
         if stale not in written:
             stale.unlink()

@@ -1,7 +1,10 @@
 # The documentation's code: every ```cpp compile block of README.md and docs/*.md
 # is built as its own program with the project's warnings (-Werror in the dev
-# preset), and run as a test when it has a main(). Included after the
-# promptcache_threaded_tests target is defined.
+# preset), and run as a test when it has a main(). A snippet that includes an
+# optional header (kv_event_wire.hpp, zmq_kv_subscriber.hpp) links that
+# header's target and is skipped, like the tests, when its dependency is
+# missing. Included
+# after the promptcache_threaded_tests target is defined.
 file(GLOB _pc_docs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/docs/*.md")
 set(_pc_docs "${PROJECT_SOURCE_DIR}/README.md" ${_pc_docs})
 list(SORT _pc_docs)
@@ -17,10 +20,17 @@ endif()
 string(REPLACE "\n" ";" _pc_snippets "${_pc_snippets}")
 add_custom_target(promptcache_snippets)
 set(_pc_count 0)
+set(_pc_skipped 0)
 foreach(_pc_line IN LISTS _pc_snippets)
   string(REPLACE "|" ";" _pc_line "${_pc_line}")
   list(GET _pc_line 0 _pc_name)
   list(GET _pc_line 1 _pc_has_main)
+  list(GET _pc_line 2 _pc_headers)
+  promptcache_optional_requirement("${_pc_headers}" _pc_req)
+  if(_pc_req AND NOT TARGET ${_pc_req})
+    math(EXPR _pc_skipped "${_pc_skipped} + 1")
+    continue()
+  endif()
   set(_pc_src "${CMAKE_CURRENT_BINARY_DIR}/snippets/${_pc_name}.cpp")
   if(_pc_has_main)
     add_executable(${_pc_name} "${_pc_src}")
@@ -31,10 +41,14 @@ foreach(_pc_line IN LISTS _pc_snippets)
   endif()
   target_link_libraries(${_pc_name} PRIVATE promptcache::block_hash promptcache::warnings
                                             Threads::Threads)
+  if(_pc_req)
+    target_link_libraries(${_pc_name} PRIVATE ${_pc_req})
+  endif()
   add_dependencies(promptcache_snippets ${_pc_name})
   if(_pc_has_main AND _pc_name MATCHES "synchronized|concurrent|thread")
     add_dependencies(promptcache_threaded_tests ${_pc_name})  # run by the tsan preset too
   endif()
   math(EXPR _pc_count "${_pc_count} + 1")
 endforeach()
-message(STATUS "promptcache: ${_pc_count} documentation snippets compiled")
+message(STATUS "promptcache: ${_pc_count} documentation snippets compiled, ${_pc_skipped} skipped "
+               "(optional dependency missing)")
