@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Checks the documentation: every relative link of README.md, CHANGELOG.md and
 docs/*.md points at a file that exists (and, with #anchor, at a heading of
-that file); every public header has its page docs/<header>.md, listed in the
-docs index and in the README's table of headers; every test that a row of
-docs/bad_input.md names exists; and no file of the repository uses words that
-only make sense inside the team that wrote it.
+that file, GitHub's "-1", "-2" suffixes for repeated headings included); every
+repository path written in backticks or in a shell block (examples/...,
+include/..., docs/..., ...) exists; every public header has its page
+docs/<header>.md, listed in the docs index and in the README's table of
+headers; every CMake target that table names is defined by CMakeLists.txt or
+cmake/*.cmake; every test that a row of docs/bad_input.md names exists; and no
+file of the repository uses words that only make sense inside the team that
+wrote it.
 
 Usage: tests/check_docs.py
 """
@@ -28,13 +32,63 @@ def fail(what):
 
 
 def anchors(md: pathlib.Path):
+    """The anchors GitHub gives the headings of `md`: the second heading with
+    the same slug gets "-1", the third "-2", and so on."""
     out = set()
-    for line in md.read_text(encoding="utf-8").splitlines():
+    seen = {}
+    text = re.sub(r"^```.*?^```", "", md.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for line in text.splitlines():
         m = re.match(r"^#+\s+(.*)$", line)
         if m:
-            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
-            out.add(text.replace(" ", "-"))
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
     return out
+
+
+# A repository path: one of these directories, then path characters.
+REPO_PATH = re.compile(r"^(?:examples|scripts|include|docs|tests|bench|tools|cmake|ports|single_include)/"
+                       r"[\w.*/+-]*$")
+
+
+def check_paths(md: pathlib.Path):
+    """Every `repository/path` in inline code, and every such word of a sh
+    block, names a file or directory that exists, or a program built from
+    path.cpp (a * is a glob; a trailing :N line number is dropped)."""
+    text = md.read_text(encoding="utf-8")
+    words = []
+    for block in re.findall(r"^```(?:sh|bash|console)[ \t]*\n(.*?)^```", text, flags=re.S | re.M):
+        words += block.split()
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for code in re.findall(r"`([^`\n]+)`", prose):
+        words += code.split()
+    for word in words:
+        path = re.sub(r":\d+(?:-\d+)?$", "", word.rstrip(".,;:)"))
+        if not REPO_PATH.match(path):
+            continue
+        found = (any(ROOT.glob(path.rstrip("/"))) if "*" in path
+                 else (ROOT / path).exists() or (ROOT / f"{path}.cpp").is_file())
+        if not found:
+            fail(f"{md.relative_to(ROOT)}: no {path} in the repository")
+
+
+def check_readme_targets(readme: str):
+    """The last column of the README's table of headers names CMake targets
+    (`promptcache::name`); each must be defined: an ALIAS or a component of
+    that name in CMakeLists.txt or cmake/*.cmake (a text check)."""
+    cmake = "\n".join(p.read_text(encoding="utf-8")
+                      for p in [ROOT / "CMakeLists.txt", *sorted((ROOT / "cmake").glob("*.cmake"))])
+    section = readme.split("\n## Headers", 1)[-1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| [")]
+    if not rows:
+        fail("README.md: no table of headers under ## Headers")
+    for line in rows:
+        for name in re.findall(r"`promptcache::(\w+)`", line.rstrip().rstrip("|").rsplit(" | ", 1)[-1]):
+            if not re.search(rf"add_library\(promptcache::{name}\s+ALIAS\b"
+                             rf"|promptcache_add_component\(\s*{name}\b", cmake):
+                fail(f"README.md: table of headers names promptcache::{name}, "
+                     "which no CMake file defines")
 
 
 def check_links(md: pathlib.Path):
@@ -104,11 +158,14 @@ def main():
     docs = sorted((ROOT / "docs").glob("*.md"))
     for md in [ROOT / "README.md", ROOT / "CHANGELOG.md", *docs]:
         check_links(md)
+    for md in [ROOT / "README.md", *docs]:
+        check_paths(md)
 
     check_bad_input_tests()
 
     index = (ROOT / "docs/README.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    check_readme_targets(readme)
     for header in sorted((ROOT / "include/promptcache").glob("*.hpp")):
         page = f"{header.stem}.md"
         if not (ROOT / "docs" / page).is_file():
