@@ -56,10 +56,13 @@ class PromptcacheConan(ConanFile):
         self.info.clear()
 
     def generate(self):
+        # Every developer part off: exports_sources holds only the library.
         tc = CMakeToolchain(self)
         tc.cache_variables["PROMPTCACHE_BUILD_TESTS"] = False
         tc.cache_variables["PROMPTCACHE_BUILD_BENCHMARKS"] = False
         tc.cache_variables["PROMPTCACHE_BUILD_EXAMPLES"] = False
+        tc.cache_variables["PROMPTCACHE_BUILD_TOOLS"] = False
+        tc.cache_variables["PROMPTCACHE_BUILD_FUZZERS"] = False
         tc.cache_variables["PROMPTCACHE_INSTALL"] = True
         tc.generate()
 

@@ -104,4 +104,11 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME packaging_metadata
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
                    "${PROJECT_VERSION}")
+  # What vcpkg and Conan configure: the recipe's exports_sources alone, and the
+  # checkout with the port's options; neither may configure a developer part.
+  add_test(NAME packaging_configure
+           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
+                   "${PROJECT_VERSION}" --configure "${CMAKE_COMMAND}" "${CMAKE_CXX_COMPILER}"
+                   "${_pc_consumer_bin}/packaging_configure")
+  set_tests_properties(packaging_configure PROPERTIES LABELS consumer)
 endif()
