@@ -46,6 +46,15 @@ def check_vcpkg(version):
     check(len(xx) == 1 and xx[0].get("version>=") == "0.8.1",
           "feature block-hash depends on xxhash with version>= 0.8.1")
     check("block-hash" in port.get("default-features", []), "block-hash is a default feature")
+    # The msgpack and ZeroMQ components: a feature each, needing the feature below it.
+    for feature, dep, below in (("kv-event-wire", "msgpack", "block-hash"),
+                                ("zmq-kv-subscriber", "cppzmq", "kv-event-wire")):
+        deps = port.get("features", {}).get(feature, {}).get("dependencies", [])
+        names = [d if isinstance(d, str) else d.get("name") for d in deps]
+        self_dep = [d for d in deps if isinstance(d, dict) and d.get("name") == "promptcache"]
+        check(dep in names and len(self_dep) == 1 and below in self_dep[0].get("features", []),
+              f"feature {feature} depends on {dep} and on feature {below}")
+        check(dep not in top, f"{dep} is not a dependency of the whole port")
     portfile = (ROOT / "ports/promptcache/portfile.cmake").read_text()
     check("set(VCPKG_BUILD_TYPE release)" in portfile, "portfile builds the release configuration only")
     # The port builds the whole checkout: every developer option must be off.
@@ -62,8 +71,9 @@ def check_vcpkg(version):
     check(recorded == amalgamate.port_source_hash(),
           "ports/promptcache/source.sha512 matches the headers (else run scripts/amalgamate.py)")
     usage = (ROOT / "ports/promptcache/usage").read_text()
-    check("promptcache::block_hash" in usage and "COMPONENTS block_hash" in usage,
-          "usage shows the block_hash component")
+    for component in ("block_hash", "kv_event_wire", "zmq_kv_subscriber"):
+        check(f"promptcache::{component}" in usage and f"COMPONENTS {component}" in usage,
+              f"usage shows the {component} component")
 
 
 class _Settings:
@@ -105,6 +115,8 @@ class _CppInfo:
     def __init__(self):
         self.properties = {}
         self.requires = []
+        self.defines = []
+        self.system_libs = []
         self.components = _Components()
 
     def set_property(self, key, value):
@@ -182,10 +194,11 @@ def _load_recipe():
     return classes, ConanInvalidConfiguration
 
 
-def _instance(cls, cppstd, with_block_hash=True):
+def _instance(cls, cppstd, with_block_hash=True, with_kv_event_wire=False, with_zmq_kv_subscriber=False):
     r = cls()
-    r.settings = _Settings({"compiler": "gcc", "compiler.version": "12", "compiler.cppstd": cppstd})
-    r.options = _Options(with_block_hash=with_block_hash)
+    r.settings = _Settings({"os": "Linux", "compiler": "gcc", "compiler.version": "12", "compiler.cppstd": cppstd})
+    r.options = _Options(with_block_hash=with_block_hash, with_kv_event_wire=with_kv_event_wire,
+                         with_zmq_kv_subscriber=with_zmq_kv_subscriber)
     r.cpp_info = _CppInfo()
     r.required = []
     r.requires = lambda ref: r.required.append(ref)
@@ -258,6 +271,36 @@ def check_conan(version):
                   "with_block_hash=True: promptcache::block_hash requires xxhash::xxhash")
         else:
             check(not has_xx and bh is None, "with_block_hash=False: no xxhash, no block_hash component")
+
+    # The msgpack and ZeroMQ components: one option each, off by default, each
+    # adding its requirement and a component that requires the one below it.
+    defaults = getattr(cls, "default_options", {})
+    check(defaults.get("with_kv_event_wire") is False and defaults.get("with_zmq_kv_subscriber") is False,
+          "with_kv_event_wire and with_zmq_kv_subscriber default to False")
+    check(defaults.get("msgpack-cxx/*:use_boost") is False, "msgpack-cxx is required without Boost")
+    r = _instance(cls, "20", True, True, True)
+    r.validate()
+    r.requirements()
+    r.package_info()
+    comps = r.cpp_info.components
+    wire, zmq = comps.get("kv_event_wire"), comps.get("zmq_kv_subscriber")
+    check(any(ref.startswith("msgpack-cxx/") for ref in r.required) and wire is not None
+          and wire.properties.get("cmake_target_name") == "promptcache::kv_event_wire"
+          and wire.properties.get("pkg_config_name") == "promptcache-kv-event-wire"
+          and set(wire.requires) == {"block_hash", "msgpack-cxx::msgpack-cxx"},
+          "with_kv_event_wire: promptcache::kv_event_wire requires block_hash and msgpack-cxx")
+    check(any(ref.startswith("cppzmq/") for ref in r.required) and zmq is not None
+          and zmq.properties.get("cmake_target_name") == "promptcache::zmq_kv_subscriber"
+          and zmq.properties.get("pkg_config_name") == "promptcache-zmq-kv-subscriber"
+          and set(zmq.requires) == {"kv_event_wire", "cppzmq::cppzmq"},
+          "with_zmq_kv_subscriber: promptcache::zmq_kv_subscriber requires kv_event_wire and cppzmq")
+    for bad in ((False, True, False), (True, False, True)):
+        try:
+            _instance(cls, "20", *bad).validate()
+            refused = False
+        except invalid:
+            refused = True
+        check(refused, f"options {bad} (a component without the one it needs) are refused")
 
     ast.parse((ROOT / "test_package/conanfile.py").read_text())
     check("find_package(promptcache CONFIG REQUIRED)" in (ROOT / "test_package/CMakeLists.txt").read_text(),

@@ -21,6 +21,12 @@ endfunction()
 # A consumer that uses only the std-only headers on a machine view without
 # xxHash (CMake cannot find it, and the compiler sees an xxhash.h that fails).
 set(_pc_no_xxhash "-DPROMPTCACHE_CONSUMER_BLOCK_HASH=OFF" "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
+# A consumer of the msgpack (and, when found, ZeroMQ) components, on a machine
+# that has their dependencies; skipped elsewhere.
+set(_pc_wire_options "-DPROMPTCACHE_CONSUMER_WIRE=ON")
+if(TARGET promptcache::zmq_kv_subscriber)
+  list(APPEND _pc_wire_options "-DPROMPTCACHE_CONSUMER_ZMQ=ON")
+endif()
 
 if(PROMPTCACHE_INSTALL)
   # Installed with --prefix: nothing may point at the configure-time prefix.
@@ -28,6 +34,24 @@ if(PROMPTCACHE_INSTALL)
                                          --prefix "${_pc_prefix}")
   set_tests_properties(consumer_install PROPERTIES FIXTURES_SETUP promptcache_installed
                                                    LABELS consumer)
+
+  # Every library target the build tree defines (the INTERFACE targets of the
+  # top directory, but the warning flags of our own programs) is installed.
+  get_property(_pc_all_targets DIRECTORY "${PROJECT_SOURCE_DIR}" PROPERTY BUILDSYSTEM_TARGETS)
+  set(_pc_library_targets "")
+  foreach(_pc_t IN LISTS _pc_all_targets)
+    get_target_property(_pc_type ${_pc_t} TYPE)
+    if(_pc_type STREQUAL "INTERFACE_LIBRARY" AND NOT _pc_t STREQUAL "promptcache_warnings")
+      list(APPEND _pc_library_targets ${_pc_t})
+    endif()
+  endforeach()
+  string(REPLACE ";" "," _pc_library_targets "${_pc_library_targets}")
+  add_test(NAME consumer_install_exports
+           COMMAND "${CMAKE_COMMAND}" "-DPREFIX=${_pc_prefix}" "-DTARGETS=${_pc_library_targets}"
+                   "-DCMAKEDIR=${PROMPTCACHE_INSTALL_CMAKEDIR}" "-DPKGCONFIGDIR=${PROMPTCACHE_INSTALL_PKGCONFIGDIR}"
+                   -P "${PROJECT_SOURCE_DIR}/tests/installed_targets.cmake")
+  set_tests_properties(consumer_install_exports PROPERTIES FIXTURES_REQUIRED promptcache_installed
+                                                           LABELS consumer)
 
   promptcache_add_consumer_test(consumer_find_package find_package
                                 "-DPROMPTCACHE_REQUIRE_VERSION=${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
@@ -42,6 +66,13 @@ if(PROMPTCACHE_INSTALL)
                                 "-DPROMPTCACHE_REQUIRE_VERSION=99")
   set(_pc_refused "not find a configuration file for package \"promptcache\" that is[ \n]+compatible")
   set_tests_properties(consumer_find_package_wrong_version PROPERTIES PASS_REGULAR_EXPRESSION "${_pc_refused}")
+  # The msgpack and ZeroMQ components, where this machine has their dependencies.
+  if(TARGET promptcache::kv_event_wire)
+    promptcache_add_consumer_test(consumer_find_package_wire find_package ${_pc_wire_options})
+    set_tests_properties(consumer_find_package_wire PROPERTIES FIXTURES_REQUIRED promptcache_installed)
+  else()
+    message(STATUS "promptcache: consumer_find_package_wire skipped (no msgpack-cxx)")
+  endif()
   set(_pc_version_tests consumer_find_package consumer_find_package_no_xxhash
                         consumer_find_package_block_hash_no_xxhash consumer_find_package_wrong_version)
   # ...and, before 1.0, every minor version is a breaking release: 0.2 must not
@@ -74,6 +105,11 @@ promptcache_add_consumer_test(consumer_add_subdirectory_no_xxhash add_subdirecto
 # A parent project that installs its own export set: works with PROMPTCACHE_INSTALL=ON.
 promptcache_add_consumer_test(consumer_add_subdirectory_export add_subdirectory
                               "-DPROMPTCACHE_CONSUMER_EXPORT=ON")
+if(TARGET promptcache::kv_event_wire)
+  # The same with the msgpack and ZeroMQ components: they are in export sets too.
+  promptcache_add_consumer_test(consumer_add_subdirectory_export_wire add_subdirectory
+                                "-DPROMPTCACHE_CONSUMER_EXPORT=ON" ${_pc_wire_options})
+endif()
 promptcache_add_consumer_test(consumer_fetchcontent fetchcontent)
 promptcache_add_consumer_test(consumer_single_include single_include)
 promptcache_add_consumer_test(consumer_single_include_no_xxhash single_include ${_pc_no_xxhash})
