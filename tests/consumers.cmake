@@ -61,6 +61,11 @@ if(PROMPTCACHE_INSTALL)
                                 "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
   set_tests_properties(consumer_find_package_block_hash_no_xxhash
                        PROPERTIES PASS_REGULAR_EXPRESSION "component 'block_hash' needs xxHash 0.8.1")
+  # So is an xxHash older than 0.8.1 whose CMake package the project found first.
+  promptcache_add_consumer_test(consumer_find_package_old_xxhash find_package
+                                "-DPROMPTCACHE_CONSUMER_XXHASH_FIRST=${_pc_consumer_src}/old_xxhash")
+  set_tests_properties(consumer_find_package_old_xxhash
+                       PROPERTIES PASS_REGULAR_EXPRESSION "component 'block_hash' needs xxHash 0.8.1")
   # A major version we do not provide must be refused by the version file...
   promptcache_add_consumer_test(consumer_find_package_wrong_version find_package
                                 "-DPROMPTCACHE_REQUIRE_VERSION=99")
@@ -74,7 +79,8 @@ if(PROMPTCACHE_INSTALL)
     message(STATUS "promptcache: consumer_find_package_wire skipped (no msgpack-cxx)")
   endif()
   set(_pc_version_tests consumer_find_package consumer_find_package_no_xxhash
-                        consumer_find_package_block_hash_no_xxhash consumer_find_package_wrong_version)
+                        consumer_find_package_block_hash_no_xxhash consumer_find_package_old_xxhash
+                        consumer_find_package_wrong_version)
   # ...and, before 1.0, every minor version is a breaking release: 0.2 must not
   # satisfy a request for 0.1.
   if(PROJECT_VERSION_MAJOR EQUAL 0 AND PROJECT_VERSION_MINOR GREATER 0)
