@@ -41,16 +41,23 @@ if(TARGET xxHash::xxhash)
     set(xxHash_VERSION "")
     get_target_property(_xxhash_dirs xxHash::xxhash INTERFACE_INCLUDE_DIRECTORIES)
     foreach(_xxhash_dir IN LISTS _xxhash_dirs)
+      if(_xxhash_dir MATCHES "^\\$<BUILD_INTERFACE:([^$<>]*)>$")  # a target of the including project
+        set(_xxhash_dir "${CMAKE_MATCH_1}")
+      endif()
       if(xxHash_VERSION STREQUAL "" AND NOT _xxhash_dir MATCHES "\\$<")
         _pc_xxhash_header_version("${_xxhash_dir}")
       endif()
     endforeach()
   endif()
   set(xxHash_TARGET xxHash::xxhash)
-  find_package_handle_standard_args(
-    xxHash
-    REQUIRED_VARS xxHash_TARGET
-    VERSION_VAR xxHash_VERSION)
+  if(xxHash_VERSION STREQUAL "")
+    find_package_handle_standard_args(xxHash REQUIRED_VARS xxHash_TARGET)
+  else()
+    find_package_handle_standard_args(
+      xxHash
+      REQUIRED_VARS xxHash_TARGET
+      VERSION_VAR xxHash_VERSION)
+  endif()
   return()
 endif()
 
