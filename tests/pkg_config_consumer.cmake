@@ -1,7 +1,8 @@
 # Builds and runs programs with the compile flags that the installed pkg-config
 # files give (cmake -P; run by the consumer_pkg_config test):
 #  - promptcache on a view where only the install is visible (no libxxhash.pc),
-#    compiled as C++23, which the flags must not downgrade;
+#    compiled as C++23 (-std=c++2b, which Clang 14 also takes), which the flags
+#    must not downgrade;
 #  - promptcache-block-hash with the system's pkg-config files (libxxhash) too;
 #  - promptcache-zmq-kv-subscriber with them, where cppzmq has a pkg-config file.
 # Arguments: PKG_CONFIG, CXX, PREFIX (the install), SOURCE_DIR, WORK_DIR, VERSION.
@@ -53,7 +54,7 @@ file(WRITE "${WORK_DIR}/cxx23.cpp"
      "#include <promptcache/promptcache.hpp>\n"
      "static_assert(__cplusplus > 202002L, \"the pkg-config flags downgraded C++23\");\n"
      "int main() { return promptcache::CursorState<>{}.is_initial() ? 0 : 1; }\n")
-run("${CXX}" -std=c++23 ${flags} "${WORK_DIR}/cxx23.cpp" -o "${WORK_DIR}/cxx23")
+run("${CXX}" -std=c++2b ${flags} "${WORK_DIR}/cxx23.cpp" -o "${WORK_DIR}/cxx23")
 run("${WORK_DIR}/cxx23")
 run("${CXX}" -std=c++20 -I "${SOURCE_DIR}/tests/consumer/no_xxhash" ${flags}
     "${SOURCE_DIR}/tests/consumer/main.cpp" -o "${WORK_DIR}/core")
