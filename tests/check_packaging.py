@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Checks the vcpkg port and the Conan recipe offline (neither tool is reachable
-from CI): the files parse, name the same package, carry the version CMake read
-from version.hpp, make xxHash the dependency of block hashing only, and the
-port's recorded source digest matches the checkout. The recipe's validate()
-and package_info() run against a minimal stand-in of the Conan API (the few
-names the recipe imports), to check what a default profile (gnu17) is told.
+from CI): the files parse and name the same package; the version CMake read
+(the argument), the recipe's set_version() result, vcpkg.json's version and
+the newest release in CHANGELOG.md agree; xxHash, msgpack-cxx and cppzmq are
+dependencies of their components only; the port and the recipe's generate()
+switch off every PROMPTCACHE_BUILD_* option CMakeLists.txt defines; and the
+port's recorded source digest matches the checkout. The recipe's methods run
+against a minimal stand-in of the Conan API (the few names the recipe imports),
+to check, among others, what a default profile (gnu17) is told.
 
 With --configure, it also configures (and installs, which compiles nothing)
 what the two package managers build: the recipe's exports_sources copied alone,
