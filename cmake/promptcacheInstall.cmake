@@ -37,28 +37,39 @@ endif()
 set(PROMPTCACHE_PC_NAME promptcache)
 set(PROMPTCACHE_PC_DESCRIPTION "${PROJECT_DESCRIPTION}")
 set(PROMPTCACHE_PC_REQUIRES "")
+set(PROMPTCACHE_PC_LIBS "")
 configure_file("${PROJECT_SOURCE_DIR}/cmake/promptcache.pc.in" "${PROJECT_BINARY_DIR}/promptcache.pc" @ONLY)
 install(FILES "${PROJECT_BINARY_DIR}/promptcache.pc" DESTINATION "${PROMPTCACHE_INSTALL_PKGCONFIGDIR}")
 
-# Each component: its own export set and targets file, its line in the package
-# config, and a pkg-config file promptcache-<name> that requires promptcache and
-# the component's dependency.
+# Each component: its own export set and targets file, its lines in the package
+# config (the find_package arguments of its dependencies and the components it
+# requires), and a pkg-config file promptcache-<name> that requires promptcache,
+# the components it requires and its dependencies' modules.
 get_property(_pc_components GLOBAL PROPERTY PROMPTCACHE_COMPONENTS)
 set(PROMPTCACHE_CONFIG_COMPONENTS "")
 foreach(_pc_name IN LISTS _pc_components)
   get_property(_pc_find GLOBAL PROPERTY PROMPTCACHE_COMPONENT_${_pc_name}_FIND)
+  get_property(_pc_requires GLOBAL PROPERTY PROMPTCACHE_COMPONENT_${_pc_name}_REQUIRES)
   get_property(_pc_description GLOBAL PROPERTY PROMPTCACHE_COMPONENT_${_pc_name}_DESCRIPTION)
   get_property(_pc_pkg_config GLOBAL PROPERTY PROMPTCACHE_COMPONENT_${_pc_name}_PKG_CONFIG)
+  get_property(_pc_pkg_config_libs GLOBAL PROPERTY PROMPTCACHE_COMPONENT_${_pc_name}_PKG_CONFIG_LIBS)
   install(TARGETS promptcache_${_pc_name} EXPORT promptcache_${_pc_name}Targets)
   install(EXPORT promptcache_${_pc_name}Targets NAMESPACE promptcache::
           DESTINATION "${PROMPTCACHE_INSTALL_CMAKEDIR}")
   string(APPEND PROMPTCACHE_CONFIG_COMPONENTS
-         "set(_promptcache_component_${_pc_name} \"${_pc_find}\")  # ${_pc_description}\n")
+         "# ${_pc_description}\n"
+         "set(_promptcache_component_${_pc_name} \"${_pc_find}\")\n"
+         "set(_promptcache_component_${_pc_name}_requires \"${_pc_requires}\")\n")
 
   string(REPLACE "_" "-" PROMPTCACHE_PC_NAME "promptcache-${_pc_name}")
   set(PROMPTCACHE_PC_DESCRIPTION "promptcache: ${_pc_description}")
+  foreach(_pc_req IN LISTS _pc_requires)
+    string(REPLACE "_" "-" _pc_req "promptcache-${_pc_req} = ${PROJECT_VERSION}")
+    list(PREPEND _pc_pkg_config "${_pc_req}")
+  endforeach()
   list(PREPEND _pc_pkg_config "promptcache = ${PROJECT_VERSION}")
   list(JOIN _pc_pkg_config ", " PROMPTCACHE_PC_REQUIRES)
+  list(JOIN _pc_pkg_config_libs " " PROMPTCACHE_PC_LIBS)
   configure_file("${PROJECT_SOURCE_DIR}/cmake/promptcache.pc.in"
                  "${PROJECT_BINARY_DIR}/${PROMPTCACHE_PC_NAME}.pc" @ONLY)
   install(FILES "${PROJECT_BINARY_DIR}/${PROMPTCACHE_PC_NAME}.pc"

@@ -1,62 +1,37 @@
-# Optional targets for the headers that need third-party libraries. Each is
-# defined only when its dependency is found; the tests, benchmarks and
-# examples that need one are skipped (with a message) when it is missing.
+# The components for the headers that need more than xxHash, declared like
+# promptcache::block_hash (installed, exported, found by
+# find_package(promptcache COMPONENTS ...)), but in the build tree defined only
+# when their dependencies are found: the tests, benchmarks and examples that
+# need one are skipped (with a message) when it is missing.
 #
 #   promptcache::kv_event_wire       kv_event_wire.hpp: msgpack-cxx (header-only,
-#                                    used without Boost)
+#                                    used without Boost; cmake/FindMsgpackCxx.cmake)
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
-#                                    cppzmq and libzmq
-#
-# Debian's msgpack-cxx CMake package requires Boost even though the headers
-# work without it (MSGPACK_NO_BOOST), so msgpack-cxx is found by its header.
+#                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
+#                                    the thread library
 include_guard(GLOBAL)
 
-find_path(PROMPTCACHE_MSGPACK_CXX_INCLUDE_DIR NAMES msgpack/v2/parse.hpp
-          DOC "Directory holding msgpack-cxx's msgpack.hpp")
-mark_as_advanced(PROMPTCACHE_MSGPACK_CXX_INCLUDE_DIR)
+promptcache_add_component(
+  kv_event_wire ONLY_WHEN_FOUND
+  DESCRIPTION "vLLM / SGLang KV event batch decoding (kv_event_wire.hpp)"
+  REQUIRES block_hash
+  FIND MsgpackCxx
+  LINK MsgpackCxx::headers)
+# msgpack-cxx has no pkg-config module on most systems: its headers are expected
+# on the default include path there.
 
-if(PROMPTCACHE_MSGPACK_CXX_INCLUDE_DIR)
-  add_library(promptcache_kv_event_wire INTERFACE)
-  add_library(promptcache::kv_event_wire ALIAS promptcache_kv_event_wire)
-  target_link_libraries(promptcache_kv_event_wire INTERFACE promptcache::block_hash)
-  target_include_directories(promptcache_kv_event_wire SYSTEM
-                             INTERFACE "${PROMPTCACHE_MSGPACK_CXX_INCLUDE_DIR}")
-  target_compile_definitions(promptcache_kv_event_wire INTERFACE MSGPACK_NO_BOOST)
-  message(STATUS "promptcache: msgpack-cxx found, promptcache::kv_event_wire available")
-else()
-  message(STATUS "promptcache: msgpack-cxx not found (Debian: libmsgpack-cxx-dev); "
-                 "promptcache::kv_event_wire and what needs it are skipped")
-endif()
+promptcache_add_component(
+  zmq_kv_subscriber ONLY_WHEN_FOUND
+  DESCRIPTION "ZeroMQ subscriber of KV event streams (zmq_kv_subscriber.hpp)"
+  REQUIRES kv_event_wire
+  FIND cppzmq AND Threads
+  LINK cppzmq Threads::Threads
+  PKG_CONFIG cppzmq
+  PKG_CONFIG_LIBS -pthread)
 
-if(TARGET promptcache_kv_event_wire)
-  # cppzmq's own package (it finds libzmq through CMake or pkg-config), else
-  # the header and the library by hand.
-  find_package(cppzmq CONFIG QUIET)
-  if(NOT TARGET cppzmq)
-    find_path(PROMPTCACHE_CPPZMQ_INCLUDE_DIR NAMES zmq.hpp)
-    find_library(PROMPTCACHE_LIBZMQ NAMES zmq libzmq)
-    mark_as_advanced(PROMPTCACHE_CPPZMQ_INCLUDE_DIR PROMPTCACHE_LIBZMQ)
-    if(PROMPTCACHE_CPPZMQ_INCLUDE_DIR AND PROMPTCACHE_LIBZMQ)
-      add_library(promptcache_cppzmq INTERFACE IMPORTED)
-      set_target_properties(
-        promptcache_cppzmq PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${PROMPTCACHE_CPPZMQ_INCLUDE_DIR}"
-                                      INTERFACE_LINK_LIBRARIES "${PROMPTCACHE_LIBZMQ}")
-      set(_pc_zmq_target promptcache_cppzmq)
-    endif()
-  else()
-    set(_pc_zmq_target cppzmq)
-  endif()
-  find_package(Threads)
-  if(_pc_zmq_target AND Threads_FOUND)
-    add_library(promptcache_zmq_kv_subscriber INTERFACE)
-    add_library(promptcache::zmq_kv_subscriber ALIAS promptcache_zmq_kv_subscriber)
-    target_link_libraries(promptcache_zmq_kv_subscriber INTERFACE promptcache::kv_event_wire
-                                                                  ${_pc_zmq_target} Threads::Threads)
-    message(STATUS "promptcache: cppzmq found, promptcache::zmq_kv_subscriber available")
-  else()
-    message(STATUS "promptcache: cppzmq/libzmq not found (Debian: cppzmq-dev libzmq3-dev); "
-                   "promptcache::zmq_kv_subscriber and what needs it are skipped")
-  endif()
+if(NOT TARGET promptcache::zmq_kv_subscriber)
+  message(STATUS "promptcache: the tests, benchmarks and examples that need msgpack-cxx or ZeroMQ are "
+                 "skipped (Debian: libmsgpack-cxx-dev, cppzmq-dev, libzmq3-dev)")
 endif()
 
 # promptcache_optional_requirement(<name> <out-var>): the optional target that

@@ -1,14 +1,25 @@
 #!/usr/bin/env python3
 """Checks the vcpkg port and the Conan recipe offline (neither tool is reachable
-from CI): the files parse, name the same package, carry the version CMake read
-from version.hpp, make xxHash the dependency of block hashing only, and the
-port's recorded source digest matches the checkout. The recipe's validate()
-and package_info() run against a minimal stand-in of the Conan API (the few
-names the recipe imports), to check what a default profile (gnu17) is told.
+from CI): the files parse and name the same package; the version CMake read
+(the argument), the recipe's set_version() result, vcpkg.json's version and
+the newest release in CHANGELOG.md agree; xxHash, msgpack-cxx and cppzmq are
+dependencies of their components only; the port and the recipe's generate()
+switch off every PROMPTCACHE_BUILD_* option CMakeLists.txt defines; and the
+port's recorded source digest matches the checkout. The recipe's methods run
+against a minimal stand-in of the Conan API (the few names the recipe imports),
+to check, among others, what a default profile (gnu17) is told.
 
-Usage: tests/check_packaging.py <cmake-version>
+With --configure, it also configures (and installs, which compiles nothing)
+what the two package managers build: the recipe's exports_sources copied alone,
+with the cache variables its generate() sets and with the defaults, and the whole
+checkout with the portfile's options; no developer part may be configured.
+
+Usage: tests/check_packaging.py <cmake-version> [--configure <cmake> <c++ compiler> <work dir>]
 """
 import ast
+import fnmatch
+import shutil
+import subprocess
 import importlib.util
 import json
 import pathlib
@@ -38,8 +49,22 @@ def check_vcpkg(version):
     check(len(xx) == 1 and xx[0].get("version>=") == "0.8.1",
           "feature block-hash depends on xxhash with version>= 0.8.1")
     check("block-hash" in port.get("default-features", []), "block-hash is a default feature")
+    # The msgpack and ZeroMQ components: a feature each, needing the feature below it.
+    for feature, dep, below in (("kv-event-wire", "msgpack", "block-hash"),
+                                ("zmq-kv-subscriber", "cppzmq", "kv-event-wire")):
+        deps = port.get("features", {}).get(feature, {}).get("dependencies", [])
+        names = [d if isinstance(d, str) else d.get("name") for d in deps]
+        self_dep = [d for d in deps if isinstance(d, dict) and d.get("name") == "promptcache"]
+        check(dep in names and len(self_dep) == 1 and below in self_dep[0].get("features", []),
+              f"feature {feature} depends on {dep} and on feature {below}")
+        check(dep not in top, f"{dep} is not a dependency of the whole port")
     portfile = (ROOT / "ports/promptcache/portfile.cmake").read_text()
     check("set(VCPKG_BUILD_TYPE release)" in portfile, "portfile builds the release configuration only")
+    # The port builds the whole checkout: every developer option must be off.
+    port_options = dict(re.findall(r"-D(PROMPTCACHE_\w+)=(\w+)", portfile))
+    for option in developer_options():
+        check(port_options.get(option) == "OFF", f"portfile sets {option}=OFF (got {port_options.get(option)})")
+    check(port_options.get("PROMPTCACHE_INSTALL") == "ON", "portfile sets PROMPTCACHE_INSTALL=ON")
     check("share/cmake/promptcache" in portfile, "portfile fixes up share/cmake/promptcache")
     check("source.sha512" in portfile and "FATAL_ERROR" in portfile,
           "portfile refuses a checkout that does not match source.sha512")
@@ -49,8 +74,9 @@ def check_vcpkg(version):
     check(recorded == amalgamate.port_source_hash(),
           "ports/promptcache/source.sha512 matches the headers (else run scripts/amalgamate.py)")
     usage = (ROOT / "ports/promptcache/usage").read_text()
-    check("promptcache::block_hash" in usage and "COMPONENTS block_hash" in usage,
-          "usage shows the block_hash component")
+    for component in ("block_hash", "kv_event_wire", "zmq_kv_subscriber"):
+        check(f"promptcache::{component}" in usage and f"COMPONENTS {component}" in usage,
+              f"usage shows the {component} component")
 
 
 class _Settings:
@@ -92,10 +118,34 @@ class _CppInfo:
     def __init__(self):
         self.properties = {}
         self.requires = []
+        self.defines = []
+        self.system_libs = []
         self.components = _Components()
 
     def set_property(self, key, value):
         self.properties[key] = value
+
+
+class _ToolchainStub:
+    """CMakeToolchain: records the cache variables generate() sets."""
+    last = None
+
+    def __init__(self, conanfile):
+        self.cache_variables = {}
+        self.variables = {}
+        self.preprocessor_definitions = {}
+        _ToolchainStub.last = self
+
+    def generate(self):
+        pass
+
+
+def developer_options():
+    """Every PROMPTCACHE_BUILD_* option the top-level CMakeLists.txt defines."""
+    text = (ROOT / "CMakeLists.txt").read_text()
+    options = re.findall(r"^\s*option\(\s*(PROMPTCACHE_BUILD_\w+)", text, re.M)
+    check(len(options) >= 5, f"CMakeLists.txt defines the developer options ({', '.join(options)})")
+    return options
 
 
 def _load_recipe():
@@ -123,10 +173,11 @@ def _load_recipe():
     build.check_min_cppstd = check_min_cppstd
     cmake = types.ModuleType("conan.tools.cmake")
     files = types.ModuleType("conan.tools.files")
-    for mod, names in ((cmake, ("CMake", "CMakeToolchain", "cmake_layout")),
-                       (files, ("copy", "load", "rmdir"))):
+    for mod, names in ((cmake, ("CMake", "cmake_layout")), (files, ("copy", "rmdir"))):
         for n in names:
             setattr(mod, n, None)
+    cmake.CMakeToolchain = _ToolchainStub
+    files.load = lambda conanfile, path, encoding="utf-8": pathlib.Path(path).read_text(encoding=encoding)
     modules = {"conan": conan, "conan.errors": errors, "conan.tools": types.ModuleType("conan.tools"),
                "conan.tools.build": build, "conan.tools.cmake": cmake, "conan.tools.files": files}
     saved = {k: sys.modules.get(k) for k in modules}
@@ -146,10 +197,11 @@ def _load_recipe():
     return classes, ConanInvalidConfiguration
 
 
-def _instance(cls, cppstd, with_block_hash=True):
+def _instance(cls, cppstd, with_block_hash=True, with_kv_event_wire=False, with_zmq_kv_subscriber=False):
     r = cls()
-    r.settings = _Settings({"compiler": "gcc", "compiler.version": "12", "compiler.cppstd": cppstd})
-    r.options = _Options(with_block_hash=with_block_hash)
+    r.settings = _Settings({"os": "Linux", "compiler": "gcc", "compiler.version": "12", "compiler.cppstd": cppstd})
+    r.options = _Options(with_block_hash=with_block_hash, with_kv_event_wire=with_kv_event_wire,
+                         with_zmq_kv_subscriber=with_zmq_kv_subscriber)
     r.cpp_info = _CppInfo()
     r.required = []
     r.requires = lambda ref: r.required.append(ref)
@@ -169,13 +221,24 @@ def check_conan(version):
     check(getattr(cls, "name", None) == "promptcache", "recipe name is promptcache")
     check(getattr(cls, "package_type", None) == "header-library", "recipe is a header-library")
 
-    # The recipe's set_version reads version.hpp: apply the same regexes here.
-    header = (ROOT / "include/promptcache/version.hpp").read_text()
-    parts = [re.search(rf"#define PROMPTCACHE_VERSION_{p} (\d+)", header).group(1)
-             for p in ("MAJOR", "MINOR", "PATCH")]
-    check(".".join(parts) == version, f"recipe version {'.'.join(parts)} == CMake {version}")
-    check("set_version" in recipe_src and "version.hpp" in recipe_src,
-          "recipe takes its version from version.hpp")
+    # The recipe's own set_version(), run against the recipe folder.
+    r = _instance(cls, "20")
+    r.recipe_folder = str(ROOT)
+    r.version = None
+    try:
+        r.set_version()
+    except Exception as e:  # noqa: BLE001  (a broken set_version is a failure, not a crash)
+        check(False, f"the recipe's set_version() runs ({e!r})")
+    check(r.version == version, f"recipe set_version() gives {r.version} == CMake {version}")
+
+    # Every developer option the top-level CMakeLists.txt defines is switched off
+    # by generate(): exports_sources holds only the library.
+    r = _instance(cls, "20")
+    r.generate()
+    cache = _ToolchainStub.last.cache_variables if _ToolchainStub.last else {}
+    for option in developer_options():
+        check(cache.get(option) is False, f"recipe generate() sets {option}=False (got {cache.get(option)!r})")
+    check(cache.get("PROMPTCACHE_INSTALL") is True, "recipe generate() sets PROMPTCACHE_INSTALL=True")
 
     # A default profile (gnu17) is refused with instructions; C++20 and later pass.
     try:
@@ -212,17 +275,148 @@ def check_conan(version):
         else:
             check(not has_xx and bh is None, "with_block_hash=False: no xxhash, no block_hash component")
 
+    # The msgpack and ZeroMQ components: one option each, off by default, each
+    # adding its requirement and a component that requires the one below it.
+    defaults = getattr(cls, "default_options", {})
+    check(defaults.get("with_kv_event_wire") is False and defaults.get("with_zmq_kv_subscriber") is False,
+          "with_kv_event_wire and with_zmq_kv_subscriber default to False")
+    check(defaults.get("msgpack-cxx/*:use_boost") is False, "msgpack-cxx is required without Boost")
+    r = _instance(cls, "20", True, True, True)
+    r.validate()
+    r.requirements()
+    r.package_info()
+    comps = r.cpp_info.components
+    wire, zmq = comps.get("kv_event_wire"), comps.get("zmq_kv_subscriber")
+    check(any(ref.startswith("msgpack-cxx/") for ref in r.required) and wire is not None
+          and wire.properties.get("cmake_target_name") == "promptcache::kv_event_wire"
+          and wire.properties.get("pkg_config_name") == "promptcache-kv-event-wire"
+          and set(wire.requires) == {"block_hash", "msgpack-cxx::msgpack-cxx"},
+          "with_kv_event_wire: promptcache::kv_event_wire requires block_hash and msgpack-cxx")
+    check(any(ref.startswith("cppzmq/") for ref in r.required) and zmq is not None
+          and zmq.properties.get("cmake_target_name") == "promptcache::zmq_kv_subscriber"
+          and zmq.properties.get("pkg_config_name") == "promptcache-zmq-kv-subscriber"
+          and set(zmq.requires) == {"kv_event_wire", "cppzmq::cppzmq"},
+          "with_zmq_kv_subscriber: promptcache::zmq_kv_subscriber requires kv_event_wire and cppzmq")
+    for bad in ((False, True, False), (True, False, True)):
+        try:
+            _instance(cls, "20", *bad).validate()
+            refused = False
+        except invalid:
+            refused = True
+        check(refused, f"options {bad} (a component without the one it needs) are refused")
+
     ast.parse((ROOT / "test_package/conanfile.py").read_text())
     check("find_package(promptcache CONFIG REQUIRED)" in (ROOT / "test_package/CMakeLists.txt").read_text(),
           "test_package consumes promptcache through find_package")
 
 
-def main(version):
+def check_changelog(version):
+    """The newest released version in CHANGELOG.md is the version being built."""
+    headings = re.findall(r"^## \[?(\d+\.\d+\.\d+)\]?", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    newest = headings[0] if headings else None
+    check(newest == version, f"newest CHANGELOG.md release {newest} == CMake {version}")
+
+
+def _cmake_value(value):
+    return ("ON" if value else "OFF") if isinstance(value, bool) else str(value)
+
+
+def _configure(cmake, cxx, source, build, options, what):
+    """Configures source into build; returns the cache as a dict, or None on failure."""
+    shutil.rmtree(build, ignore_errors=True)
+    cmd = [cmake, "-S", str(source), "-B", str(build), f"-DCMAKE_CXX_COMPILER={cxx}"]
+    cmd += [f"-D{k}={_cmake_value(v)}" for k, v in options.items()]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    check(proc.returncode == 0, f"{what}: configures" + ("" if proc.returncode == 0 else
+                                                          f"\n{proc.stdout}\n{proc.stderr}"))
+    if proc.returncode != 0:
+        return None
+    cache = {}
+    for line in (pathlib.Path(build) / "CMakeCache.txt").read_text().splitlines():
+        m = re.match(r"^(PROMPTCACHE_\w+):\w+=(.*)$", line)
+        if m:
+            cache[m.group(1)] = m.group(2)
+    return cache
+
+
+def _developer_parts_off(cache, what):
+    on = [o for o in developer_options() if cache.get(o, "OFF").upper() not in ("OFF", "FALSE", "0", "")]
+    check(not on, f"{what}: no developer part configured (ON: {', '.join(on) or 'none'})")
+
+
+def _exported_sources(cls, dest):
+    """Copies what the recipe's exports_sources selects (Conan matches each
+    pattern with fnmatch against the path relative to the recipe folder)."""
+    patterns = cls.exports_sources
+    patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    shutil.rmtree(dest, ignore_errors=True)
+    copied = 0
+    for pattern in patterns:
+        top = ROOT / pattern.split("/")[0]
+        candidates = [top] if top.is_file() else (top.rglob("*") if top.is_dir() else [])
+        for f in candidates:
+            rel = f.relative_to(ROOT).as_posix()
+            if f.is_file() and fnmatch.fnmatch(rel, pattern):
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dest / rel)
+                copied += 1
+    return copied
+
+
+def check_configure(cmake, cxx, work):
+    work = pathlib.Path(work)
+    classes, _ = _load_recipe()
+    if len(classes) != 1:
+        check(False, "the recipe class imports against the Conan API")
+        return
+    cls = classes[0]
+    src = work / "conan_sources"
+    check(_exported_sources(cls, src) > 0, f"recipe exports_sources copied to {src}")
+    r = _instance(cls, "20")
+    r.generate()
+    recipe_vars = _ToolchainStub.last.cache_variables
+    cache = _configure(cmake, cxx, src, work / "conan_build", recipe_vars,
+                       "exports_sources with the recipe's cache variables")
+    if cache is not None:
+        _developer_parts_off(cache, "exports_sources with the recipe's cache variables")
+        proc = subprocess.run([cmake, "--install", str(work / "conan_build"), "--prefix",
+                               str(work / "conan_prefix")], capture_output=True, text=True)
+        config = work / "conan_prefix/share/cmake/promptcache/promptcacheConfig.cmake"
+        check(proc.returncode == 0 and config.is_file(),
+              f"exports_sources installs the CMake package\n{proc.stderr}".rstrip())
+    cache = _configure(cmake, cxx, src, work / "conan_defaults", {}, "exports_sources with default options")
+    if cache is not None:
+        _developer_parts_off(cache, "exports_sources with default options")
+
+    # The port configures the whole checkout with its options.
+    port_options = dict(re.findall(r"-D(PROMPTCACHE_\w+)=(\w+)",
+                                   (ROOT / "ports/promptcache/portfile.cmake").read_text()))
+    cache = _configure(cmake, cxx, ROOT, work / "vcpkg_build", port_options, "the checkout with the port's options")
+    if cache is not None:
+        _developer_parts_off(cache, "the checkout with the port's options")
+    # The tools follow the values of the tests and examples options, not their defaults.
+    off = {"PROMPTCACHE_BUILD_TESTS": False, "PROMPTCACHE_BUILD_BENCHMARKS": False,
+           "PROMPTCACHE_BUILD_EXAMPLES": False}
+    cache = _configure(cmake, cxx, ROOT, work / "no_tests_no_examples", off,
+                       "the checkout with tests, benchmarks and examples OFF")
+    if cache is not None:
+        _developer_parts_off(cache, "the checkout with tests, benchmarks and examples OFF")
+
+
+def main(version, configure=None):
+    check_changelog(version)
     check_vcpkg(version)
     check_conan(version)
+    if configure:
+        check_configure(*configure)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    if len(args) == 5 and args[1] == "--configure":
+        sys.exit(main(args[0], args[2:]))
+    if len(args) != 1:
+        sys.exit(__doc__)
+    sys.exit(main(args[0]))

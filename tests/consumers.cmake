@@ -21,6 +21,12 @@ endfunction()
 # A consumer that uses only the std-only headers on a machine view without
 # xxHash (CMake cannot find it, and the compiler sees an xxhash.h that fails).
 set(_pc_no_xxhash "-DPROMPTCACHE_CONSUMER_BLOCK_HASH=OFF" "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
+# A consumer of the msgpack (and, when found, ZeroMQ) components, on a machine
+# that has their dependencies; skipped elsewhere.
+set(_pc_wire_options "-DPROMPTCACHE_CONSUMER_WIRE=ON")
+if(TARGET promptcache::zmq_kv_subscriber)
+  list(APPEND _pc_wire_options "-DPROMPTCACHE_CONSUMER_ZMQ=ON")
+endif()
 
 if(PROMPTCACHE_INSTALL)
   # Installed with --prefix: nothing may point at the configure-time prefix.
@@ -28,6 +34,24 @@ if(PROMPTCACHE_INSTALL)
                                          --prefix "${_pc_prefix}")
   set_tests_properties(consumer_install PROPERTIES FIXTURES_SETUP promptcache_installed
                                                    LABELS consumer)
+
+  # Every library target the build tree defines (the INTERFACE targets of the
+  # top directory, but the warning flags of our own programs) is installed.
+  get_property(_pc_all_targets DIRECTORY "${PROJECT_SOURCE_DIR}" PROPERTY BUILDSYSTEM_TARGETS)
+  set(_pc_library_targets "")
+  foreach(_pc_t IN LISTS _pc_all_targets)
+    get_target_property(_pc_type ${_pc_t} TYPE)
+    if(_pc_type STREQUAL "INTERFACE_LIBRARY" AND NOT _pc_t STREQUAL "promptcache_warnings")
+      list(APPEND _pc_library_targets ${_pc_t})
+    endif()
+  endforeach()
+  string(REPLACE ";" "," _pc_library_targets "${_pc_library_targets}")
+  add_test(NAME consumer_install_exports
+           COMMAND "${CMAKE_COMMAND}" "-DPREFIX=${_pc_prefix}" "-DTARGETS=${_pc_library_targets}"
+                   "-DCMAKEDIR=${PROMPTCACHE_INSTALL_CMAKEDIR}" "-DPKGCONFIGDIR=${PROMPTCACHE_INSTALL_PKGCONFIGDIR}"
+                   -P "${PROJECT_SOURCE_DIR}/tests/installed_targets.cmake")
+  set_tests_properties(consumer_install_exports PROPERTIES FIXTURES_REQUIRED promptcache_installed
+                                                           LABELS consumer)
 
   promptcache_add_consumer_test(consumer_find_package find_package
                                 "-DPROMPTCACHE_REQUIRE_VERSION=${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
@@ -37,13 +61,26 @@ if(PROMPTCACHE_INSTALL)
                                 "-DPROMPTCACHE_CONSUMER_HIDE_XXHASH=ON")
   set_tests_properties(consumer_find_package_block_hash_no_xxhash
                        PROPERTIES PASS_REGULAR_EXPRESSION "component 'block_hash' needs xxHash 0.8.1")
+  # So is an xxHash older than 0.8.1 whose CMake package the project found first.
+  promptcache_add_consumer_test(consumer_find_package_old_xxhash find_package
+                                "-DPROMPTCACHE_CONSUMER_XXHASH_FIRST=${_pc_consumer_src}/old_xxhash")
+  set_tests_properties(consumer_find_package_old_xxhash
+                       PROPERTIES PASS_REGULAR_EXPRESSION "component 'block_hash' needs xxHash 0.8.1")
   # A major version we do not provide must be refused by the version file...
   promptcache_add_consumer_test(consumer_find_package_wrong_version find_package
                                 "-DPROMPTCACHE_REQUIRE_VERSION=99")
   set(_pc_refused "not find a configuration file for package \"promptcache\" that is[ \n]+compatible")
   set_tests_properties(consumer_find_package_wrong_version PROPERTIES PASS_REGULAR_EXPRESSION "${_pc_refused}")
+  # The msgpack and ZeroMQ components, where this machine has their dependencies.
+  if(TARGET promptcache::kv_event_wire)
+    promptcache_add_consumer_test(consumer_find_package_wire find_package ${_pc_wire_options})
+    set_tests_properties(consumer_find_package_wire PROPERTIES FIXTURES_REQUIRED promptcache_installed)
+  else()
+    message(STATUS "promptcache: consumer_find_package_wire skipped (no msgpack-cxx)")
+  endif()
   set(_pc_version_tests consumer_find_package consumer_find_package_no_xxhash
-                        consumer_find_package_block_hash_no_xxhash consumer_find_package_wrong_version)
+                        consumer_find_package_block_hash_no_xxhash consumer_find_package_old_xxhash
+                        consumer_find_package_wrong_version)
   # ...and, before 1.0, every minor version is a breaking release: 0.2 must not
   # satisfy a request for 0.1.
   if(PROJECT_VERSION_MAJOR EQUAL 0 AND PROJECT_VERSION_MINOR GREATER 0)
@@ -74,6 +111,11 @@ promptcache_add_consumer_test(consumer_add_subdirectory_no_xxhash add_subdirecto
 # A parent project that installs its own export set: works with PROMPTCACHE_INSTALL=ON.
 promptcache_add_consumer_test(consumer_add_subdirectory_export add_subdirectory
                               "-DPROMPTCACHE_CONSUMER_EXPORT=ON")
+if(TARGET promptcache::kv_event_wire)
+  # The same with the msgpack and ZeroMQ components: they are in export sets too.
+  promptcache_add_consumer_test(consumer_add_subdirectory_export_wire add_subdirectory
+                                "-DPROMPTCACHE_CONSUMER_EXPORT=ON" ${_pc_wire_options})
+endif()
 promptcache_add_consumer_test(consumer_fetchcontent fetchcontent)
 promptcache_add_consumer_test(consumer_single_include single_include)
 promptcache_add_consumer_test(consumer_single_include_no_xxhash single_include ${_pc_no_xxhash})
@@ -104,4 +146,11 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME packaging_metadata
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
                    "${PROJECT_VERSION}")
+  # What vcpkg and Conan configure: the recipe's exports_sources alone, and the
+  # checkout with the port's options; neither may configure a developer part.
+  add_test(NAME packaging_configure
+           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
+                   "${PROJECT_VERSION}" --configure "${CMAKE_COMMAND}" "${CMAKE_CXX_COMPILER}"
+                   "${_pc_consumer_bin}/packaging_configure")
+  set_tests_properties(packaging_configure PROPERTIES LABELS consumer)
 endif()

@@ -1,8 +1,10 @@
 # Builds and runs programs with the compile flags that the installed pkg-config
 # files give (cmake -P; run by the consumer_pkg_config test):
 #  - promptcache on a view where only the install is visible (no libxxhash.pc),
-#    compiled as C++23, which the flags must not downgrade;
-#  - promptcache-block-hash with the system's pkg-config files (libxxhash) too.
+#    compiled as C++23 (-std=c++2b, which Clang 14 also takes), which the flags
+#    must not downgrade;
+#  - promptcache-block-hash with the system's pkg-config files (libxxhash) too;
+#  - promptcache-zmq-kv-subscriber with them, where cppzmq has a pkg-config file.
 # Arguments: PKG_CONFIG, CXX, PREFIX (the install), SOURCE_DIR, WORK_DIR, VERSION.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
@@ -52,7 +54,7 @@ file(WRITE "${WORK_DIR}/cxx23.cpp"
      "#include <promptcache/promptcache.hpp>\n"
      "static_assert(__cplusplus > 202002L, \"the pkg-config flags downgraded C++23\");\n"
      "int main() { return promptcache::CursorState<>{}.is_initial() ? 0 : 1; }\n")
-run("${CXX}" -std=c++23 ${flags} "${WORK_DIR}/cxx23.cpp" -o "${WORK_DIR}/cxx23")
+run("${CXX}" -std=c++2b ${flags} "${WORK_DIR}/cxx23.cpp" -o "${WORK_DIR}/cxx23")
 run("${WORK_DIR}/cxx23")
 run("${CXX}" -std=c++20 -I "${SOURCE_DIR}/tests/consumer/no_xxhash" ${flags}
     "${SOURCE_DIR}/tests/consumer/main.cpp" -o "${WORK_DIR}/core")
@@ -67,3 +69,23 @@ run("${CXX}" -std=c++20 -DPROMPTCACHE_CONSUMER_BLOCK_HASH ${flags}
     "${SOURCE_DIR}/tests/consumer/main.cpp" -o "${WORK_DIR}/block_hash")
 run("${WORK_DIR}/block_hash")
 message(STATUS "${out}")
+
+# 3. The ZeroMQ subscriber (and the wire decoder it requires), where the system
+#    has cppzmq's pkg-config file: compile and link with --cflags --libs.
+set(ENV{PKG_CONFIG_LIBDIR} "")
+run("${PKG_CONFIG}" --variable pc_path pkg-config)
+set(system_path "${out}")
+set(ENV{PKG_CONFIG_LIBDIR} "${own}:${system_path}")
+execute_process(COMMAND "${PKG_CONFIG}" --exists cppzmq RESULT_VARIABLE rc)
+if(rc EQUAL 0)
+  pkg_flags(promptcache-zmq-kv-subscriber "${own}:${system_path}")
+  run("${PKG_CONFIG}" --libs promptcache-zmq-kv-subscriber)
+  separate_arguments(libs UNIX_COMMAND "${out}")
+  run("${CXX}" -std=c++20 -DPROMPTCACHE_CONSUMER_BLOCK_HASH -DPROMPTCACHE_CONSUMER_WIRE
+      -DPROMPTCACHE_CONSUMER_ZMQ ${flags} "${SOURCE_DIR}/tests/consumer/main.cpp" ${libs}
+      -o "${WORK_DIR}/zmq_kv_subscriber")
+  run("${WORK_DIR}/zmq_kv_subscriber")
+  message(STATUS "${out}")
+else()
+  message(STATUS "no cppzmq.pc: promptcache-zmq-kv-subscriber not tried")
+endif()

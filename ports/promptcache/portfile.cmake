@@ -17,12 +17,15 @@ if(NOT _actual STREQUAL _recorded)
                       "run scripts/amalgamate.py in that checkout, then install again")
 endif()
 
+# Every developer part off: the library alone is installed, whatever the machine has.
 vcpkg_cmake_configure(
   SOURCE_PATH "${SOURCE_PATH}"
   OPTIONS
     -DPROMPTCACHE_BUILD_TESTS=OFF
     -DPROMPTCACHE_BUILD_BENCHMARKS=OFF
     -DPROMPTCACHE_BUILD_EXAMPLES=OFF
+    -DPROMPTCACHE_BUILD_TOOLS=OFF
+    -DPROMPTCACHE_BUILD_FUZZERS=OFF
     -DPROMPTCACHE_INSTALL=ON)
 vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(PACKAGE_NAME promptcache CONFIG_PATH share/cmake/promptcache)

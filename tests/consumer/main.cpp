@@ -1,14 +1,25 @@
 // Uses the public headers the way a downstream project would after installing
 // or vendoring promptcache: the umbrella header (standard library only) and,
-// when PROMPTCACHE_CONSUMER_BLOCK_HASH is defined, block_hash.hpp (xxHash).
+// when PROMPTCACHE_CONSUMER_BLOCK_HASH is defined, block_hash.hpp (xxHash),
+// PROMPTCACHE_CONSUMER_WIRE kv_event_wire.hpp (msgpack-cxx) and
+// PROMPTCACHE_CONSUMER_ZMQ zmq_kv_subscriber.hpp (cppzmq, libzmq).
 #include <promptcache/promptcache.hpp>
 #ifdef PROMPTCACHE_CONSUMER_BLOCK_HASH
 #include <promptcache/block_hash.hpp>
 #endif
+#ifdef PROMPTCACHE_CONSUMER_WIRE
+#include <promptcache/kv_event_wire.hpp>
+#endif
+#ifdef PROMPTCACHE_CONSUMER_ZMQ
+#include <promptcache/zmq_kv_subscriber.hpp>
+#endif
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
+#include <span>
 #include <vector>
 
 namespace {
@@ -59,19 +70,46 @@ bool hash_and_index_work() {
 #endif
 }
 
+// An empty KVEventBatch as vLLM publishes it: [ts, []] with ts a uint32.
+bool wire_works() {
+#ifdef PROMPTCACHE_CONSUMER_WIRE
+  const unsigned char payload[] = {0x92, 0xce, 0x69, 0x2d, 0x81, 0xb6, 0x90};
+  promptcache::KvWireBatch batch;
+  const auto status = promptcache::decode_kv_event_batch(
+      std::as_bytes(std::span<const unsigned char>(payload)), batch, promptcache::KvWireOptions{});
+  if (!status.ok() || batch.ts != 1764590006.0 || !batch.events.empty()) return false;
+#endif
+#ifdef PROMPTCACHE_CONSUMER_ZMQ
+  // Links libzmq: a subscriber on an in-process endpoint nobody publishes to.
+  promptcache::ZmqKvSubscriber subscriber({{"inproc://promptcache-consumer", "", {1, 0}, ""}});
+  if (subscriber.publisher_count() != 1 || subscriber.poll(std::chrono::milliseconds(0)) != 0)
+    return false;
+#endif
+  return true;
+}
+
 }  // namespace
 
 int main() {
   const bool ok_cursor = cursor_works();
   const bool ok_pool = pool_works();
   const bool ok_index = hash_and_index_work();
+  const bool ok_wire = wire_works();
 #ifdef PROMPTCACHE_CONSUMER_BLOCK_HASH
   const char* index_label = "block hash + index";
 #else
   const char* index_label = "index (no xxHash)";
 #endif
-  std::printf("promptcache %d.%d.%d: cursor %s, pool %s, %s %s\n", PROMPTCACHE_VERSION_MAJOR,
+#if defined(PROMPTCACHE_CONSUMER_ZMQ)
+  const char* wire_label = ", wire + zmq ";
+#elif defined(PROMPTCACHE_CONSUMER_WIRE)
+  const char* wire_label = ", wire ";
+#else
+  const char* wire_label = nullptr;
+#endif
+  std::printf("promptcache %d.%d.%d: cursor %s, pool %s, %s %s%s%s\n", PROMPTCACHE_VERSION_MAJOR,
               PROMPTCACHE_VERSION_MINOR, PROMPTCACHE_VERSION_PATCH, ok_cursor ? "ok" : "broken",
-              ok_pool ? "ok" : "broken", index_label, ok_index ? "ok" : "broken");
-  return ok_cursor && ok_pool && ok_index ? 0 : 1;
+              ok_pool ? "ok" : "broken", index_label, ok_index ? "ok" : "broken",
+              wire_label ? wire_label : "", wire_label ? (ok_wire ? "ok" : "broken") : "");
+  return ok_cursor && ok_pool && ok_index && ok_wire ? 0 : 1;
 }
