@@ -641,6 +641,55 @@ TEST_CASE("memory follows the live blocks", "[kv_index]") {
   CHECK(index.approximate_memory_bytes() <= empty + 4096);
 }
 
+TEST_CASE("storing held blocks again grows nothing", "[kv_index]") {
+  KvIndex index;
+  kv_event::Stored s;
+  for (std::uint64_t i = 0; i < 100000; ++i)
+    s.blocks.push_back({i + 1, i + 1});
+  REQUIRE(index.apply(A, {0, s}).ok());
+  const std::size_t before = index.approximate_memory_bytes();
+  const KvEventResult r = index.apply(A, {1, s});
+  REQUIRE(r.ok());
+  CHECK(r.blocks_already_held == s.blocks.size());
+  CHECK(index.approximate_memory_bytes() == before);
+  // A worker that shares the whole chain adds holds and names, no nodes.
+  REQUIRE(index.apply(B, {0, s}).ok());
+  const std::size_t shared = index.approximate_memory_bytes();
+  REQUIRE(index.apply(B, {1, s}).blocks_already_held == s.blocks.size());
+  CHECK(index.approximate_memory_bytes() == shared);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("new nodes take no holder-set room at any number of ranks", "[kv_index]") {
+  // Past 64 ranks holder sets of three or more holders live in an arena, at
+  // up to a bitset over every rank each; a new node's only holder sits in its
+  // row. Two indexes get the same long chain of new nodes: one with 1,100
+  // ranks holding its parent, one with a single rank. The chain must cost the
+  // same in both, while it lives and after it is removed.
+  constexpr std::uint64_t ranks = 1100;
+  KvIndex big;
+  KvIndex one;
+  for (std::uint64_t w = 0; w < ranks; ++w)
+    REQUIRE(big.apply(KvWorker{w, 0}, {0, kv_event::Stored{{}, {{w, 7}}}}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {0, kv_event::Stored{{}, {{0, 7}}}}).ok());
+  kv_event::Stored chain;
+  chain.parent_hash = 0;
+  for (std::uint64_t i = 0; i < 100000; ++i)
+    chain.blocks.push_back({1000000 + i, i + 1});
+  const std::size_t big_before = big.approximate_memory_bytes();
+  const std::size_t one_before = one.approximate_memory_bytes();
+  REQUIRE(big.apply(KvWorker{0, 0}, {1, chain}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {1, chain}).ok());
+  CHECK(big.approximate_memory_bytes() - big_before <=
+        (one.approximate_memory_bytes() - one_before) * 5U / 4U);
+  REQUIRE(big.apply(KvWorker{0, 0}, {2, kv_event::Removed{{1000000}}}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {2, kv_event::Removed{{1000000}}}).ok());
+  CHECK(big.node_count() == 1);
+  CHECK(big.approximate_memory_bytes() - big_before <=
+        (one.approximate_memory_bytes() - one_before) * 5U / 4U);
+  CHECK(big.check_invariants());
+}
+
 TEST_CASE("the span entry points match apply", "[kv_index]") {
   KvIndex index;
   const std::vector<KvBlock> chain{{11, 1}, {12, 2}};

@@ -310,6 +310,13 @@ class KvHolderSets {
     if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
   }
 
+  /// True when reserve(inserts) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t inserts) const noexcept {
+    if (word_form_) return true;
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    return inserts <= (units_.capacity() - units_.size()) / most;
+  }
+
   /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
   [[nodiscard]] static std::size_t bitset_class_for(std::size_t slots) noexcept {
     std::size_t k = 0;

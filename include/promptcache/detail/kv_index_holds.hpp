@@ -86,6 +86,14 @@ class KvHoldStore {
     holds_.reserve(holds_.size() + extra - free_count_);
   }
 
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    return extra - free_count_ <= max_holds - holds_.size() &&
+           extra - free_count_ <= holds_.capacity() - holds_.size();
+  }
+
   /// A new hold and its element, as allocate_child() returns them.
   struct Placed {
     std::uint32_t index;  ///< the hold

@@ -206,9 +206,21 @@ class KvNodeStore {
     rows_.reserve(have + extra - free_count_);
   }
 
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    const std::size_t have = std::max<std::size_t>(rows(), 1U);
+    return extra - free_count_ <= max_rows - have && have + extra - free_count_ <= rows_.capacity();
+  }
+
   /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
   void reserve_holders(std::size_t extra) {
     holders_.reserve(extra);
+  }
+  /// True when reserve_holders(extra) would allocate nothing. O(1).
+  [[nodiscard]] bool fits_holders(std::size_t extra) const noexcept {
+    return holders_.fits(extra);
   }
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
@@ -492,10 +504,20 @@ class KvTree {
 
   /// Makes the next `blocks` add_child() and holder additions allocation-free
   /// (so they cannot throw). Strong guarantee.
-  void reserve(std::size_t blocks) {
-    nodes_.reserve_extra(blocks);
-    nodes_.reserve_holders(blocks);
-    edges_.reserve_extra(blocks);
+  void reserve(std::size_t blocks) { reserve(blocks, blocks); }
+  /// Makes the next `nodes` add_child() calls and `holder_inserts` holder
+  /// additions to existing nodes allocation-free (a new node's first holder
+  /// needs no room). Strong guarantee.
+  void reserve(std::size_t nodes, std::size_t holder_inserts) {
+    nodes_.reserve_extra(nodes);
+    nodes_.reserve_holders(holder_inserts);
+    edges_.reserve_extra(nodes);
+  }
+  /// True when reserve(nodes, holder_inserts) would allocate nothing (and
+  /// not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t nodes, std::size_t holder_inserts) const noexcept {
+    return nodes_.fits_extra(nodes) && edges_.fits_extra(nodes) &&
+           nodes_.fits_holders(holder_inserts);
   }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
