@@ -690,6 +690,32 @@ TEST_CASE("new nodes take no holder-set room at any number of ranks", "[kv_index
   CHECK(big.check_invariants());
 }
 
+TEST_CASE("a holder joining shared nodes reserves the blocks its sets move to", "[kv_index]") {
+  // With 1,100 ranks a bitset costs 256 bytes; a set growing from two holders
+  // to three moves to a 16-byte array. Two indexes, one with 1,100 ranks and
+  // one with 3, get the same chain from workers 0, 1 and then 2: the third
+  // store may cost the larger one its arrays (twice, for the arena's
+  // doubling), not a bitset per block.
+  constexpr std::uint64_t blocks_n = 20000;
+  kv_event::Stored chain;
+  chain.parent_hash = 7;
+  for (std::uint64_t i = 0; i < blocks_n; ++i)
+    chain.blocks.push_back({1000000 + i, i + 1});
+  std::size_t growth[2] = {};
+  for (const std::uint64_t ranks : {std::uint64_t{1100}, std::uint64_t{3}}) {
+    KvIndex index;
+    for (std::uint64_t w = 0; w < ranks; ++w)
+      REQUIRE(index.apply(KvWorker{w, 0}, {0, kv_event::Stored{{}, {{7, 7}}}}).ok());
+    REQUIRE(index.apply(KvWorker{0, 0}, {1, chain}).ok());
+    REQUIRE(index.apply(KvWorker{1, 0}, {1, chain}).ok());
+    const std::size_t before = index.approximate_memory_bytes();
+    REQUIRE(index.apply(KvWorker{2, 0}, {1, chain}).blocks_stored == blocks_n);
+    growth[ranks == 3 ? 1 : 0] = index.approximate_memory_bytes() - before;
+    CHECK(index.check_invariants());
+  }
+  CHECK(growth[0] <= growth[1] + 2U * blocks_n * 16U);
+}
+
 TEST_CASE("the span entry points match apply", "[kv_index]") {
   KvIndex index;
   const std::vector<KvBlock> chain{{11, 1}, {12, 2}};

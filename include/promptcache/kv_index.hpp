@@ -758,27 +758,28 @@ class KvIndex {
     // hand (free lists, the last page, table headroom): then nothing grows
     // and the tree need not be walked twice.
     auto& names = workers_[slot].names;
-    if (tree_.fits(n, n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
+    if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
     // Otherwise the store reserves only what it can add, so an idempotent
     // re-store grows nothing and new nodes take no holder-set room.
     const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
-    tree_.reserve(need.nodes, need.holder_inserts);
+    tree_.reserve_exact(need.nodes, need.holder_units);
     const std::size_t holds = reset ? own : need.holds;
     holds_.reserve_extra(holds);
     names.reserve_extra(holds);
   }
 
-  // What a store can add: new nodes, new holds (and names), and holders
-  // added to existing nodes that may need holder-set room.
+  // What a store can add: new nodes, new holds (and names), and the
+  // holder-set room of the existing nodes that gain a holder.
   struct StoreNeed {
     std::size_t nodes = 0;
     std::size_t holds = 0;
-    std::size_t holder_inserts = 0;
+    std::size_t holder_units = 0;
   };
 
   // The read-only walk of a store (see reserve_for_store): the chain's levels
   // that exist already need no node, those `slot` holds no hold either, and
-  // a holder joins a set in the arena only where the node has two or more.
+  // a holder joining an existing node's set may need the block that set
+  // moves to (none while it fits in the holder word).
   // With `reset` the slot's view is counted as dropped: its holds, and the
   // nodes only it holds, are gone. Upper bounds: a conflict adds less.
   // O(blocks) expected.
@@ -823,7 +824,7 @@ class KvIndex {
           ++held;
         }
         ++existing;
-        if (!(mine && !reset) && others >= detail::KvHolderSets::inline_max) ++need.holder_inserts;
+        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
       }
       if (walked < m) break;
       cur_node = found[m - 1U];

@@ -306,7 +306,26 @@ class KvHolderSets {
     const std::size_t most = std::size_t{4} << bitset_class_;
     if (inserts > (max_units - units_.size()) / most)
       throw std::length_error("kv index: holder sets too large");
-    const std::size_t need = units_.size() + inserts * most;
+    reserve_room(inserts * most);
+  }
+
+  /// Arena units an insert() into a set of `count` holders may take from the
+  /// arena's end: the block a set of count + 1 gets (0 while it stays in the
+  /// holder word). O(log count).
+  [[nodiscard]] std::size_t insert_units(std::uint32_t count) const noexcept {
+    if (word_form_ || count < inline_max) return 0;
+    return std::size_t{4} << (prefer_bitset(count + 1U) ? bitset_class_ : array_class(count + 1U));
+  }
+
+  /// Makes inserts whose insert_units() add up to `units` allocation-free.
+  /// Grows the arena at least twofold when it must grow, so stores that each
+  /// reserve a little do not copy it each time. Strong guarantee;
+  /// std::length_error past 2^40 units.
+  void reserve_room(std::size_t units) {
+    if (word_form_) return;
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + units;
     if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
   }
 

@@ -222,6 +222,16 @@ class KvNodeStore {
   [[nodiscard]] bool fits_holders(std::size_t extra) const noexcept {
     return holders_.fits(extra);
   }
+  /// Makes set() calls allocation-free whose holder_insert_units() add up to
+  /// `units`. Strong guarantee.
+  void reserve_holder_units(std::size_t units) {
+    holders_.reserve_room(units);
+  }
+  /// Holder-set room a set() on a node with `count` holders may take. O(log
+  /// count).
+  [[nodiscard]] std::size_t holder_insert_units(std::uint32_t count) const noexcept {
+    return holders_.insert_units(count);
+  }
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
   /// it noexcept.
@@ -504,20 +514,23 @@ class KvTree {
 
   /// Makes the next `blocks` add_child() and holder additions allocation-free
   /// (so they cannot throw). Strong guarantee.
-  void reserve(std::size_t blocks) { reserve(blocks, blocks); }
-  /// Makes the next `nodes` add_child() calls and `holder_inserts` holder
-  /// additions to existing nodes allocation-free (a new node's first holder
-  /// needs no room). Strong guarantee.
-  void reserve(std::size_t nodes, std::size_t holder_inserts) {
-    nodes_.reserve_extra(nodes);
-    nodes_.reserve_holders(holder_inserts);
-    edges_.reserve_extra(nodes);
+  void reserve(std::size_t blocks) {
+    nodes_.reserve_extra(blocks);
+    nodes_.reserve_holders(blocks);
+    edges_.reserve_extra(blocks);
   }
-  /// True when reserve(nodes, holder_inserts) would allocate nothing (and
-  /// not throw). O(1).
-  [[nodiscard]] bool fits(std::size_t nodes, std::size_t holder_inserts) const noexcept {
-    return nodes_.fits_extra(nodes) && edges_.fits_extra(nodes) &&
-           nodes_.fits_holders(holder_inserts);
+  /// True when reserve(blocks) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t blocks) const noexcept {
+    return nodes_.fits_extra(blocks) && edges_.fits_extra(blocks) && nodes_.fits_holders(blocks);
+  }
+  /// Makes the next `nodes` add_child() calls, and holder additions to
+  /// existing nodes whose holder_insert_units() add up to `holder_units`,
+  /// allocation-free (a new node's first holder needs no room). Strong
+  /// guarantee.
+  void reserve_exact(std::size_t nodes, std::size_t holder_units) {
+    nodes_.reserve_extra(nodes);
+    nodes_.reserve_holder_units(holder_units);
+    edges_.reserve_extra(nodes);
   }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
