@@ -192,9 +192,12 @@ struct KvIndexCounters {
 /// one page each.
 /// Everything is held in index-addressed pools, so an index is an ordinary
 /// copyable value. Freed nodes, holds and holder sets go to free lists that
-/// the next stores reuse; the pools themselves shrink only when they empty, so
-/// memory is bounded by the peak number of live blocks (tables shrink as their
-/// load drops).
+/// the next stores reuse; the pools themselves shrink only when they empty
+/// (tables shrink as their load drops). A store reserves only what it can
+/// add (nodes for missing levels, holds for blocks not held, holder-set room
+/// for existing nodes gaining a holder), so memory is bounded by the peak
+/// numbers of live nodes and pairs (a Stored event rejected as a conflict
+/// counts what it would have added) and the peak size of the holder arena.
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -251,9 +254,9 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
-  /// not even under reset_and_apply; only a Stored event or a new worker's
-  /// first event can throw.
+  /// std::length_error once (worker, block) pairs plus worker ranks would pass
+  /// 2^31 - 1) nothing changed but capacity, not even under reset_and_apply;
+  /// only a Stored event or a new worker's first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {

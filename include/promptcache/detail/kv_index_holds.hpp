@@ -41,8 +41,8 @@ struct KvHold {
 };
 
 /// Pool of holds (in pages, so no per-hold headroom) with a free list and
-/// intrusive sibling lists. At most 2^31 - 2 holds (the link's top bit is a
-/// flag).
+/// intrusive sibling lists. At most 2^31 - 1 holds, sentinels included (the
+/// link's top bit is a flag).
 class KvHoldStore {
  public:
   /// Hold `h`; the reference is invalidated by release() of the last hold. O(1).
@@ -78,7 +78,7 @@ class KvHoldStore {
   }
 
   /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error past 2^31 - 2 holds.
+  /// throw). Strong guarantee; std::length_error past 2^31 - 1 holds.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     if (extra - free_count_ > max_holds - holds_.size())
