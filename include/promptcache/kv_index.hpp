@@ -594,7 +594,8 @@ class KvIndex {
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
-  /// parent/child, hold trees, hash tables). O(everything); for tests.
+  /// parent/child, hold trees, hash tables, free lists, the holder arena).
+  /// O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
     std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
@@ -630,7 +631,7 @@ class KvIndex {
       }
       if (blocks != s.blocks) return false;
     }
-    if (holds_seen != holds_.live()) return false;
+    if (holds_seen != holds_.live() || !holds_.check_pool()) return false;
     std::size_t names = 0;
     for (std::uint32_t s = 0; s < workers_.size(); ++s) {
       names += workers_[s].names.size();

@@ -451,6 +451,47 @@ class KvHolderSets {
     free_ = no_free_blocks();
   }
 
+  /// Checks the arena against the sets: for_each_set(f) must call f(word,
+  /// count) for every set. Each spilled set's block lies in the arena, has
+  /// the bitset class (a bitset) or room for its holders (an array), and no
+  /// two blocks, live or on a free list, share a unit; live and free blocks
+  /// cover the arena exactly and blocks() counts the live ones. In the word
+  /// form there is no arena. O(arena units + sets); for tests.
+  template <class ForEachSet>
+  [[nodiscard]] bool check(ForEachSet&& for_each_set) const {
+    const bool no_free = free_ == no_free_blocks();
+    if (word_form_) return blocks_ == 0U && units_.empty() && no_free;
+    std::vector<bool> used(units_.size(), false);
+    bool ok = true;
+    const auto claim = [&](std::uint64_t off, std::uint32_t k) {
+      const std::size_t units = std::size_t{4} << k;
+      if (k >= free_.size() || off > units_.size() || units > units_.size() - off) {
+        ok = false;
+        return;
+      }
+      for (std::size_t i = 0; i < units; ++i) {
+        if (used[off + i]) ok = false;
+        used[off + i] = true;
+      }
+    };
+    std::size_t live = 0;
+    for_each_set([&](std::uint64_t word, std::uint32_t count) {
+      if (count <= inline_max) return;
+      ++live;
+      if (is_bitset(word) ? class_of(word) != bitset_class_ : units_of(word) < count) ok = false;
+      claim(offset_of(word), class_of(word));
+    });
+    if (live != blocks_) return false;
+    for (std::uint32_t k = 0; k < free_.size() && ok; ++k) {
+      std::size_t steps = 0;  // a cycle would claim some unit twice first
+      for (std::uint64_t off = free_[k]; off != none && ok; off = load_link(off)) {
+        claim(off, k);
+        if (++steps > units_.size()) return false;
+      }
+    }
+    return ok && std::find(used.begin(), used.end(), false) == used.end();
+  }
+
   /// Bytes held. O(1).
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return units_.capacity() * 4U; }
   /// Spilled sets. O(1).

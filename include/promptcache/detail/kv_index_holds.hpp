@@ -167,6 +167,16 @@ class KvHoldStore {
     return x.node == kv_npos;
   }
 
+  /// Checks the pool's bookkeeping: the free list holds free holds only,
+  /// free_count of them, and every hold is live or free. O(pool size); for
+  /// tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t h = free_head_; h != kv_npos; h = holds_[h].next)
+      if (h >= holds_.size() || !is_free(h) || ++free > free_count_) return false;
+    return free == free_count_ && live_ + free_count_ == holds_.size();
+  }
+
   /// Holds in use (sentinels included). O(1).
   [[nodiscard]] std::size_t live() const noexcept {
     return live_;

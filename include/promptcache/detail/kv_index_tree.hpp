@@ -342,6 +342,22 @@ class KvNodeStore {
   [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
     return holders_.memory_bytes();
   }
+  /// Checks the pool's bookkeeping: the free list holds free rows only,
+  /// free_count of them, every row is the root, live or free, and the holder
+  /// arena matches the rows' sets (KvHolderSets::check). O(rows + arena);
+  /// for tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t f = free_head_; f != kv_npos; f = parent(f))
+      if (f == 0U || f >= rows() || count(f) != 0U || ++free > free_count_) return false;
+    if (free != free_count_) return false;
+    if (rows() == 0U ? live_ != 0U : live_ + free_count_ + 1U != rows()) return false;
+    return holders_.check([&](const auto& f) {
+      for (std::uint32_t n = 1; n < rows(); ++n)
+        f(rows_[n].holders, count(n));
+    });
+  }
+
   /// True when `n` is a live non-root node (for invariant checks). O(1).
   [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
     return n != 0U && n < rows() && count(n) != 0U;
@@ -586,7 +602,7 @@ class KvTree {
           child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
         return false;
     }
-    return live == nodes_.live() && edges_.size() == live && edges_.check();
+    return live == nodes_.live() && edges_.size() == live && edges_.check() && nodes_.check_pool();
   }
 
   /// Bytes held. O(1).
