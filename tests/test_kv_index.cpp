@@ -716,6 +716,42 @@ TEST_CASE("a holder joining shared nodes reserves the blocks its sets move to", 
   CHECK(growth[0] <= growth[1] + 2U * blocks_n * 16U);
 }
 
+TEST_CASE("table loads switch with hysteresis between 2^18 and 2^19 pairs", "[kv_index]") {
+  // Two indexes end at 400,000 pairs (between the thresholds) after the same
+  // peak of 600,000 (so their pools have the same size). One came down to
+  // 300,000 and grew its tables again compact, as they were at the peak; the
+  // other went under 2^18 first, where its tables turned roomy, and grows
+  // them roomy on its way back up. The roomy tables take more bytes.
+  constexpr std::uint64_t chain = 50000;
+  std::uint64_t ids[2] = {0, 0};
+  KvIndex ix[2];
+  const auto put = [&](int k, std::uint64_t c) {
+    kv_event::Stored s;
+    for (std::uint64_t j = 0; j < chain; ++j)
+      s.blocks.push_back({(c << 20U) + j + 1U, (c << 20U) + j + 1U});
+    REQUIRE(ix[k].apply(A, {ids[k]++, s}).ok());
+  };
+  const auto drop = [&](int k, std::uint64_t c) {
+    REQUIRE(ix[k].apply(A, {ids[k]++, kv_event::Removed{{(c << 20U) + 1U}}}).ok());
+  };
+  for (int k = 0; k < 2; ++k)
+    for (std::uint64_t c = 0; c < 12; ++c)
+      put(k, c);
+  for (std::uint64_t c = 0; c < 6; ++c)
+    drop(0, c);
+  for (std::uint64_t c = 0; c < 10; ++c)
+    drop(1, c);
+  put(0, 30);
+  put(0, 31);
+  for (std::uint64_t c = 20; c < 26; ++c)
+    put(1, c);
+  CHECK(ix[0].total_blocks() == 8 * chain);
+  CHECK(ix[1].total_blocks() == 8 * chain);
+  CHECK(ix[0].approximate_memory_bytes() + 8 * chain * 16 < ix[1].approximate_memory_bytes());
+  CHECK(ix[0].check_invariants());
+  CHECK(ix[1].check_invariants());
+}
+
 TEST_CASE("the span entry points match apply", "[kv_index]") {
   KvIndex index;
   const std::vector<KvBlock> chain{{11, 1}, {12, 2}};
