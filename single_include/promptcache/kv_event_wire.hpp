@@ -4162,10 +4162,11 @@ class KvIndex {
     bool holding = true;       // no level the slot does not hold seen yet
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
+      // No edge prefetches: a chain stored in order is followed row by row,
+      // and the walk batches its table probes after a miss.
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
-        tree_.prefetch_edge(path);
       }
       const std::size_t walked = tree_.walk(paths, m, cur_node, found, counts);
       for (std::size_t j = 0; j < walked; ++j) {
