@@ -716,7 +716,7 @@ TEST_CASE("a holder joining shared nodes reserves the blocks its sets move to", 
   CHECK(growth[0] <= growth[1] + 2U * blocks_n * 16U);
 }
 
-TEST_CASE("table loads switch with hysteresis between 2^18 and 2^19 pairs", "[kv_index]") {
+TEST_CASE("table loads switch with hysteresis between 2^18 and 2^19 pairs", "[long]") {
   // Two indexes end at 400,000 pairs (between the thresholds) after the same
   // peak of 600,000 (so their pools have the same size). One came down to
   // 300,000 and grew its tables again compact, as they were at the peak; the
