@@ -183,6 +183,18 @@ class Driver {
       const auto res = call(w, [&] { return index_.replace_worker(w, own, next_id_[wi] - 1); });
       REQUIRE(res.ok);
       if (next_id_[wi] > 0) model_.replace(w, next_id_[wi] - 1);
+    } else if (action < 20) {  // a dump that cannot apply changes nothing
+      auto dump = model_.dump(w);
+      const std::size_t bad = pick(dump.size() + 1U);
+      const std::uint64_t t = 1U + pick(shape_.alphabet);
+      dump.insert(dump.begin() + static_cast<std::ptrdiff_t>(bad),
+                  KvEvent{0, kv_event::Stored{0xBAD0000 + pick(100), {KvBlock{7, t}}}});
+      const Snapshot before(index_, w);
+      const auto res = call(w, [&] { return index_.replace_worker(w, dump, next_id_[wi]); });
+      REQUIRE_FALSE(res.ok);
+      REQUIRE(res.failed_event == bad);
+      REQUIRE(res.failure == KvEventStatus::parent_not_found);
+      REQUIRE(Snapshot(index_, w) == before);
     } else {
       const KvEvent e = make_event(wi);
       const KvEventResult r = call(w, [&] { return index_.apply(w, e); });
