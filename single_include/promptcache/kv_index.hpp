@@ -3594,6 +3594,8 @@ class KvIndex {
     holds_.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
     const std::uint32_t slot = workers_.lowest_free();
+    // Never reached in practice: the hold pool, one sentinel per slot, runs
+    // out first (reserve_extra above, at 2^31 - 1 holds).
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
     try {
