@@ -4121,7 +4121,8 @@ class KvIndex {
     // re-store grows nothing and new nodes take no holder-set room.
     const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
     tree_.reserve_exact(need.nodes, need.holder_units);
-    const std::size_t holds = reset ? own : need.holds;
+    // After a reset a chained event finds no parent: it adds nothing.
+    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
     holds_.reserve_extra(holds);
     names.reserve_extra(holds);
   }
