@@ -641,6 +641,117 @@ TEST_CASE("memory follows the live blocks", "[kv_index]") {
   CHECK(index.approximate_memory_bytes() <= empty + 4096);
 }
 
+TEST_CASE("storing held blocks again grows nothing", "[kv_index]") {
+  KvIndex index;
+  kv_event::Stored s;
+  for (std::uint64_t i = 0; i < 100000; ++i)
+    s.blocks.push_back({i + 1, i + 1});
+  REQUIRE(index.apply(A, {0, s}).ok());
+  const std::size_t before = index.approximate_memory_bytes();
+  const KvEventResult r = index.apply(A, {1, s});
+  REQUIRE(r.ok());
+  CHECK(r.blocks_already_held == s.blocks.size());
+  CHECK(index.approximate_memory_bytes() == before);
+  // A worker that shares the whole chain adds holds and names, no nodes.
+  REQUIRE(index.apply(B, {0, s}).ok());
+  const std::size_t shared = index.approximate_memory_bytes();
+  REQUIRE(index.apply(B, {1, s}).blocks_already_held == s.blocks.size());
+  CHECK(index.approximate_memory_bytes() == shared);
+  CHECK(index.check_invariants());
+}
+
+TEST_CASE("new nodes take no holder-set room at any number of ranks", "[kv_index]") {
+  // Past 64 ranks holder sets of three or more holders live in an arena, at
+  // up to a bitset over every rank each; a new node's only holder sits in its
+  // row. Two indexes get the same long chain of new nodes: one with 1,100
+  // ranks holding its parent, one with a single rank. The chain must cost the
+  // same in both, while it lives and after it is removed.
+  constexpr std::uint64_t ranks = 1100;
+  KvIndex big;
+  KvIndex one;
+  for (std::uint64_t w = 0; w < ranks; ++w)
+    REQUIRE(big.apply(KvWorker{w, 0}, {0, kv_event::Stored{{}, {{w, 7}}}}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {0, kv_event::Stored{{}, {{0, 7}}}}).ok());
+  kv_event::Stored chain;
+  chain.parent_hash = 0;
+  for (std::uint64_t i = 0; i < 100000; ++i)
+    chain.blocks.push_back({1000000 + i, i + 1});
+  const std::size_t big_before = big.approximate_memory_bytes();
+  const std::size_t one_before = one.approximate_memory_bytes();
+  REQUIRE(big.apply(KvWorker{0, 0}, {1, chain}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {1, chain}).ok());
+  CHECK(big.approximate_memory_bytes() - big_before <=
+        (one.approximate_memory_bytes() - one_before) * 5U / 4U);
+  REQUIRE(big.apply(KvWorker{0, 0}, {2, kv_event::Removed{{1000000}}}).ok());
+  REQUIRE(one.apply(KvWorker{0, 0}, {2, kv_event::Removed{{1000000}}}).ok());
+  CHECK(big.node_count() == 1);
+  CHECK(big.approximate_memory_bytes() - big_before <=
+        (one.approximate_memory_bytes() - one_before) * 5U / 4U);
+  CHECK(big.check_invariants());
+}
+
+TEST_CASE("a holder joining shared nodes reserves the blocks its sets move to", "[kv_index]") {
+  // With 1,100 ranks a bitset costs 256 bytes; a set growing from two holders
+  // to three moves to a 16-byte array. Two indexes, one with 1,100 ranks and
+  // one with 3, get the same chain from workers 0, 1 and then 2: the third
+  // store may cost the larger one its arrays (twice, for the arena's
+  // doubling), not a bitset per block.
+  constexpr std::uint64_t blocks_n = 20000;
+  kv_event::Stored chain;
+  chain.parent_hash = 7;
+  for (std::uint64_t i = 0; i < blocks_n; ++i)
+    chain.blocks.push_back({1000000 + i, i + 1});
+  std::size_t growth[2] = {};
+  for (const std::uint64_t ranks : {std::uint64_t{1100}, std::uint64_t{3}}) {
+    KvIndex index;
+    for (std::uint64_t w = 0; w < ranks; ++w)
+      REQUIRE(index.apply(KvWorker{w, 0}, {0, kv_event::Stored{{}, {{7, 7}}}}).ok());
+    REQUIRE(index.apply(KvWorker{0, 0}, {1, chain}).ok());
+    REQUIRE(index.apply(KvWorker{1, 0}, {1, chain}).ok());
+    const std::size_t before = index.approximate_memory_bytes();
+    REQUIRE(index.apply(KvWorker{2, 0}, {1, chain}).blocks_stored == blocks_n);
+    growth[ranks == 3 ? 1 : 0] = index.approximate_memory_bytes() - before;
+    CHECK(index.check_invariants());
+  }
+  CHECK(growth[0] <= growth[1] + 2U * blocks_n * 16U);
+}
+
+TEST_CASE("table loads switch with hysteresis between 2^18 and 2^19 pairs", "[long]") {
+  // Two indexes end at 400,000 pairs (between the thresholds) after the same
+  // peak of 600,000 (so their pools have the same size). One came down to
+  // 300,000 and grew its tables again compact, as they were at the peak; the
+  // other went under 2^18 first, where its tables turned roomy, and grows
+  // them roomy on its way back up. The roomy tables take more bytes.
+  constexpr std::uint64_t chain = 50000;
+  std::uint64_t ids[2] = {0, 0};
+  KvIndex ix[2];
+  const auto put = [&](int k, std::uint64_t c) {
+    kv_event::Stored s;
+    for (std::uint64_t j = 0; j < chain; ++j)
+      s.blocks.push_back({(c << 20U) + j + 1U, (c << 20U) + j + 1U});
+    REQUIRE(ix[k].apply(A, {ids[k]++, s}).ok());
+  };
+  const auto drop = [&](int k, std::uint64_t c) {
+    REQUIRE(ix[k].apply(A, {ids[k]++, kv_event::Removed{{(c << 20U) + 1U}}}).ok());
+  };
+  for (int k = 0; k < 2; ++k)
+    for (std::uint64_t c = 0; c < 12; ++c)
+      put(k, c);
+  for (std::uint64_t c = 0; c < 6; ++c)
+    drop(0, c);
+  for (std::uint64_t c = 0; c < 10; ++c)
+    drop(1, c);
+  put(0, 30);
+  put(0, 31);
+  for (std::uint64_t c = 20; c < 26; ++c)
+    put(1, c);
+  CHECK(ix[0].total_blocks() == 8 * chain);
+  CHECK(ix[1].total_blocks() == 8 * chain);
+  CHECK(ix[0].approximate_memory_bytes() + 8 * chain * 16 < ix[1].approximate_memory_bytes());
+  CHECK(ix[0].check_invariants());
+  CHECK(ix[1].check_invariants());
+}
+
 TEST_CASE("the span entry points match apply", "[kv_index]") {
   KvIndex index;
   const std::vector<KvBlock> chain{{11, 1}, {12, 2}};

@@ -32,7 +32,21 @@ std::vector<std::uint32_t> contents(const KvHolderSets& sets, const Set& s) {
   return out;
 }
 
+// KvHolderSets::check over the sets of `all`, optionally with the set at
+// `twice` passed twice and the one at `skip` left out.
+bool arena_ok(const KvHolderSets& sets, const std::vector<Set>& all, std::size_t twice = ~0U,
+              std::size_t skip = ~0U) {
+  return sets.check([&](const auto& f) {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const auto n = static_cast<std::uint32_t>(all[i].model.size());
+      if (i != skip) f(all[i].word, n);
+      if (i == twice) f(all[i].word, n);
+    }
+  });
+}
+
 void check(const KvHolderSets& sets, const std::vector<Set>& all, std::uint32_t width) {
+  REQUIRE(arena_ok(sets, all));
   for (const Set& s : all) {
     const auto n = static_cast<std::uint32_t>(s.model.size());
     REQUIRE(contents(sets, s) == std::vector<std::uint32_t>(s.model.begin(), s.model.end()));
@@ -192,6 +206,13 @@ TEST_CASE("holder sets match a model under random changes", "[kv_index]") {
     if (step % 97 == 0) check(sets, all, width);
   }
   check(sets, all, width);
+  // The arena check sees a block claimed twice, or a live one left out.
+  std::size_t spilled = all.size();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].model.size() > KvHolderSets::inline_max) spilled = i;
+  REQUIRE(spilled < all.size());
+  CHECK_FALSE(arena_ok(sets, all, spilled));
+  CHECK_FALSE(arena_ok(sets, all, ~std::size_t{0}, spilled));
   for (Set& s : all)
     while (!s.model.empty()) {
       sets.erase(s.word, static_cast<std::uint32_t>(s.model.size()), *s.model.begin());

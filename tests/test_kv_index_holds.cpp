@@ -91,7 +91,10 @@ TEST_CASE("hold store: parents and sibling links through random changes", "[kv_i
       REQUIRE(KvHoldStore::is_free(s[h]));
       parent_of.erase(h);
     }
-    if (step % 200 == 0) check_tree(s, parent_of);
+    if (step % 200 == 0) {
+      check_tree(s, parent_of);
+      REQUIRE(s.check_pool());
+    }
   }
   check_tree(s, parent_of);
   s[root].block_hash = 0;

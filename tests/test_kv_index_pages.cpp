@@ -79,3 +79,24 @@ TEST_CASE("paged array: copies, moves and clear", "[kv_index]") {
   CHECK(a.size() == 20U);
   CHECK(b.size() == 1U);
 }
+
+TEST_CASE("paged array: a copy takes the elements and the capacity", "[kv_index]") {
+  // Pages past the last element (reserved, never written) are copied as
+  // capacity only; a full page, a partial one and empty ones in turn.
+  for (const std::size_t n : {std::size_t{0}, std::size_t{16}, std::size_t{21}}) {
+    Pages a;
+    a.reserve(64);
+    for (std::uint64_t i = 0; i < n; ++i)
+      a.push_back(i * 3U + 1U);
+    const Pages b(a);
+    CHECK(b.size() == n);
+    CHECK(b.capacity() == a.capacity());
+    for (std::size_t i = 0; i < n; ++i)
+      CHECK(b[i] == i * 3U + 1U);
+    Pages c(b);
+    for (std::uint64_t i = n; i < 64; ++i)
+      c.push_back(i);
+    CHECK(c.capacity() == 64U);  // the copied capacity is usable
+    CHECK(c[63] == 63U);
+  }
+}

@@ -192,9 +192,12 @@ struct KvIndexCounters {
 /// one page each.
 /// Everything is held in index-addressed pools, so an index is an ordinary
 /// copyable value. Freed nodes, holds and holder sets go to free lists that
-/// the next stores reuse; the pools themselves shrink only when they empty, so
-/// memory is bounded by the peak number of live blocks (tables shrink as their
-/// load drops).
+/// the next stores reuse; the pools themselves shrink only when they empty
+/// (tables shrink as their load drops). A store reserves only what it can
+/// add (nodes for missing levels, holds for blocks not held, holder-set room
+/// for existing nodes gaining a holder), so memory is bounded by the peak
+/// numbers of live nodes and pairs (a Stored event rejected as a conflict
+/// counts what it would have added) and the peak size of the holder arena.
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -251,9 +254,9 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
-  /// not even under reset_and_apply; only a Stored event or a new worker's
-  /// first event can throw.
+  /// std::length_error once (worker, block) pairs plus worker ranks would pass
+  /// 2^31 - 1) nothing changed but capacity, not even under reset_and_apply;
+  /// only a Stored event or a new worker's first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {
@@ -279,7 +282,7 @@ class KvIndex {
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, blocks.size(), r.view_reset ? workers_[slot].blocks : 0U);
+      reserve_for_store(slot, parent_hash, blocks, r.view_reset);
     } catch (...) {
       restore_table_load(slot, before);
       if (created) remove_worker(worker);  // a new worker's first event did not apply
@@ -346,7 +349,7 @@ class KvIndex {
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
           pick_table_load(tmp, s->blocks.size());
-          reserve_for_store(tmp, s->blocks.size());
+          reserve_for_store(tmp, s->parent_hash, s->blocks, false);
           st = store_blocks(tmp, s->parent_hash, s->blocks, r);
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           remove_blocks(tmp, rm->block_hashes, r);
@@ -591,7 +594,8 @@ class KvIndex {
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
-  /// parent/child, hold trees, hash tables). O(everything); for tests.
+  /// parent/child, hold trees, hash tables, free lists, the holder arena).
+  /// O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
     std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
@@ -627,7 +631,7 @@ class KvIndex {
       }
       if (blocks != s.blocks) return false;
     }
-    if (holds_seen != holds_.live()) return false;
+    if (holds_seen != holds_.live() || !holds_.check_pool()) return false;
     std::size_t names = 0;
     for (std::uint32_t s = 0; s < workers_.size(); ++s) {
       names += workers_[s].names.size();
@@ -744,14 +748,96 @@ class KvIndex {
     next = at;
   }
 
-  // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
-  // std::bad_alloc can only come before anything changed. `freed`: holds (and
-  // names) of the slot that a no-shrink clear_slot frees before the store.
-  void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
-    tree_.reserve(blocks);
-    const std::size_t own = blocks > freed ? blocks - freed : 0U;
-    holds_.reserve_extra(own);
-    workers_[slot].names.reserve_extra(own);
+  // Makes the mutation phase of a store allocation-free, so std::bad_alloc
+  // (or std::length_error) can only come before anything changed, without
+  // growing anything for blocks the store will not add. `reset`: a gap's
+  // reset drops the slot's view first (a no-shrink clear_slot, so what it
+  // frees stays as capacity).
+  void reserve_for_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                         std::span<const KvBlock> blocks, bool reset) {
+    const std::size_t n = blocks.size();
+    const std::size_t freed = reset ? workers_[slot].blocks : 0U;
+    const std::size_t own = n > freed ? n - freed : 0U;
+    // Room for every block as a new node, holder and hold is usually at
+    // hand (free lists, the last page, table headroom): then nothing grows
+    // and the tree need not be walked twice.
+    auto& names = workers_[slot].names;
+    if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
+    // Otherwise the store reserves only what it can add, so an idempotent
+    // re-store grows nothing and new nodes take no holder-set room.
+    const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
+    tree_.reserve_exact(need.nodes, need.holder_units);
+    // After a reset a chained event finds no parent: it adds nothing.
+    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
+    holds_.reserve_extra(holds);
+    names.reserve_extra(holds);
+  }
+
+  // What a store can add: new nodes, new holds (and names), and the
+  // holder-set room of the existing nodes that gain a holder.
+  struct StoreNeed {
+    std::size_t nodes = 0;
+    std::size_t holds = 0;
+    std::size_t holder_units = 0;
+  };
+
+  // The read-only walk of a store (see reserve_for_store): the chain's levels
+  // that exist already need no node, those `slot` holds no hold either, and
+  // a holder joining an existing node's set may need the block that set
+  // moves to (none while it fits in the holder word).
+  // With `reset` the slot's view is counted as dropped: its holds, and the
+  // nodes only it holds, are gone. Upper bounds: a conflict adds less.
+  // O(blocks) expected.
+  [[nodiscard]] StoreNeed store_need(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                                     std::span<const KvBlock> blocks, bool reset) const noexcept {
+    StoreNeed need;
+    std::uint32_t cur_node = 0;
+    if (parent_hash) {
+      // After a reset the slot holds nothing, so the parent is not found.
+      const std::uint32_t h = reset ? detail::kv_npos : find_name(workers_[slot], *parent_hash);
+      if (h == detail::kv_npos) return need;  // parent_not_found: adds nothing
+      cur_node = holds_[h].node;
+    }
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    constexpr std::size_t chunk = 64;
+    std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
+    std::uint64_t path = nodes.path_hash(cur_node);
+    std::size_t existing = 0;  // leading levels whose node exists (after a reset)
+    std::size_t held = 0;      // leading levels the slot holds (a holder holds the parent)
+    bool holding = true;       // no level the slot does not hold seen yet
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      // No edge prefetches: a chain stored in order is followed row by row,
+      // and the walk batches its table probes after a miss.
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+      }
+      const std::size_t walked = tree_.walk(paths, m, cur_node, found, counts);
+      for (std::size_t j = 0; j < walked; ++j) {
+        const bool mine = holding && nodes.test(found[j], slot);
+        holding = mine;
+        const std::uint32_t others = counts[j] - (mine ? 1U : 0U);
+        if (reset) {
+          // Only the slot holds it: the reset frees it, and every node below.
+          if (others == 0U) {
+            need.nodes = blocks.size() - existing;
+            return need;
+          }
+        } else if (mine) {
+          ++held;
+        }
+        ++existing;
+        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
+      }
+      if (walked < m) break;
+      cur_node = found[m - 1U];
+    }
+    need.nodes = blocks.size() - existing;
+    need.holds = blocks.size() - held;
+    return need;
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
@@ -772,6 +858,8 @@ class KvIndex {
     holds_.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
     const std::uint32_t slot = workers_.lowest_free();
+    // Never reached in practice: the hold pool, one sentinel per slot, runs
+    // out first (reserve_extra above, at 2^31 - 1 holds).
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
     try {

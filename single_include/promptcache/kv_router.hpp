@@ -784,8 +784,34 @@ class KvHolderSets {
     const std::size_t most = std::size_t{4} << bitset_class_;
     if (inserts > (max_units - units_.size()) / most)
       throw std::length_error("kv index: holder sets too large");
-    const std::size_t need = units_.size() + inserts * most;
+    reserve_room(inserts * most);
+  }
+
+  /// Arena units an insert() into a set of `count` holders may take from the
+  /// arena's end: the block a set of count + 1 gets (0 while it stays in the
+  /// holder word). O(log count).
+  [[nodiscard]] std::size_t insert_units(std::uint32_t count) const noexcept {
+    if (word_form_ || count < inline_max) return 0;
+    return std::size_t{4} << (prefer_bitset(count + 1U) ? bitset_class_ : array_class(count + 1U));
+  }
+
+  /// Makes inserts whose insert_units() add up to `units` allocation-free.
+  /// Grows the arena at least twofold when it must grow, so stores that each
+  /// reserve a little do not copy it each time. Strong guarantee;
+  /// std::length_error past 2^40 units.
+  void reserve_room(std::size_t units) {
+    if (word_form_) return;
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + units;
     if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+
+  /// True when reserve(inserts) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t inserts) const noexcept {
+    if (word_form_) return true;
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    return inserts <= (units_.capacity() - units_.size()) / most;
   }
 
   /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
@@ -901,6 +927,47 @@ class KvHolderSets {
     if (blocks_ != 0U || units_.capacity() == 0U) return;
     std::vector<std::uint32_t>().swap(units_);
     free_ = no_free_blocks();
+  }
+
+  /// Checks the arena against the sets: for_each_set(f) must call f(word,
+  /// count) for every set. Each spilled set's block lies in the arena, has
+  /// the bitset class (a bitset) or room for its holders (an array), and no
+  /// two blocks, live or on a free list, share a unit; live and free blocks
+  /// cover the arena exactly and blocks() counts the live ones. In the word
+  /// form there is no arena. O(arena units + sets); for tests.
+  template <class ForEachSet>
+  [[nodiscard]] bool check(ForEachSet&& for_each_set) const {
+    const bool no_free = free_ == no_free_blocks();
+    if (word_form_) return blocks_ == 0U && units_.empty() && no_free;
+    std::vector<bool> used(units_.size(), false);
+    bool ok = true;
+    const auto claim = [&](std::uint64_t off, std::uint32_t k) {
+      const std::size_t units = std::size_t{4} << k;
+      if (k >= free_.size() || off > units_.size() || units > units_.size() - off) {
+        ok = false;
+        return;
+      }
+      for (std::size_t i = 0; i < units; ++i) {
+        if (used[off + i]) ok = false;
+        used[off + i] = true;
+      }
+    };
+    std::size_t live = 0;
+    for_each_set([&](std::uint64_t word, std::uint32_t count) {
+      if (count <= inline_max) return;
+      ++live;
+      if (is_bitset(word) ? class_of(word) != bitset_class_ : units_of(word) < count) ok = false;
+      claim(offset_of(word), class_of(word));
+    });
+    if (live != blocks_) return false;
+    for (std::uint32_t k = 0; k < free_.size() && ok; ++k) {
+      std::size_t steps = 0;  // a cycle would claim some unit twice first
+      for (std::uint64_t off = free_[k]; off != none && ok; off = load_link(off)) {
+        claim(off, k);
+        if (++steps > units_.size()) return false;
+      }
+    }
+    return ok && std::find(used.begin(), used.end(), false) == used.end();
   }
 
   /// Bytes held. O(1).
@@ -1088,12 +1155,17 @@ class KvPagedArray {
 
   /// An empty array; owns no memory. O(1).
   KvPagedArray() noexcept = default;
-  /// A deep copy. O(size).
+  /// A deep copy (same capacity). O(size).
   KvPagedArray(const KvPagedArray& other) : size_(0) {
     pages_.reserve(other.pages_.size());
+    // Only the elements appended are copied: the rest of a page was never
+    // written (reading it would copy indeterminate values).
+    std::size_t left = other.size_;
     for (const auto& p : other.pages_) {
       pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
-      std::copy_n(p.get(), page_size, pages_.back().get());
+      const std::size_t n = std::min(left, page_size);
+      std::copy_n(p.get(), n, pages_.back().get());
+      left -= n;
     }
     size_ = other.size_;
   }
@@ -1201,8 +1273,8 @@ struct KvHold {
 };
 
 /// Pool of holds (in pages, so no per-hold headroom) with a free list and
-/// intrusive sibling lists. At most 2^31 - 2 holds (the link's top bit is a
-/// flag).
+/// intrusive sibling lists. At most 2^31 - 1 holds, sentinels included (the
+/// link's top bit is a flag).
 class KvHoldStore {
  public:
   /// Hold `h`; the reference is invalidated by release() of the last hold. O(1).
@@ -1238,12 +1310,20 @@ class KvHoldStore {
   }
 
   /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error past 2^31 - 2 holds.
+  /// throw). Strong guarantee; std::length_error past 2^31 - 1 holds.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     if (extra - free_count_ > max_holds - holds_.size())
       throw std::length_error("kv index: too many blocks");
     holds_.reserve(holds_.size() + extra - free_count_);
+  }
+
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    return extra - free_count_ <= max_holds - holds_.size() &&
+           extra - free_count_ <= holds_.capacity() - holds_.size();
   }
 
   /// A new hold and its element, as allocate_child() returns them.
@@ -1317,6 +1397,16 @@ class KvHoldStore {
   /// is_free() of the hold whose element is `x`. O(1).
   [[nodiscard]] static bool is_free(const KvHold& x) noexcept {
     return x.node == kv_npos;
+  }
+
+  /// Checks the pool's bookkeeping: the free list holds free holds only,
+  /// free_count of them, and every hold is live or free. O(pool size); for
+  /// tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t h = free_head_; h != kv_npos; h = holds_[h].next)
+      if (h >= holds_.size() || !is_free(h) || ++free > free_count_) return false;
+    return free == free_count_ && live_ + free_count_ == holds_.size();
   }
 
   /// Holds in use (sentinels included). O(1).
@@ -1696,6 +1786,12 @@ class KvFingerprintTable {
     // The check is inline (it runs once per new node); growing is not.
     if (extra <= max_entries - size_ && !over_load(size_ + extra)) return;
     grow(extra);
+  }
+
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    return extra <= max_entries - size_ && !over_load(size_ + extra);
   }
 
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
@@ -2138,9 +2234,31 @@ class KvNodeStore {
     rows_.reserve(have + extra - free_count_);
   }
 
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    const std::size_t have = std::max<std::size_t>(rows(), 1U);
+    return extra - free_count_ <= max_rows - have && have + extra - free_count_ <= rows_.capacity();
+  }
+
   /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
   void reserve_holders(std::size_t extra) {
     holders_.reserve(extra);
+  }
+  /// True when reserve_holders(extra) would allocate nothing. O(1).
+  [[nodiscard]] bool fits_holders(std::size_t extra) const noexcept {
+    return holders_.fits(extra);
+  }
+  /// Makes set() calls allocation-free whose holder_insert_units() add up to
+  /// `units`. Strong guarantee.
+  void reserve_holder_units(std::size_t units) {
+    holders_.reserve_room(units);
+  }
+  /// Holder-set room a set() on a node with `count` holders may take. O(log
+  /// count).
+  [[nodiscard]] std::size_t holder_insert_units(std::uint32_t count) const noexcept {
+    return holders_.insert_units(count);
   }
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
@@ -2252,6 +2370,22 @@ class KvNodeStore {
   [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
     return holders_.memory_bytes();
   }
+  /// Checks the pool's bookkeeping: the free list holds free rows only,
+  /// free_count of them, every row is the root, live or free, and the holder
+  /// arena matches the rows' sets (KvHolderSets::check). O(rows + arena);
+  /// for tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t f = free_head_; f != kv_npos; f = parent(f))
+      if (f == 0U || f >= rows() || count(f) != 0U || ++free > free_count_) return false;
+    if (free != free_count_) return false;
+    if (rows() == 0U ? live_ != 0U : live_ + free_count_ + 1U != rows()) return false;
+    return holders_.check([&](const auto& f) {
+      for (std::uint32_t n = 1; n < rows(); ++n)
+        f(rows_[n].holders, count(n));
+    });
+  }
+
   /// True when `n` is a live non-root node (for invariant checks). O(1).
   [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
     return n != 0U && n < rows() && count(n) != 0U;
@@ -2429,6 +2563,19 @@ class KvTree {
     nodes_.reserve_holders(blocks);
     edges_.reserve_extra(blocks);
   }
+  /// True when reserve(blocks) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t blocks) const noexcept {
+    return nodes_.fits_extra(blocks) && edges_.fits_extra(blocks) && nodes_.fits_holders(blocks);
+  }
+  /// Makes the next `nodes` add_child() calls, and holder additions to
+  /// existing nodes whose holder_insert_units() add up to `holder_units`,
+  /// allocation-free (a new node's first holder needs no room). Strong
+  /// guarantee.
+  void reserve_exact(std::size_t nodes, std::size_t holder_units) {
+    nodes_.reserve_extra(nodes);
+    nodes_.reserve_holder_units(holder_units);
+    edges_.reserve_extra(nodes);
+  }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
   /// Requires room from reserve() (one node per call since); then it cannot
@@ -2483,7 +2630,7 @@ class KvTree {
           child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
         return false;
     }
-    return live == nodes_.live() && edges_.size() == live && edges_.check();
+    return live == nodes_.live() && edges_.size() == live && edges_.check() && nodes_.check_pool();
   }
 
   /// Bytes held. O(1).
@@ -2822,9 +2969,12 @@ struct KvIndexCounters {
 /// one page each.
 /// Everything is held in index-addressed pools, so an index is an ordinary
 /// copyable value. Freed nodes, holds and holder sets go to free lists that
-/// the next stores reuse; the pools themselves shrink only when they empty, so
-/// memory is bounded by the peak number of live blocks (tables shrink as their
-/// load drops).
+/// the next stores reuse; the pools themselves shrink only when they empty
+/// (tables shrink as their load drops). A store reserves only what it can
+/// add (nodes for missing levels, holds for blocks not held, holder-set room
+/// for existing nodes gaining a holder), so memory is bounded by the peak
+/// numbers of live nodes and pairs (a Stored event rejected as a conflict
+/// counts what it would have added) and the peak size of the holder arena.
 ///
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
@@ -2881,9 +3031,9 @@ class KvIndex {
   /// Applies one event of `worker` (creating the worker on its first event).
   /// O(B) expected for Stored, O(B + D) for Removed, O(blocks held) for Cleared.
   /// Never throws on bad input. Strong guarantee: on std::bad_alloc (or
-  /// std::length_error past 2^31 nodes or blocks, 2^32 - 2 workers) nothing changed,
-  /// not even under reset_and_apply; only a Stored event or a new worker's
-  /// first event can throw.
+  /// std::length_error once (worker, block) pairs plus worker ranks would pass
+  /// 2^31 - 1) nothing changed but capacity, not even under reset_and_apply;
+  /// only a Stored event or a new worker's first event can throw.
   KvEventResult apply(const KvWorker& worker, const KvEvent& event) {
     return std::visit(
         [&](const auto& data) -> KvEventResult {
@@ -2909,7 +3059,7 @@ class KvIndex {
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, blocks.size(), r.view_reset ? workers_[slot].blocks : 0U);
+      reserve_for_store(slot, parent_hash, blocks, r.view_reset);
     } catch (...) {
       restore_table_load(slot, before);
       if (created) remove_worker(worker);  // a new worker's first event did not apply
@@ -2976,7 +3126,7 @@ class KvIndex {
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
           pick_table_load(tmp, s->blocks.size());
-          reserve_for_store(tmp, s->blocks.size());
+          reserve_for_store(tmp, s->parent_hash, s->blocks, false);
           st = store_blocks(tmp, s->parent_hash, s->blocks, r);
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           remove_blocks(tmp, rm->block_hashes, r);
@@ -3221,7 +3371,8 @@ class KvIndex {
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
-  /// parent/child, hold trees, hash tables). O(everything); for tests.
+  /// parent/child, hold trees, hash tables, free lists, the holder arena).
+  /// O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
     std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
@@ -3257,7 +3408,7 @@ class KvIndex {
       }
       if (blocks != s.blocks) return false;
     }
-    if (holds_seen != holds_.live()) return false;
+    if (holds_seen != holds_.live() || !holds_.check_pool()) return false;
     std::size_t names = 0;
     for (std::uint32_t s = 0; s < workers_.size(); ++s) {
       names += workers_[s].names.size();
@@ -3374,14 +3525,96 @@ class KvIndex {
     next = at;
   }
 
-  // Makes the mutation phase of a store of `blocks` blocks allocation-free, so
-  // std::bad_alloc can only come before anything changed. `freed`: holds (and
-  // names) of the slot that a no-shrink clear_slot frees before the store.
-  void reserve_for_store(std::uint32_t slot, std::size_t blocks, std::size_t freed = 0) {
-    tree_.reserve(blocks);
-    const std::size_t own = blocks > freed ? blocks - freed : 0U;
-    holds_.reserve_extra(own);
-    workers_[slot].names.reserve_extra(own);
+  // Makes the mutation phase of a store allocation-free, so std::bad_alloc
+  // (or std::length_error) can only come before anything changed, without
+  // growing anything for blocks the store will not add. `reset`: a gap's
+  // reset drops the slot's view first (a no-shrink clear_slot, so what it
+  // frees stays as capacity).
+  void reserve_for_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                         std::span<const KvBlock> blocks, bool reset) {
+    const std::size_t n = blocks.size();
+    const std::size_t freed = reset ? workers_[slot].blocks : 0U;
+    const std::size_t own = n > freed ? n - freed : 0U;
+    // Room for every block as a new node, holder and hold is usually at
+    // hand (free lists, the last page, table headroom): then nothing grows
+    // and the tree need not be walked twice.
+    auto& names = workers_[slot].names;
+    if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
+    // Otherwise the store reserves only what it can add, so an idempotent
+    // re-store grows nothing and new nodes take no holder-set room.
+    const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
+    tree_.reserve_exact(need.nodes, need.holder_units);
+    // After a reset a chained event finds no parent: it adds nothing.
+    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
+    holds_.reserve_extra(holds);
+    names.reserve_extra(holds);
+  }
+
+  // What a store can add: new nodes, new holds (and names), and the
+  // holder-set room of the existing nodes that gain a holder.
+  struct StoreNeed {
+    std::size_t nodes = 0;
+    std::size_t holds = 0;
+    std::size_t holder_units = 0;
+  };
+
+  // The read-only walk of a store (see reserve_for_store): the chain's levels
+  // that exist already need no node, those `slot` holds no hold either, and
+  // a holder joining an existing node's set may need the block that set
+  // moves to (none while it fits in the holder word).
+  // With `reset` the slot's view is counted as dropped: its holds, and the
+  // nodes only it holds, are gone. Upper bounds: a conflict adds less.
+  // O(blocks) expected.
+  [[nodiscard]] StoreNeed store_need(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                                     std::span<const KvBlock> blocks, bool reset) const noexcept {
+    StoreNeed need;
+    std::uint32_t cur_node = 0;
+    if (parent_hash) {
+      // After a reset the slot holds nothing, so the parent is not found.
+      const std::uint32_t h = reset ? detail::kv_npos : find_name(workers_[slot], *parent_hash);
+      if (h == detail::kv_npos) return need;  // parent_not_found: adds nothing
+      cur_node = holds_[h].node;
+    }
+    const detail::KvNodeStore& nodes = tree_.nodes();
+    constexpr std::size_t chunk = 64;
+    std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
+    std::uint64_t path = nodes.path_hash(cur_node);
+    std::size_t existing = 0;  // leading levels whose node exists (after a reset)
+    std::size_t held = 0;      // leading levels the slot holds (a holder holds the parent)
+    bool holding = true;       // no level the slot does not hold seen yet
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      // No edge prefetches: a chain stored in order is followed row by row,
+      // and the walk batches its table probes after a miss.
+      for (std::size_t j = 0; j < m; ++j) {
+        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+      }
+      const std::size_t walked = tree_.walk(paths, m, cur_node, found, counts);
+      for (std::size_t j = 0; j < walked; ++j) {
+        const bool mine = holding && nodes.test(found[j], slot);
+        holding = mine;
+        const std::uint32_t others = counts[j] - (mine ? 1U : 0U);
+        if (reset) {
+          // Only the slot holds it: the reset frees it, and every node below.
+          if (others == 0U) {
+            need.nodes = blocks.size() - existing;
+            return need;
+          }
+        } else if (mine) {
+          ++held;
+        }
+        ++existing;
+        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
+      }
+      if (walked < m) break;
+      cur_node = found[m - 1U];
+    }
+    need.nodes = blocks.size() - existing;
+    need.holds = blocks.size() - held;
+    return need;
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
@@ -3402,6 +3635,8 @@ class KvIndex {
     holds_.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
     const std::uint32_t slot = workers_.lowest_free();
+    // Never reached in practice: the hold pool, one sentinel per slot, runs
+    // out first (reserve_extra above, at 2^31 - 1 holds).
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
     tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
     try {

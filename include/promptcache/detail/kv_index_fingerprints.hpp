@@ -245,6 +245,12 @@ class KvFingerprintTable {
     grow(extra);
   }
 
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    return extra <= max_entries - size_ && !over_load(size_ + extra);
+  }
+
   /// Removes the entry (fp, value) (value identifies it; fp finds its probe
   /// run); false when absent. Shifts back the displaced entries that follow
   /// it. Below the policy's lowest load the array shrinks (it is released

@@ -306,8 +306,34 @@ class KvHolderSets {
     const std::size_t most = std::size_t{4} << bitset_class_;
     if (inserts > (max_units - units_.size()) / most)
       throw std::length_error("kv index: holder sets too large");
-    const std::size_t need = units_.size() + inserts * most;
+    reserve_room(inserts * most);
+  }
+
+  /// Arena units an insert() into a set of `count` holders may take from the
+  /// arena's end: the block a set of count + 1 gets (0 while it stays in the
+  /// holder word). O(log count).
+  [[nodiscard]] std::size_t insert_units(std::uint32_t count) const noexcept {
+    if (word_form_ || count < inline_max) return 0;
+    return std::size_t{4} << (prefer_bitset(count + 1U) ? bitset_class_ : array_class(count + 1U));
+  }
+
+  /// Makes inserts whose insert_units() add up to `units` allocation-free.
+  /// Grows the arena at least twofold when it must grow, so stores that each
+  /// reserve a little do not copy it each time. Strong guarantee;
+  /// std::length_error past 2^40 units.
+  void reserve_room(std::size_t units) {
+    if (word_form_) return;
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + units;
     if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+
+  /// True when reserve(inserts) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t inserts) const noexcept {
+    if (word_form_) return true;
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    return inserts <= (units_.capacity() - units_.size()) / most;
   }
 
   /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
@@ -423,6 +449,47 @@ class KvHolderSets {
     if (blocks_ != 0U || units_.capacity() == 0U) return;
     std::vector<std::uint32_t>().swap(units_);
     free_ = no_free_blocks();
+  }
+
+  /// Checks the arena against the sets: for_each_set(f) must call f(word,
+  /// count) for every set. Each spilled set's block lies in the arena, has
+  /// the bitset class (a bitset) or room for its holders (an array), and no
+  /// two blocks, live or on a free list, share a unit; live and free blocks
+  /// cover the arena exactly and blocks() counts the live ones. In the word
+  /// form there is no arena. O(arena units + sets); for tests.
+  template <class ForEachSet>
+  [[nodiscard]] bool check(ForEachSet&& for_each_set) const {
+    const bool no_free = free_ == no_free_blocks();
+    if (word_form_) return blocks_ == 0U && units_.empty() && no_free;
+    std::vector<bool> used(units_.size(), false);
+    bool ok = true;
+    const auto claim = [&](std::uint64_t off, std::uint32_t k) {
+      const std::size_t units = std::size_t{4} << k;
+      if (k >= free_.size() || off > units_.size() || units > units_.size() - off) {
+        ok = false;
+        return;
+      }
+      for (std::size_t i = 0; i < units; ++i) {
+        if (used[off + i]) ok = false;
+        used[off + i] = true;
+      }
+    };
+    std::size_t live = 0;
+    for_each_set([&](std::uint64_t word, std::uint32_t count) {
+      if (count <= inline_max) return;
+      ++live;
+      if (is_bitset(word) ? class_of(word) != bitset_class_ : units_of(word) < count) ok = false;
+      claim(offset_of(word), class_of(word));
+    });
+    if (live != blocks_) return false;
+    for (std::uint32_t k = 0; k < free_.size() && ok; ++k) {
+      std::size_t steps = 0;  // a cycle would claim some unit twice first
+      for (std::uint64_t off = free_[k]; off != none && ok; off = load_link(off)) {
+        claim(off, k);
+        if (++steps > units_.size()) return false;
+      }
+    }
+    return ok && std::find(used.begin(), used.end(), false) == used.end();
   }
 
   /// Bytes held. O(1).

@@ -41,8 +41,8 @@ struct KvHold {
 };
 
 /// Pool of holds (in pages, so no per-hold headroom) with a free list and
-/// intrusive sibling lists. At most 2^31 - 2 holds (the link's top bit is a
-/// flag).
+/// intrusive sibling lists. At most 2^31 - 1 holds, sentinels included (the
+/// link's top bit is a flag).
 class KvHoldStore {
  public:
   /// Hold `h`; the reference is invalidated by release() of the last hold. O(1).
@@ -78,12 +78,20 @@ class KvHoldStore {
   }
 
   /// Makes the next `extra` allocate() calls non-allocating (so they cannot
-  /// throw). Strong guarantee; std::length_error past 2^31 - 2 holds.
+  /// throw). Strong guarantee; std::length_error past 2^31 - 1 holds.
   void reserve_extra(std::size_t extra) {
     if (extra <= free_count_) return;
     if (extra - free_count_ > max_holds - holds_.size())
       throw std::length_error("kv index: too many blocks");
     holds_.reserve(holds_.size() + extra - free_count_);
+  }
+
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    return extra - free_count_ <= max_holds - holds_.size() &&
+           extra - free_count_ <= holds_.capacity() - holds_.size();
   }
 
   /// A new hold and its element, as allocate_child() returns them.
@@ -157,6 +165,16 @@ class KvHoldStore {
   /// is_free() of the hold whose element is `x`. O(1).
   [[nodiscard]] static bool is_free(const KvHold& x) noexcept {
     return x.node == kv_npos;
+  }
+
+  /// Checks the pool's bookkeeping: the free list holds free holds only,
+  /// free_count of them, and every hold is live or free. O(pool size); for
+  /// tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t h = free_head_; h != kv_npos; h = holds_[h].next)
+      if (h >= holds_.size() || !is_free(h) || ++free > free_count_) return false;
+    return free == free_count_ && live_ + free_count_ == holds_.size();
   }
 
   /// Holds in use (sentinels included). O(1).

@@ -28,12 +28,17 @@ class KvPagedArray {
 
   /// An empty array; owns no memory. O(1).
   KvPagedArray() noexcept = default;
-  /// A deep copy. O(size).
+  /// A deep copy (same capacity). O(size).
   KvPagedArray(const KvPagedArray& other) : size_(0) {
     pages_.reserve(other.pages_.size());
+    // Only the elements appended are copied: the rest of a page was never
+    // written (reading it would copy indeterminate values).
+    std::size_t left = other.size_;
     for (const auto& p : other.pages_) {
       pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
-      std::copy_n(p.get(), page_size, pages_.back().get());
+      const std::size_t n = std::min(left, page_size);
+      std::copy_n(p.get(), n, pages_.back().get());
+      left -= n;
     }
     size_ = other.size_;
   }

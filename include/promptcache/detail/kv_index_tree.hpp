@@ -206,9 +206,31 @@ class KvNodeStore {
     rows_.reserve(have + extra - free_count_);
   }
 
+  /// True when reserve_extra(extra) would allocate nothing (and not throw).
+  /// O(1).
+  [[nodiscard]] bool fits_extra(std::size_t extra) const noexcept {
+    if (extra <= free_count_) return true;
+    const std::size_t have = std::max<std::size_t>(rows(), 1U);
+    return extra - free_count_ <= max_rows - have && have + extra - free_count_ <= rows_.capacity();
+  }
+
   /// Makes the next `extra` set() calls allocation-free. Strong guarantee.
   void reserve_holders(std::size_t extra) {
     holders_.reserve(extra);
+  }
+  /// True when reserve_holders(extra) would allocate nothing. O(1).
+  [[nodiscard]] bool fits_holders(std::size_t extra) const noexcept {
+    return holders_.fits(extra);
+  }
+  /// Makes set() calls allocation-free whose holder_insert_units() add up to
+  /// `units`. Strong guarantee.
+  void reserve_holder_units(std::size_t units) {
+    holders_.reserve_room(units);
+  }
+  /// Holder-set room a set() on a node with `count` holders may take. O(log
+  /// count).
+  [[nodiscard]] std::size_t holder_insert_units(std::uint32_t count) const noexcept {
+    return holders_.insert_units(count);
   }
 
   /// A new node (holder count 0, no holders). Call reserve_extra first to make
@@ -320,6 +342,22 @@ class KvNodeStore {
   [[nodiscard]] std::size_t holder_memory_bytes() const noexcept {
     return holders_.memory_bytes();
   }
+  /// Checks the pool's bookkeeping: the free list holds free rows only,
+  /// free_count of them, every row is the root, live or free, and the holder
+  /// arena matches the rows' sets (KvHolderSets::check). O(rows + arena);
+  /// for tests.
+  [[nodiscard]] bool check_pool() const {
+    std::size_t free = 0;
+    for (std::uint32_t f = free_head_; f != kv_npos; f = parent(f))
+      if (f == 0U || f >= rows() || count(f) != 0U || ++free > free_count_) return false;
+    if (free != free_count_) return false;
+    if (rows() == 0U ? live_ != 0U : live_ + free_count_ + 1U != rows()) return false;
+    return holders_.check([&](const auto& f) {
+      for (std::uint32_t n = 1; n < rows(); ++n)
+        f(rows_[n].holders, count(n));
+    });
+  }
+
   /// True when `n` is a live non-root node (for invariant checks). O(1).
   [[nodiscard]] bool is_live(std::uint32_t n) const noexcept {
     return n != 0U && n < rows() && count(n) != 0U;
@@ -497,6 +535,19 @@ class KvTree {
     nodes_.reserve_holders(blocks);
     edges_.reserve_extra(blocks);
   }
+  /// True when reserve(blocks) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t blocks) const noexcept {
+    return nodes_.fits_extra(blocks) && edges_.fits_extra(blocks) && nodes_.fits_holders(blocks);
+  }
+  /// Makes the next `nodes` add_child() calls, and holder additions to
+  /// existing nodes whose holder_insert_units() add up to `holder_units`,
+  /// allocation-free (a new node's first holder needs no room). Strong
+  /// guarantee.
+  void reserve_exact(std::size_t nodes, std::size_t holder_units) {
+    nodes_.reserve_extra(nodes);
+    nodes_.reserve_holder_units(holder_units);
+    edges_.reserve_extra(nodes);
+  }
 
   /// A new child of `parent` (no holders) with path hash `path` (absent).
   /// Requires room from reserve() (one node per call since); then it cannot
@@ -551,7 +602,7 @@ class KvTree {
           child_path(nodes_.path_hash(nodes_.parent(n)), nodes_.tokens_hash(n)))
         return false;
     }
-    return live == nodes_.live() && edges_.size() == live && edges_.check();
+    return live == nodes_.live() && edges_.size() == live && edges_.check() && nodes_.check_pool();
   }
 
   /// Bytes held. O(1).
