@@ -105,6 +105,7 @@ TEST_CASE("synchronized pool: single-threaded behaviour matches the plain pool")
     bool keep_one_token;
     std::size_t min_match_tokens;
   };
+  std::uint32_t seed = 0;
   for (const Config& cfg : {Config{MatchMode::exact_prefix, 0, false, 0},
                             Config{MatchMode::common_prefix, 40, false, 2},
                             Config{MatchMode::exact_prefix, 60, true, 0},
@@ -124,7 +125,7 @@ TEST_CASE("synchronized pool: single-threaded behaviour matches the plain pool")
     CHECK(sync.options().max_entries == plain.options().max_entries);
     CHECK(sync.options().max_bytes == plain.options().max_bytes);
 
-    std::mt19937 rng(static_cast<std::uint32_t>(cfg.max_bytes * 3 + cfg.min_match_tokens));
+    std::mt19937 rng(++seed);
     auto rnd = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
     // Half the operations name ids inserted recently (in their namespace, mostly), so that
     // lookups, pins and erases find something; the rest name random ids.
