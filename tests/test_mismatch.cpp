@@ -235,9 +235,7 @@ void check_copy(Search search) {
         }
         Id* dst = place_dst.in<Id>(page_dst, n);
         // The elements of dst's page around [0, n): all must stay unset but the copied ones.
-        Id* lo =
-            std::max(dst - std::min(kMargin, static_cast<std::size_t>(dst - page_dst.front<Id>(0))),
-                     page_dst.front<Id>(0));
+        Id* lo = dst - std::min(kMargin, static_cast<std::size_t>(dst - page_dst.front<Id>(0)));
         Id* hi =
             dst + n + std::min(kMargin, static_cast<std::size_t>(page_dst.back<Id>(0) - (dst + n)));
         for (std::size_t diff = 0; diff <= n; ++diff) {

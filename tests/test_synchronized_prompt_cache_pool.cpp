@@ -507,10 +507,15 @@ void stress(const StressConfig& cfg, int ops_per_thread) {
         }
         if (s.pinned_entries < pinned_floor || s.pinned_entries > s.entries) fail();
         if (rnd(64) == 0) pool.check_invariants();
+      } else if (what < 87) {
+        // The anchors alone hold 8 entries and 24 bytes. One read-only call per operation, so
+        // that it follows lock-free work: a call right after another locked one would be
+        // ordered after most other threads' writes even if it took no lock itself.
+        if (pool.size() < pinned_floor) fail();
+      } else if (what < 88) {
+        const bool empty = pool.empty();
+        if (empty && pinned_floor != 0) fail();
       } else if (what < 90) {
-        // The anchors alone hold 8 entries and 24 bytes.
-        const std::size_t n = pool.size();
-        if (n < pinned_floor || (pinned_floor != 0 && pool.empty())) fail();
         if (pool.bytes() < 3 * pinned_floor) fail();
         if (pool.options().max_entries != kMaxEntries) fail();
       } else if (what < 92) {
@@ -597,7 +602,7 @@ struct ThrowingClock {
   using duration = std::chrono::nanoseconds;
   using time_point = std::chrono::time_point<ThrowingClock>;
   static constexpr bool is_steady = true;
-  ManualClock time;
+  ManualClock time;  // the time it reports when it does not throw
   [[nodiscard]] time_point now() const {
     if (g_clock_throws.load()) throw std::runtime_error("clock failed");
     return time_point(time.now().time_since_epoch());
@@ -610,6 +615,8 @@ struct ThrowingBytes {
     return l.bytes;
   }
 };
+
+static_assert(ThrowingClock::is_steady);
 
 using ThrowingPool =
     promptcache::SynchronizedPromptCachePool<Layer, std::uint32_t, ThrowingClock, ThrowingBytes>;
