@@ -60,7 +60,7 @@ class GuardedPage {
   GuardedPage(const GuardedPage&) = delete;
   GuardedPage& operator=(const GuardedPage&) = delete;
 
-  // `count` elements of T starting `off` elements after the inaccessible memory in front.
+  // Elements of T from `off` elements after the inaccessible memory in front.
   template <class T>
   T* front(std::size_t off) const {
     return reinterpret_cast<T*>(begin_) + off;
@@ -69,12 +69,6 @@ class GuardedPage {
   template <class T>
   T* back(std::size_t count) const {
     return reinterpret_cast<T*>(begin_ + size_) - count;
-  }
-  unsigned char* begin() const {
-    return begin_;
-  }
-  unsigned char* end() const {
-    return begin_ + size_;
   }
 
  private:
