@@ -605,33 +605,52 @@ TEST_CASE("synchronized pool: every member is ordered after another thread's las
   o.ttl = 1s;
   Pool pool(o, clock);
   auto ids_of = [](int round) { return Ids{1, 2, static_cast<std::uint32_t>(round) + 10}; };
-  using Member = void (*)(Pool&, const Ids&);
+  // Each returns something of its result, summed below: a discarded result could let the
+  // compiler drop the very read that ThreadSanitizer is to see.
+  using Member = std::size_t (*)(Pool&, const Ids&);
   const std::vector<Member> members{
-      [](Pool& p, const Ids&) { (void)p.size(); },
-      [](Pool& p, const Ids&) { (void)p.empty(); },
-      [](Pool& p, const Ids&) { (void)p.bytes(); },
-      [](Pool& p, const Ids&) { (void)p.stats(); },
-      [](Pool& p, const Ids&) { (void)p.memory_usage(); },
-      [](Pool& p, const Ids& ids) { (void)p.find_exact(ids); },
-      [](Pool& p, const Ids& ids) { (void)p.is_pinned(ids); },
-      [](Pool& p, const Ids& ids) { (void)p.find_longest_prefix(ids); },
-      [](Pool& p, const Ids& ids) { (void)p.pin(ids); },
-      [](Pool& p, const Ids& ids) { (void)p.unpin(ids); },
+      [](Pool& p, const Ids&) { return p.size(); },
+      [](Pool& p, const Ids&) { return std::size_t{p.empty()}; },
+      [](Pool& p, const Ids&) { return p.bytes(); },
+      [](Pool& p, const Ids&) { return std::size_t{p.stats().entries}; },
+      [](Pool& p, const Ids&) { return p.memory_usage().index_bytes; },
       [](Pool& p, const Ids& ids) {
-        (void)p.erase(Ids{ids[0], ids[1], 9999});
+        const auto e = p.find_exact(ids);
+        return e ? e->ids.size() : 0;
       },
-      [](Pool& p, const Ids&) { (void)p.erase_namespace(5); },
-      [](Pool& p, const Ids&) { (void)p.evict_expired(); },
-      [](Pool& p, const Ids&) { p.reset_stats(); },
-      [](Pool& p, const Ids&) { p.check_invariants(); },
+      [](Pool& p, const Ids& ids) { return std::size_t{p.is_pinned(ids)}; },
       [](Pool& p, const Ids& ids) {
-        (void)p.insert({ids[0], ids[1], ids[2], 7}, payload({ids[0], ids[1], ids[2], 7}, 1));
+        const auto hit = p.find_longest_prefix(ids);
+        return hit ? hit->matched : 0;
+      },
+      [](Pool& p, const Ids& ids) { return std::size_t{p.pin(ids)}; },
+      [](Pool& p, const Ids& ids) { return std::size_t{p.unpin(ids)}; },
+      [](Pool& p, const Ids& ids) {
+        return std::size_t{p.erase(Ids{ids[0], ids[1], 9999})};
+      },
+      [](Pool& p, const Ids&) { return p.erase_namespace(5); },
+      [](Pool& p, const Ids&) { return p.evict_expired(); },
+      [](Pool& p, const Ids&) {
+        p.reset_stats();
+        return std::size_t{0};
+      },
+      [](Pool& p, const Ids&) {
+        p.check_invariants();
+        return std::size_t{0};
       },
       [](Pool& p, const Ids& ids) {
-        (void)p.insert_or_update({ids[0], ids[1], ids[2], 8},
-                                 payload({ids[0], ids[1], ids[2], 8}, 1), 0, 0, false);
+        const Ids longer{ids[0], ids[1], ids[2], 7};
+        return static_cast<std::size_t>(p.insert(longer, payload(longer, 1)));
       },
-      [](Pool& p, const Ids&) { p.clear(); },
+      [](Pool& p, const Ids& ids) {
+        const Ids longer{ids[0], ids[1], ids[2], 8};
+        return static_cast<std::size_t>(
+            p.insert_or_update(longer, payload(longer, 1), 0, 0, false));
+      },
+      [](Pool& p, const Ids&) {
+        p.clear();
+        return std::size_t{0};
+      },
   };
   const int rounds = static_cast<int>(members.size()) * 10;
   std::atomic<int> written{0};  // rounds the writer has finished (relaxed: orders nothing)
@@ -645,16 +664,18 @@ TEST_CASE("synchronized pool: every member is ordered after another thread's las
         std::this_thread::yield();
     }
   });
+  std::size_t observed = 0;
   for (int r = 0; r < rounds; ++r) {
     while (written.load(std::memory_order_relaxed) <= r)
       std::this_thread::yield();
     const Ids ids = ids_of(r);
     for (std::size_t k = 0; k < members.size(); ++k) {
-      members[(static_cast<std::size_t>(r) + k) % members.size()](pool, ids);
+      observed += members[(static_cast<std::size_t>(r) + k) % members.size()](pool, ids);
     }
     read.store(r + 1, std::memory_order_relaxed);
   }
   writer.join();
+  CHECK(observed > 0);  // the writer's entries were seen (size, bytes, lookups...)
   pool.check_invariants();
   CHECK(pool.size() <= o.max_entries);
 }
