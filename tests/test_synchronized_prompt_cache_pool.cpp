@@ -595,7 +595,7 @@ TEST_CASE("synchronized pool: every member is ordered after another thread's las
   // two exchange only relaxed atomics, which order nothing. So the reader's first call of a
   // round is ordered after the writer's change only by the pool's lock: a member that skipped
   // it would touch the changed memory unordered, which ThreadSanitizer reports every time.
-  // Each round starts at the next member, so each comes first in 10 rounds. (Outside the tsan
+  // Each round starts at the next member, so each comes first in 4 rounds. (Outside the tsan
   // preset this checks only that the pool stays consistent.)
   ManualClock clock;
   Pool::Options o;
@@ -652,7 +652,7 @@ TEST_CASE("synchronized pool: every member is ordered after another thread's las
         return std::size_t{0};
       },
   };
-  const int rounds = static_cast<int>(members.size()) * 10;
+  const int rounds = static_cast<int>(members.size()) * 4;
   std::atomic<int> written{0};  // rounds the writer has finished (relaxed: orders nothing)
   std::atomic<int> read{0};     // rounds the reader has finished (relaxed)
   std::thread writer([&] {
