@@ -13,6 +13,10 @@
 
 #include "catch.hpp"
 
+#if defined(__linux__)
+#include <time.h>
+#endif
+
 namespace {
 
 using promptcache::CoarseSteadyClock;
@@ -57,6 +61,53 @@ TEST_CASE("CoarseSteadyClock is monotonic over many reads") {
     prev = t;
   }
   CHECK(backwards == 0);
+}
+
+namespace {
+
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+// The clock the header reads, straight from the kernel, in nanoseconds.
+std::int64_t raw_coarse_ns() {
+  timespec ts{};
+  REQUIRE(::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + static_cast<std::int64_t>(ts.tv_nsec);
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("CoarseSteadyClock counts the source clock's time in nanoseconds") {
+  // A value check, not a timing one: a reading lies between two readings of the source clock
+  // taken around it, which a wrong unit or a wrong epoch would not.
+  for (int i = 0; i < 1000; ++i) {
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+    const std::int64_t before = raw_coarse_ns();
+    const std::int64_t now = CoarseSteadyClock::now().time_since_epoch().count();
+    const std::int64_t after = raw_coarse_ns();
+#else
+    const auto source = [] {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    const std::int64_t before = source();
+    const std::int64_t now = CoarseSteadyClock::now().time_since_epoch().count();
+    const std::int64_t after = source();
+#endif
+    if (now < before || now > after) {
+      INFO("source before " << before << " ns, CoarseSteadyClock " << now << " ns, source after "
+                            << after << " ns");
+      REQUIRE(before <= now);
+      REQUIRE(now <= after);
+    }
+  }
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+  timespec res{};
+  REQUIRE(::clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0);
+  CHECK(CoarseSteadyClock::resolution().count() ==
+        static_cast<std::int64_t>(res.tv_sec) * 1000000000 +
+            static_cast<std::int64_t>(res.tv_nsec));
+#endif
 }
 
 TEST_CASE("CoarseSteadyClock reports a positive resolution") {

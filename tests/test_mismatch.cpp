@@ -1,15 +1,24 @@
 // Tests of detail::mismatch, the first-differing-byte search under common-prefix lookups: a
 // wrong position would be a wrong Hit::matched, so every stage (AVX2, SSE2, 8-byte words,
 // bytes) is checked against a byte loop at every length, difference position and alignment
-// that crosses its step boundaries.
+// that crosses its step boundaries. The inputs sit against inaccessible memory, so a vector
+// load that strays outside [0, n) faults instead of reading slack.
 #include <promptcache/detail/mismatch.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <ostream>
 #include <vector>
 
 #include "catch.hpp"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define PROMPTCACHE_TEST_GUARD_PAGES 1
+#endif
 
 namespace {
 
@@ -22,25 +31,94 @@ std::size_t reference(const unsigned char* a, const unsigned char* b, std::size_
   return i;
 }
 
-// Buffers with slack in front, so the same contents can start at every offset in a vector
-// register (the loads are unaligned; this makes sure of it).
-struct Buffers {
-  std::vector<unsigned char> a, b;
-  explicit Buffers(std::size_t n) : a(n + 64), b(n + 64) {}
+// A page of memory between two inaccessible pages (POSIX): a read or write before its first
+// byte or past its last one faults, where slack around the data would hide it. Elsewhere, a
+// heap block of exactly one page, whose ends AddressSanitizer guards.
+class GuardedPage {
+ public:
+  GuardedPage() {
+#if defined(PROMPTCACHE_TEST_GUARD_PAGES)
+    size_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    void* p =
+        ::mmap(nullptr, 3 * size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    mapping_ = static_cast<unsigned char*>(p);
+    REQUIRE(::mprotect(mapping_, size_, PROT_NONE) == 0);
+    REQUIRE(::mprotect(mapping_ + 2 * size_, size_, PROT_NONE) == 0);
+    begin_ = mapping_ + size_;
+#else
+    size_ = 4096;
+    heap_ = std::make_unique<unsigned char[]>(size_);
+    begin_ = heap_.get();
+#endif
+  }
+  ~GuardedPage() {
+#if defined(PROMPTCACHE_TEST_GUARD_PAGES)
+    ::munmap(mapping_, 3 * size_);
+#endif
+  }
+  GuardedPage(const GuardedPage&) = delete;
+  GuardedPage& operator=(const GuardedPage&) = delete;
+
+  // Elements of T from `off` elements after the inaccessible memory in front.
+  template <class T>
+  T* front(std::size_t off) const {
+    return reinterpret_cast<T*>(begin_) + off;
+  }
+  // `count` elements of T ending right at the inaccessible memory behind.
+  template <class T>
+  T* back(std::size_t count) const {
+    return reinterpret_cast<T*>(begin_ + size_) - count;
+  }
+
+ private:
+  std::size_t size_ = 0;
+  unsigned char* begin_ = nullptr;
+#if defined(PROMPTCACHE_TEST_GUARD_PAGES)
+  unsigned char* mapping_ = nullptr;
+#else
+  std::unique_ptr<unsigned char[]> heap_;
+#endif
+};
+
+// Where a buffer of n elements sits in its page: against the inaccessible memory behind it
+// (an over-read faults; its start's alignment changes with n), or `off` elements after the
+// inaccessible memory in front (an under-read faults when off is 0; a fixed alignment).
+struct Place {
+  bool back;
+  std::size_t off;
+  template <class T>
+  T* in(const GuardedPage& page, std::size_t n) const {
+    return back ? page.back<T>(n) : page.front<T>(off);
+  }
+};
+constexpr Place kBack{true, 0};
+constexpr Place front(std::size_t off) {
+  return Place{false, off};
+}
+
+std::ostream& operator<<(std::ostream& os, const Place& p) {
+  return p.back ? os << "back" : os << "front+" << p.off;
+}
+
+// Where the three input arrays of mismatch_copy sit.
+struct Layout {
+  Place a, b, src;
 };
 
 // Every length up to 300 bytes (past four 64-byte steps and every tail), every difference
-// position (and none), at three alignments of each buffer.
+// position (and none), with each buffer against the inaccessible memory behind it (so at
+// every alignment as n grows) or in front of it, or at a fixed offset.
 template <class Search>
 void check_all(Search search) {
   constexpr std::size_t kMax = 300;
-  Buffers buf(kMax);
+  const GuardedPage page_a, page_b;
   std::size_t checked = 0;
-  for (std::size_t off_a : {std::size_t{0}, std::size_t{1}, std::size_t{13}}) {
-    for (std::size_t off_b : {std::size_t{0}, std::size_t{7}, std::size_t{32}}) {
+  for (const Place place_a : {kBack, front(0), front(13)}) {
+    for (const Place place_b : {kBack, front(0), front(7)}) {
       for (std::size_t n = 0; n <= kMax; ++n) {
-        unsigned char* a = buf.a.data() + off_a;
-        unsigned char* b = buf.b.data() + off_b;
+        unsigned char* a = place_a.in<unsigned char>(page_a, n);
+        unsigned char* b = place_b.in<unsigned char>(page_b, n);
         for (std::size_t i = 0; i < n; ++i)
           a[i] = b[i] = static_cast<unsigned char>((i * 37 + 11) & 0xFF);
         // Also diff == n: equal buffers.
@@ -51,8 +129,8 @@ void check_all(Search search) {
           // One assertion per failure, not per case: 400,000 cases stay fast under ASan.
           const std::size_t got = search(a, b, n);
           if (got != diff || reference(a, b, n) != diff) {
-            INFO("offsets " << off_a << "/" << off_b << ", n " << n << ", first difference "
-                            << diff);
+            INFO("a at " << place_a << ", b at " << place_b << ", n " << n << ", first difference "
+                         << diff);
             REQUIRE(got == diff);
           }
           ++checked;
@@ -127,40 +205,47 @@ TEST_CASE("mismatch: tokens wider than a byte report the byte, the caller divide
 namespace {
 
 // mismatch_copy at every length up to 100 elements (past three 32-element steps and every
-// tail), every difference position (and none), at several element offsets of each array:
-// the count must be the first difference, dst must hold src's ids below it and be untouched
-// from it on (a later difference must not be reported instead).
+// tail), every difference position (and none), with the arrays against inaccessible memory
+// behind or in front of them or at element offsets: the count must be the first difference,
+// dst must hold src's ids below it and be untouched from it on (a later difference must not be
+// reported instead), and no array may be read or written outside [0, n).
 template <class Id, class Search>
 void check_copy(Search search) {
   constexpr std::size_t kMax = 100;
+  constexpr std::size_t kMargin = 16;  // dst elements checked on each side of [0, n)
   constexpr Id unset = static_cast<Id>(0x5A5A5A5A5A5A5A5AULL);
-  std::vector<std::uint32_t> abuf(kMax + 8), bbuf(kMax + 8);
-  std::vector<Id> sbuf(kMax + 8), dbuf(kMax + 16);
+  const GuardedPage page_a, page_b, page_src, page_dst;
   std::size_t checked = 0;
-  for (std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
-    for (std::size_t off_d : {std::size_t{0}, std::size_t{5}}) {
-      std::uint32_t* a = abuf.data() + off;
-      std::uint32_t* b = bbuf.data() + (off + 2) % 4;
-      const Id* src = sbuf.data() + (off + 1) % 4;
-      for (std::size_t i = 0; i < kMax; ++i) {
-        a[i] = b[i] = static_cast<std::uint32_t>(i * 2654435761U);
-        sbuf[i + (off + 1) % 4] = static_cast<Id>(1000 + i);
-      }
+  for (const Layout& at : {Layout{kBack, kBack, kBack}, Layout{front(0), front(2), front(1)},
+                           Layout{front(1), kBack, front(3)}, Layout{kBack, front(3), kBack}}) {
+    for (const Place place_dst : {kBack, front(0), front(5)}) {
       for (std::size_t n = 0; n <= kMax; ++n) {
+        std::uint32_t* a = at.a.in<std::uint32_t>(page_a, n);
+        std::uint32_t* b = at.b.in<std::uint32_t>(page_b, n);
+        Id* src = at.src.in<Id>(page_src, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          a[i] = b[i] = static_cast<std::uint32_t>(i * 2654435761U);
+          src[i] = static_cast<Id>(1000 + i);
+        }
+        Id* dst = place_dst.in<Id>(page_dst, n);
+        // The elements of dst's page around [0, n): all must stay unset but the copied ones.
+        Id* lo = dst - std::min(kMargin, static_cast<std::size_t>(dst - page_dst.front<Id>(0)));
+        Id* hi =
+            dst + n + std::min(kMargin, static_cast<std::size_t>(page_dst.back<Id>(0) - (dst + n)));
         for (std::size_t diff = 0; diff <= n; ++diff) {
           if (diff < n) b[diff] ^= 0x00010000U;
           if (diff + 3 < n) b[diff + 3] ^= 1U;
-          std::fill(dbuf.begin(), dbuf.end(), unset);
-          Id* dst = dbuf.data() + off_d;
-          const std::size_t got = search(a, b, src, dst, n);
+          std::fill(lo, hi, unset);
+          const std::size_t got = search(a, b, static_cast<const Id*>(src), dst, n);
           bool ok = got == diff;
-          for (std::size_t i = 0; i < dbuf.size(); ++i) {
-            const bool written = i >= off_d && i < off_d + diff;
-            ok = ok && dbuf[i] == (written ? src[i - off_d] : unset);
+          for (Id* p = lo; p != hi; ++p) {
+            const bool written = p >= dst && p < dst + diff;
+            ok = ok && *p == (written ? src[p - dst] : unset);
           }
           if (!ok) {
-            INFO("offset " << off << "/" << off_d << ", n " << n << ", first difference " << diff
-                           << ", got " << got);
+            INFO("a at " << at.a << ", b at " << at.b << ", src at " << at.src << ", dst at "
+                         << place_dst << ", n " << n << ", first difference " << diff << ", got "
+                         << got);
             REQUIRE(ok);
           }
           ++checked;
@@ -170,7 +255,7 @@ void check_copy(Search search) {
       }
     }
   }
-  CHECK(checked > 30000);
+  CHECK(checked > 60000);
 }
 
 }  // namespace
@@ -202,23 +287,30 @@ TEST_CASE("mismatch_copy: the fused AVX2 pass alone, where the CPU has AVX2") {
 TEST_CASE("mismatch_copy: dst may be b's own storage, the ids overwriting the tokens they match") {
   // A caller matching into the query's buffer: every lane compared before its id lands there.
   constexpr std::size_t kMax = 100;
-  std::vector<std::uint32_t> a(kMax), b(kMax), src(kMax);
-  for (std::size_t i = 0; i < kMax; ++i) {
-    a[i] = static_cast<std::uint32_t>(i * 2654435761U);
-    src[i] = static_cast<std::uint32_t>(1000 + i);
-  }
-  for (std::size_t n = 0; n <= kMax; ++n) {
-    for (std::size_t diff = 0; diff <= n; ++diff) {
-      std::copy(a.begin(), a.end(), b.begin());
-      if (diff < n) b[diff] ^= 0x00010000U;
-      const std::vector<std::uint32_t> query = b;
-      const std::size_t got = d::mismatch_copy(a.data(), b.data(), src.data(), b.data(), n);
-      bool ok = got == diff;
-      for (std::size_t i = 0; i < kMax; ++i)
-        ok = ok && b[i] == (i < diff ? src[i] : query[i]);
-      if (!ok) {
-        INFO("n " << n << ", first difference " << diff << ", got " << got);
-        REQUIRE(ok);
+  const GuardedPage page_a, page_b, page_src;
+  for (const Place place_b : {kBack, front(0)}) {
+    for (std::size_t n = 0; n <= kMax; ++n) {
+      std::uint32_t* a = page_a.back<std::uint32_t>(n);
+      std::uint32_t* src = page_src.back<std::uint32_t>(n);
+      std::uint32_t* b = place_b.in<std::uint32_t>(page_b, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        a[i] = static_cast<std::uint32_t>(i * 2654435761U);
+        src[i] = static_cast<std::uint32_t>(1000 + i);
+      }
+      for (std::size_t diff = 0; diff <= n; ++diff) {
+        std::copy(a, a + n, b);
+        if (diff < n) b[diff] ^= 0x00010000U;
+        const std::vector<std::uint32_t> query(b, b + n);
+        const std::size_t got =
+            d::mismatch_copy(a, b, static_cast<const std::uint32_t*>(src), b, n);
+        bool ok = got == diff;
+        for (std::size_t i = 0; i < n; ++i)
+          ok = ok && b[i] == (i < diff ? src[i] : query[i]);
+        if (!ok) {
+          INFO((place_b.back ? "b at the back" : "b at the front")
+               << ", n " << n << ", first difference " << diff << ", got " << got);
+          REQUIRE(ok);
+        }
       }
     }
   }

@@ -15,3 +15,12 @@ TEST_CASE("version macros match the version CMake configured", "[version]") {
   CHECK(PROMPTCACHE_VERSION == PROMPTCACHE_VERSION_MAJOR * 10000 + PROMPTCACHE_VERSION_MINOR * 100 +
                                    PROMPTCACHE_VERSION_PATCH);
 }
+
+TEST_CASE("PROMPTCACHE_VERSION decodes back into its parts and orders versions", "[version]") {
+  // Two decimal digits each for minor and patch: the packing is reversible.
+  CHECK(PROMPTCACHE_VERSION / 10000 == PROMPTCACHE_VERSION_MAJOR);
+  CHECK(PROMPTCACHE_VERSION / 100 % 100 == PROMPTCACHE_VERSION_MINOR);
+  CHECK(PROMPTCACHE_VERSION % 100 == PROMPTCACHE_VERSION_PATCH);
+  STATIC_REQUIRE(PROMPTCACHE_VERSION_MINOR < 100);
+  STATIC_REQUIRE(PROMPTCACHE_VERSION_PATCH < 100);
+}

@@ -15,8 +15,15 @@
 #define PROMPTCACHE_VERSION_MINOR 2
 #define PROMPTCACHE_VERSION_PATCH 0
 
-/// The version as one comparable integer: major * 10000 + minor * 100 + patch.
+/// The version as one comparable integer: major * 10000 + minor * 100 + patch. Minor and
+/// patch get two decimal digits each, so they stay below 100 (checked below): a minor of 100
+/// would read as the next major version.
 #define PROMPTCACHE_VERSION \
   (PROMPTCACHE_VERSION_MAJOR * 10000 + PROMPTCACHE_VERSION_MINOR * 100 + PROMPTCACHE_VERSION_PATCH)
+
+static_assert(PROMPTCACHE_VERSION_MAJOR >= 0 && PROMPTCACHE_VERSION_MINOR >= 0 &&
+                  PROMPTCACHE_VERSION_MINOR < 100 && PROMPTCACHE_VERSION_PATCH >= 0 &&
+                  PROMPTCACHE_VERSION_PATCH < 100,
+              "PROMPTCACHE_VERSION packs minor and patch into two decimal digits each");
 
 #endif  // PROMPTCACHE_VERSION_HPP
