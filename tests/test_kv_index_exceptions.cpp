@@ -163,6 +163,33 @@ TEST_CASE("store: strong guarantee", "[kv_index]") {
             expect(index.apply(Fresh, stored(0, {1, 2, 30})).ok());
           }) >= 1);
   }
+  SECTION("a chain longer than a page of holds") {
+    // More new holds than the worker's first page has room for: the store
+    // must reserve the next page before its first change.
+    Hashes chain;
+    for (std::uint64_t i = 0; i < 5000; ++i)
+      chain.push_back(100 + i);
+    CHECK(fail_every_allocation(KvGapPolicy::report, [&](KvIndex& index) {
+            expect(index.apply(A, stored(2, chain, 1004)).ok());
+          }) >= 1);
+  }
+  SECTION("a third holder on shared nodes past the word form") {
+    // 3 + 62 = 65 ranks: holder sets are sparse. Two holders sit in each
+    // node's row; a third spills every set of the chain to the arena, which
+    // the store must reserve before its first change.
+    CHECK(
+        fail_every_allocation(
+            KvGapPolicy::report,
+            [](KvIndex& index) {
+              expect(index.apply(KvWorker{502, 0}, stored(1, {200, 201, 202, 203, 204, 205})).ok());
+            },
+            62,
+            [](KvIndex& index) {
+              for (std::uint64_t w = 500; w < 502; ++w)
+                REQUIRE(
+                    index.apply(KvWorker{w, 0}, stored(1, {200, 201, 202, 203, 204, 205})).ok());
+            }) >= 1);
+  }
   SECTION("a new worker whose slot ends the word form") {
     // 61 + 3 = 64 ranks fill the word form; nodes 1..3 get a third holder
     // first, so the switch to the sparse form must spill them to the arena.
@@ -250,6 +277,40 @@ TEST_CASE("degraded mode: a gap's reset happens only with the event", "[kv_index
               [](KvIndex& index) {  // B alone holds blocks
                 REQUIRE(index.remove_worker(A));
                 REQUIRE(index.remove_worker(C));
+              }) >= 1);
+  }
+  SECTION("a reset and a chain longer than a page of holds") {
+    Hashes chain;
+    for (std::uint64_t i = 0; i < 5000; ++i)
+      chain.push_back(100 + i);
+    CHECK(fail_every_allocation(KvGapPolicy::reset_and_apply, [&](KvIndex& index) {
+            const auto r = index.apply(A, stored(7, chain));
+            expect(r.ok() && r.view_reset);
+          }) >= 1);
+  }
+  SECTION("a reset that returns a holder set to its row, and the store that spills it again") {
+    // 3 + 127 = 130 ranks: spilled sets are bitsets. Nodes 301 and 302 have
+    // five holders, then three; the reset takes worker 502's holder back out,
+    // which returns their sets to the row and frees their bitsets, and the
+    // small blocks freed earlier are used up by other sets. Re-adding 502's
+    // holder then needs new arena room, which the store must reserve before
+    // the reset.
+    CHECK(fail_every_allocation(
+              KvGapPolicy::reset_and_apply,
+              [](KvIndex& index) {
+                const auto r = index.apply(KvWorker{502, 0}, stored(5, {301, 302}));
+                expect(r.ok() && r.view_reset);
+              },
+              127,
+              [](KvIndex& index) {
+                for (std::uint64_t w = 500; w < 627; ++w)
+                  REQUIRE(index.apply(KvWorker{w, 0}, stored(1, {5000 + w})).ok());
+                for (std::uint64_t w = 500; w < 505; ++w)
+                  REQUIRE(index.apply(KvWorker{w, 0}, stored(2, {301, 302})).ok());
+                for (std::uint64_t w = 503; w < 505; ++w)
+                  REQUIRE(index.apply(KvWorker{w, 0}, KvEvent{3, kv_event::Removed{{1301}}}).ok());
+                for (std::uint64_t w = 510; w < 513; ++w)
+                  REQUIRE(index.apply(KvWorker{w, 0}, stored(2, {311, 312})).ok());
               }) >= 1);
   }
   SECTION("a store back onto holder sets that the reset shrank") {
