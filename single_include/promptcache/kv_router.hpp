@@ -3541,7 +3541,9 @@ class KvIndex {
     auto& names = workers_[slot].names;
     if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
     // Otherwise the store reserves only what it can add, so an idempotent
-    // re-store grows nothing and new nodes take no holder-set room.
+    // re-store grows nothing (unless pick_table_load switched the tables to the
+    // roomy load: it counts every block of the event) and new nodes take no
+    // holder-set room.
     const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
     tree_.reserve_exact(need.nodes, need.holder_units);
     // After a reset a chained event finds no parent: it adds nothing.
