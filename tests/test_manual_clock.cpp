@@ -15,6 +15,23 @@
 using namespace std::chrono_literals;
 using promptcache::ManualClock;
 
+namespace {
+
+// Four threads advance copies of `clock` (which share its time) by 1 ns, 1000 times each.
+void advance_from_four_threads(const ManualClock& clock) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([clock] {
+      for (int i = 0; i < 1000; ++i)
+        clock.advance(1ns);
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+}
+
+}  // namespace
+
 TEST_CASE("ManualClock starts at the epoch and only moves when told") {
   ManualClock c;
   CHECK(c.now().time_since_epoch() == 0ns);
@@ -42,15 +59,7 @@ TEST_CASE("ManualClock copies share one time; separate clocks do not") {
 
 TEST_CASE("ManualClock can be advanced from several threads") {
   ManualClock clock;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([clock] {
-      for (int i = 0; i < 1000; ++i)
-        clock.advance(1ns);
-    });
-  }
-  for (auto& t : threads)
-    t.join();
+  advance_from_four_threads(clock);
   CHECK(clock.now().time_since_epoch() == 4000ns);
 }
 
@@ -151,15 +160,7 @@ TEST_CASE("ManualClock: concurrent advances near the top all land and saturate")
   // instead of wrapping however they interleave.
   ManualClock clock;
   clock.set(ManualClock::time_point::max() - 3000ns);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([clock] {
-      for (int i = 0; i < 1000; ++i)
-        clock.advance(1ns);
-    });
-  }
-  for (auto& t : threads)
-    t.join();
+  advance_from_four_threads(clock);
   CHECK(clock.now() == ManualClock::time_point::max());
   clock.advance(-4000ns);
   CHECK(clock.now() == ManualClock::time_point::max() - 4000ns);
