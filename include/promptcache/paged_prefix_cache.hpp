@@ -254,10 +254,12 @@ class PagedPrefixCache {
   /// The longest cached page-aligned prefix of `tokens` in namespace `ns`: matched
   /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
-  /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
-  /// cached pages and every answer are unchanged; the walked pages' access metadata may
-  /// have been refreshed. A walk splits at most once, after the split's allocations
-  /// succeed, so a split remains only when growing the result vector throws after it.
+  /// not change). O(T); a split adds a node and one or two blocks and copies the smaller
+  /// part of the node, and the larger too if its block would be at most half live. On
+  /// std::bad_alloc the cached pages and every answer are unchanged; the walked pages'
+  /// access metadata may have been refreshed. A walk splits at most once, after the
+  /// split's allocations succeed, so a split remains only when growing the result vector
+  /// throws after it.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
@@ -633,7 +635,10 @@ class PagedPrefixCache {
       return k < classes ? class_pages_[k] : 0;
   }
 
-  /// Heap bytes held, split into the index and the token ids (capacities). O(1).
+  /// Heap bytes held, split into the index and the token ids (capacities). token_bytes
+  /// stays at most twice the cached tokens (cached_pages() x page_size() x 4), and the page
+  /// ids' share of index_bytes twice the cached ids: a split or trim that would leave a
+  /// block at most half live compacts it (after a trim, unless that allocation fails). O(1).
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
     m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
