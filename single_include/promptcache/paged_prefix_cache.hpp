@@ -6500,9 +6500,10 @@ class PagedPrefixCache {
 
   // One tree node. Pages [off, off + n) of its block are live: a split copies its
   // smaller part to a new block (advancing `off` when the tail stays), a trim lowers
-  // `n`; a block is compacted once less than half of it is live (see split_blocks). `tok` and `ids`
-  // point at the first live page's tokens and id, so a match reads them without the block's layout
-  // arithmetic. Layout: what match() reads and writes on every node of its path (tok, ids, n,
+  // `n`; a block is compacted once at most half of it would be live (see split_blocks).
+  // `tok` and `ids` point at the first live page's tokens and id, so a match reads them
+  // without the block's layout arithmetic.
+  // Layout: what match() reads and writes on every node of its path (tok, ids, n,
   // first_child and, for the common policies, meta) comes first and fills at most 32
   // bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
   // so a walk misses at most once per node. The rest serves insert, evict and locks.
@@ -7005,9 +7006,10 @@ class PagedPrefixCache {
   // The blocks a split of node x after its first k pages needs: the larger part keeps x's
   // block (the head on a tie) and the smaller one is copied to `small`, so a split copies at
   // most half the node; `keep`, when the larger part would fill at most half its block,
-  // receives it too. Every node's block thus stays under twice its live pages, whatever
-  // the splits: a tail that kept its block forever (the head always copied out) would pin
-  // the whole block of a context that is branched off page by page. Throws std::bad_alloc.
+  // receives it too. Every node's block thus stays under twice its live pages (after a
+  // trim, as far as memory allows), whatever the splits: a tail that kept its block forever (the
+  // head always copied out) would pin the whole block of a context that is branched off page by
+  // page. Throws std::bad_alloc.
   struct SplitBlocks {
     std::unique_ptr<unsigned char[]> small;
     std::unique_ptr<unsigned char[]> keep;
