@@ -24,9 +24,12 @@
 // and with events, and the heap growth measured with mallinfo2 around building
 // each structure (token ids subtracted).
 //
-// Usage: paged_prefix_cache [--quick | --only <pages> <page size> [<step>]]
+// Branching (after the table, or alone with --branching): requests branch off one long
+// context at many points; see branching() below.
+//
+// Usage: paged_prefix_cache [--quick | --only <pages> <page size> [<step>] | --branching]
 //   --quick: 10k and 100k pages only; --only: one cell, request lengths in steps of
-//   <step> tokens (default: the page size)
+//   <step> tokens (default: the page size); --branching: the branching table only
 #include <promptcache/paged_prefix_cache.hpp>
 
 #include <algorithm>
@@ -34,8 +37,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -315,10 +321,132 @@ Row run(std::size_t target_pages, std::size_t ps, std::size_t step) {
   return row;
 }
 
+// Heap in use, mmapped chunks included (a long context's block may be one).
+std::size_t heap_with_mmap() {
+#if defined(__GLIBC__)
+  const auto m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+#else
+  return 0;
+#endif
+}
+
+struct BranchRow {
+  std::size_t ps = 0, points = 0;
+  bool random = false;
+  double match_ns = 0, match_page_ns = 0, insert_ns = 0;
+  double block_ratio = 0;  // memory().token_bytes over the cached pages' token bytes
+  double heap_mb = 0, live_mb = 0;
+};
+
+// Branching: one context of `context_pages` pages is cached, then requests branch off it at
+// every `stride`-th page (from the end toward the start, or in random order): each matches
+// the context up to its branch point (splitting the node there) and inserts 4 pages of its
+// own after it, as agent forks, tree search or retries that diverge late do. Reports ns
+// per match and per matched page, ns per insert, memory().token_bytes against the cached
+// tokens, and the heap the cache holds at the end (median over rounds, a fresh cache each).
+BranchRow branching(std::size_t ps, std::size_t context_pages, std::size_t stride, bool random) {
+  BranchRow row;
+  row.ps = ps;
+  row.random = random;
+  std::mt19937 rng(5);
+  std::vector<std::uint32_t> context(context_pages * ps);
+  for (auto& x : context)
+    x = static_cast<std::uint32_t>(rng() % 50000U);
+  std::vector<std::size_t> points;
+  for (std::size_t b = context_pages - stride; b >= stride; b -= stride)
+    points.push_back(b);
+  if (random) std::shuffle(points.begin(), points.end(), rng);
+  row.points = points.size();
+  constexpr std::size_t own = 4;
+  std::vector<PageId> ids(context_pages + own), table(context_pages);
+  std::iota(ids.begin(), ids.end(), PageId{0});
+  std::vector<std::uint32_t> request;
+  std::vector<double> m_ns, m_page_ns, i_ns, ratio, heap;
+  std::size_t sink = 0;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const std::size_t heap0 = heap_with_mmap();
+    {
+      Cache c(ps);
+      c.insert(context, ids);
+      std::uint32_t fresh = 60000;
+      Clock::duration t_match{}, t_insert{};
+      std::size_t matched = 0;
+      for (const std::size_t b : points) {
+        request.assign(context.begin(), context.begin() + static_cast<std::ptrdiff_t>(b * ps));
+        for (std::size_t i = 0; i < own * ps; ++i)
+          request.push_back(fresh++);
+        const auto t0 = Clock::now();
+        const auto m = c.match(std::span(request).first(b * ps), 0, std::span<PageId>(table));
+        const auto t1 = Clock::now();
+        const auto r = c.insert(request, ids);
+        const auto t2 = Clock::now();
+        t_match += t1 - t0;
+        t_insert += t2 - t1;
+        matched += m.matched / ps;
+        sink += r.inserted_pages;
+      }
+      const auto ns = [](Clock::duration d) {
+        return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+      };
+      const auto n = static_cast<double>(points.size());
+      m_ns.push_back(ns(t_match) / n);
+      m_page_ns.push_back(ns(t_match) / static_cast<double>(matched));
+      i_ns.push_back(ns(t_insert) / n);
+      const double live = static_cast<double>(c.cached_pages() * ps * sizeof(std::uint32_t));
+      ratio.push_back(static_cast<double>(c.memory().token_bytes) / live);
+      heap.push_back(static_cast<double>(heap_with_mmap() - heap0) / 1e6);
+      row.live_mb = live / 1e6;
+    }
+  }
+  if (sink == 42) std::puts("");
+  row.match_ns = median(m_ns);
+  row.match_page_ns = median(m_page_ns);
+  row.insert_ns = median(i_ns);
+  row.block_ratio = median(ratio);
+  row.heap_mb = median(heap);
+  return row;
+}
+
+void print_branching() {
+#if defined(__GLIBC__)
+  // Each round builds a fresh cache. Pages the allocator hands back to the system when the
+  // previous round's cache goes would be faulted in again inside the timed calls (several
+  // microseconds each on a VM): that measures the allocator's trimming, not the cache. Keep
+  // freed memory in the process, and big blocks on the heap, so that rounds after the first
+  // (the median) run on a warm heap, as an engine's does.
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+#endif
+  std::printf(
+      "\nBranching off one context of 1,000 pages (page size 1: 16,000 tokens, a branch every "
+      "16th): match and insert per branch, median of %zu rounds\n",
+      rounds);
+  std::printf(
+      "| page | branches | order | match ns | match ns/page | insert ns | token bytes / cached "
+      "| heap MB | cached token MB |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [ps, pages, stride] :
+       {std::tuple{std::size_t{16}, std::size_t{1000}, std::size_t{1}},
+        std::tuple{std::size_t{1}, std::size_t{16000}, std::size_t{16}}}) {
+    for (const bool random : {false, true}) {
+      const BranchRow r = branching(ps, pages, stride, random);
+      std::printf("| %zu | %zu | %s | %.0f | %.2f | %.0f | %.2f | %.2f | %.3f |\n", r.ps, r.points,
+                  r.random ? "random" : "descending", r.match_ns, r.match_page_ns, r.insert_ns,
+                  r.block_ratio, r.heap_mb, r.live_mb);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  if (argc > 1 && std::string(argv[1]) == "--branching") {
+    print_branching();
+    return 0;
+  }
   std::vector<std::size_t> sizes{10000, 100000};
   // (page size, request-length step in tokens). At page size 1 the workload is run twice:
   // with requests as long in pages as at the other sizes (so 16x shorter in tokens than at
@@ -358,5 +486,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  if (argc <= 3) print_branching();
   return 0;
 }

@@ -12,9 +12,10 @@
 // moved-from side must be an empty, valid cache).
 // Every answer is compared with the naive model of tests/support/paged_model.hpp,
 // so are the counters, handle states and (Adaptive) the target and ghost list
-// sizes; check_invariants() runs after every
-// operation, and with a sink a KvIndex fed only by the published events must
-// answer what the cache matches (find_matches == match().matched / page_size).
+// sizes; check_invariants() and the memory bound (token bytes at most twice the
+// cached tokens) are checked after every operation, and with a sink a KvIndex fed only by the
+// published events must answer what the cache matches (find_matches == match().matched /
+// page_size).
 #include <fuzzer/FuzzedDataProvider.h>
 #include <promptcache/paged_prefix_cache.hpp>
 
@@ -455,6 +456,9 @@ class Harness {
     FUZZ_CHECK(s.cleared_pages == cleared_);
     FUZZ_CHECK(s.cached_pages == model_.cached());
     FUZZ_CHECK(cache_.check_invariants());
+    // The memory bound: token ids (and the page ids beside them) at most twice the cached.
+    FUZZ_CHECK(cache_.memory().token_bytes <=
+               2 * cache_.cached_pages() * ps_ * sizeof(std::uint32_t));
     if constexpr (std::is_same_v<Policy, eviction::Adaptive>) {
       // Both sides run the same arithmetic in the same order: the targets are equal.
       FUZZ_CHECK(cache_.policy().target() == model_.target());

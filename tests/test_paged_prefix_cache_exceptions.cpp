@@ -191,6 +191,27 @@ TEMPLATE_TEST_CASE("paged cache exceptions: a match that splits leaves the tree 
   CHECK(fail_every_allocation<Cache>([](Cache& c) { (void)c.match(seq(100, 4)); }, true) > 0);
 }
 
+TEMPLATE_TEST_CASE("paged cache exceptions: a split that compacts allocates both blocks first", "",
+                   LruCache, AdaptiveCache) {
+  using Cache = TestType;
+  // In the base cache seq(0, 12)'s second node holds 4 live pages of its 6-page block: a
+  // split after its first page leaves 3 in the block, so the split compacts them too and
+  // needs two blocks. Either failing leaves the tree as it was.
+  const auto bounded = [](const Cache& c) {
+    return c.memory().token_bytes <= 2 * c.cached_pages() * c.page_size() * 4;
+  };
+  CHECK(fail_every_allocation<Cache>(
+            [&](Cache& c) {
+              (void)c.match(seq(0, 6));
+              CHECK(bounded(c));
+            },
+            true) >= 2);
+  CHECK(fail_every_allocation<Cache>([&](Cache& c) {
+          c.insert(cat(seq(0, 6), seq(700, 4)), ids(300, 5));
+          CHECK(bounded(c));
+        }) >= 2);
+}
+
 TEMPLATE_TEST_CASE("paged cache exceptions: a split while matching into a table at page size 1", "",
                    LruCache, AdaptiveCache) {
   using Cache = TestType;

@@ -254,10 +254,12 @@ class PagedPrefixCache {
   /// The longest cached page-aligned prefix of `tokens` in namespace `ns`: matched
   /// tokens, its pages and a handle to its end. Refreshes the policy metadata of the
   /// matched pages. A match ending inside a node splits it (no event: the blocks did
-  /// not change). O(T) plus one node allocation for a split. On std::bad_alloc the
-  /// cached pages and every answer are unchanged; the walked pages' access metadata may
-  /// have been refreshed. A walk splits at most once, after the split's allocations
-  /// succeed, so a split remains only when growing the result vector throws after it.
+  /// not change). O(T); a split adds a node and one or two blocks and copies the smaller
+  /// part of the node, and the larger too if its block would be at most half live. On
+  /// std::bad_alloc the cached pages and every answer are unchanged; the walked pages'
+  /// access metadata may have been refreshed. A walk splits at most once, after the
+  /// split's allocations succeed, so a split remains only when growing the result vector
+  /// throws after it.
   [[nodiscard]] MatchResult match(std::span<const token_type> tokens, namespace_id ns = 0) {
     MatchResult r;
     const MatchEnd e = match(tokens, ns, r.pages);
@@ -446,9 +448,9 @@ class PagedPrefixCache {
       }
     }
     const std::size_t new_pages = q_pages - pos;
-    std::unique_ptr<unsigned char[]> head_block;
+    SplitBlocks split_space;
     std::unique_ptr<unsigned char[]> leaf_block;
-    if (split_node != npos) head_block = make_block(split_pages);
+    if (split_node != npos) split_space = split_blocks(nodes_[split_node], split_pages);
     if (new_pages > 0) leaf_block = make_block(static_cast<std::uint32_t>(new_pages));
     std::optional<kv_event::Stored> event;
     if (new_pages > 0 && hashes_) {
@@ -502,7 +504,7 @@ class PagedPrefixCache {
     for (const std::uint32_t x : path_)
       touch_insert(x, ns, priority);
     if (split_node != npos) {
-      cur = split(split_node, split_pages, std::move(head_block));
+      cur = split(split_node, split_pages, std::move(split_space));
       touch_insert(cur, ns, priority);
     }
     if (new_pages > 0) {
@@ -633,7 +635,10 @@ class PagedPrefixCache {
       return k < classes ? class_pages_[k] : 0;
   }
 
-  /// Heap bytes held, split into the index and the token ids (capacities). O(1).
+  /// Heap bytes held, split into the index and the token ids (capacities). token_bytes
+  /// stays at most twice the cached tokens (cached_pages() x page_size() x 4), and the page
+  /// ids' share of index_bytes twice the cached ids: a split or trim that would leave a
+  /// block at most half live compacts it (after a trim, unless that allocation fails). O(1).
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
     m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
@@ -736,11 +741,11 @@ class PagedPrefixCache {
  private:
   enum class Kind : std::uint8_t { free, root, node };
 
-  // One tree node. Pages [off, off + n) of its block are live: a split moves the
-  // head's pages to a new block and advances `off`, a trim lowers `n`; the block
-  // is compacted once less than half of it is live. `tok` and `ids` point at the
-  // first live page's tokens and id, so a match reads them without the block's
-  // layout arithmetic.
+  // One tree node. Pages [off, off + n) of its block are live: a split copies its
+  // smaller part to a new block (advancing `off` when the tail stays), a trim lowers
+  // `n`; a block is compacted once at most half of it would be live (see split_blocks).
+  // `tok` and `ids` point at the first live page's tokens and id, so a match reads them
+  // without the block's layout arithmetic.
   // Layout: what match() reads and writes on every node of its path (tok, ids, n,
   // first_child and, for the common policies, meta) comes first and fills at most 32
   // bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
@@ -998,7 +1003,7 @@ class PagedPrefixCache {
         // prepare_split() may rehash the edge table, freeing the slots `edges` views; the
         // walk ends after this node, so `edges` is never read again.
         prepare_split();
-        c = split(c, k, make_block(static_cast<std::uint32_t>(k)));
+        c = split(c, k, split_blocks(nodes_[c], k));
         nodes = nodes_.data();
       }
       touch_match(c, ns);
@@ -1241,19 +1246,57 @@ class PagedPrefixCache {
     return x;
   }
 
+  // The blocks a split of node x after its first k pages needs: the larger part keeps x's
+  // block (the head on a tie) and the smaller one is copied to `small`, so a split copies at
+  // most half the node; `keep`, when the larger part would fill at most half its block,
+  // receives it too. Every node's block thus stays under twice its live pages (after a
+  // trim, as far as memory allows), whatever the splits: a tail that kept its block forever (the
+  // head always copied out) would pin the whole block of a context that is branched off page by
+  // page. Throws std::bad_alloc.
+  struct SplitBlocks {
+    std::unique_ptr<unsigned char[]> small;
+    std::unique_ptr<unsigned char[]> keep;
+  };
+  [[nodiscard]] SplitBlocks split_blocks(const Node& x, std::size_t k) const {
+    const std::size_t big = std::max<std::size_t>(k, x.n - k);
+    SplitBlocks b;
+    b.small = make_block(static_cast<std::uint32_t>(x.n - big));
+    if (big * 2 <= x.cap) b.keep = make_block(static_cast<std::uint32_t>(big));
+    return b;
+  }
+
   // Splits node c after its first k pages: a new node takes them (and c's place
   // under its parent); c keeps the rest, and its index, so handles to c still
-  // name the same end. Requires prepare_split() or equivalent. Never throws.
-  std::uint32_t split(std::uint32_t c, std::size_t k_pages,
-                      std::unique_ptr<unsigned char[]> hb) noexcept {
+  // name the same end. `blocks` comes from split_blocks(c, k). Requires
+  // prepare_split() or equivalent. Never throws.
+  std::uint32_t split(std::uint32_t c, std::size_t k_pages, SplitBlocks blocks) noexcept {
     const auto k = static_cast<std::uint32_t>(k_pages);
-    const std::uint32_t h = new_node(std::move(hb), k, nodes_[c].tok, nodes_[c].ids,
-                                     nodes_[c].parent, nodes_[c].depth, nodes_[c].ns);
+    const std::uint32_t h = alloc_node();
     Node& H = nodes_[h];
     Node& C = nodes_[c];
+    const token_type first = tokens_of(C)[0];
     if (hashes_)
       H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
                           [](std::uint32_t, std::uint64_t) {});
+    H.depth = C.depth;
+    H.parent = C.parent;
+    H.ns = C.ns;
+    H.kind = Kind::node;
+    const std::uint32_t tail = C.n - k;
+    if (k >= tail) {
+      // The head keeps the block (it starts at C's first live page); the tail is copied.
+      H.block = std::move(C.block);
+      H.cap = std::exchange(C.cap, 0);
+      H.tok = C.tok;
+      H.ids = C.ids;
+      H.n = k;
+      rehome(C, std::move(blocks.small), tail, C.tok + std::size_t{k} * page_size_, C.ids + k);
+      if (blocks.keep) rehome(H, std::move(blocks.keep), k, H.tok, H.ids);
+    } else {
+      rehome(H, std::move(blocks.small), k, C.tok, C.ids);
+      advance(C, k);
+      if (blocks.keep) rehome(C, std::move(blocks.keep), tail, C.tok, C.ids);
+    }
     H.lock = C.lock;
     H.meta = C.meta;
     // H takes C's place among the siblings and in the edge chain.
@@ -1263,7 +1306,6 @@ class PagedPrefixCache {
     if (C.next != npos) nodes_[C.next].prev = h;
     Node& P = nodes_[C.parent];
     if (P.first_child == c) P.first_child = h;
-    const token_type first = tokens_of(C)[0];
     H.next_same = C.next_same;
     const std::uint32_t head = edges_.find(C.parent, first);
     if (head == c) {
@@ -1275,7 +1317,6 @@ class PagedPrefixCache {
       nodes_[e].next_same = h;
     }
     // C becomes H's only child.
-    advance(C, k);
     C.depth += k;
     C.parent = h;
     C.prev = C.next = C.next_same = npos;
@@ -1284,6 +1325,19 @@ class PagedPrefixCache {
     ++stats_.nodes;
     ++stats_.splits;
     return h;
+  }
+
+  // Gives x `block`, of exactly n pages, holding a copy of the n pages at tok and ids (which
+  // may lie in x's current block: that one is freed after the copy), all of them live.
+  // Never throws.
+  void rehome(Node& x, std::unique_ptr<unsigned char[]> block, std::uint32_t n,
+              const token_type* tok, const PageId* ids) noexcept {
+    std::memcpy(block.get() + ids_offset(n), ids, n * sizeof(PageId));
+    std::memcpy(block.get(), tok, std::size_t{n} * page_bytes());
+    block_pages_ -= x.cap;
+    block_pages_ += n;
+    set_block(x, std::move(block), n);
+    x.n = n;
   }
 
   // Adds a new unlocked leaf under `parent` holding n pages. Requires room for a
@@ -1348,10 +1402,7 @@ class PagedPrefixCache {
     if (std::size_t{x.n} * 2 > x.cap) return;
     std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
     if (!nb) return;
-    std::memcpy(nb.get() + ids_offset(x.n), page_ids(x), x.n * sizeof(PageId));
-    std::memcpy(nb.get(), tokens_of(x), std::size_t{x.n} * page_bytes());
-    block_pages_ -= x.cap - x.n;
-    set_block(x, std::move(nb), x.n);
+    rehome(x, std::move(nb), x.n, x.tok, x.ids);
     // The edge naming x as its chain head carries x's tokens as its prefetch hint.
     const auto self = static_cast<std::uint32_t>(&x - nodes_.data());
     if (edges_.find(x.parent, x.tok[0]) == self) edges_.set_hint(x.parent, x.tok[0], x.tok);
