@@ -15,7 +15,9 @@ function(promptcache_add_consumer_test name mode)
       "-DPROMPTCACHE_CONSUME=${mode}" "-DPROMPTCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
       "-DCMAKE_PREFIX_PATH=${_pc_prefix}" "-DCMAKE_INSTALL_PREFIX=${_pc_consumer_bin}/${name}-prefix"
       ${ARGN} --test-command promptcache_consumer)
-  set_tests_properties(${name} PROPERTIES LABELS consumer)
+  # COST: each configures a project, which takes longer than most unit tests; ctest -j
+  # starts the costliest first when it has no timings of an earlier run (a fresh clone).
+  set_tests_properties(${name} PROPERTIES LABELS consumer COST 10)
 endfunction()
 
 # A consumer that uses only the std-only headers on a machine view without
@@ -74,7 +76,8 @@ if(PROMPTCACHE_INSTALL)
   # The msgpack and ZeroMQ components, where this machine has their dependencies.
   if(TARGET promptcache::kv_event_wire)
     promptcache_add_consumer_test(consumer_find_package_wire find_package ${_pc_wire_options})
-    set_tests_properties(consumer_find_package_wire PROPERTIES FIXTURES_REQUIRED promptcache_installed)
+    set_tests_properties(consumer_find_package_wire PROPERTIES FIXTURES_REQUIRED promptcache_installed
+                                                               COST 15)
   else()
     message(STATUS "promptcache: consumer_find_package_wire skipped (no msgpack-cxx)")
   endif()
@@ -102,7 +105,7 @@ if(PROMPTCACHE_INSTALL)
                      "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DWORK_DIR=${_pc_consumer_bin}/pkg_config"
                      "-DVERSION=${PROJECT_VERSION}" -P "${PROJECT_SOURCE_DIR}/tests/pkg_config_consumer.cmake")
     set_tests_properties(consumer_pkg_config PROPERTIES FIXTURES_REQUIRED promptcache_installed
-                                                        LABELS consumer)
+                                                        LABELS consumer COST 20)
   endif()
 endif()
 
@@ -115,6 +118,7 @@ if(TARGET promptcache::kv_event_wire)
   # The same with the msgpack and ZeroMQ components: they are in export sets too.
   promptcache_add_consumer_test(consumer_add_subdirectory_export_wire add_subdirectory
                                 "-DPROMPTCACHE_CONSUMER_EXPORT=ON" ${_pc_wire_options})
+  set_tests_properties(consumer_add_subdirectory_export_wire PROPERTIES COST 15)
 endif()
 promptcache_add_consumer_test(consumer_fetchcontent fetchcontent)
 promptcache_add_consumer_test(consumer_single_include single_include)
@@ -124,7 +128,7 @@ promptcache_add_consumer_test(consumer_single_include_no_xxhash single_include $
 add_test(NAME consumer_without_catch2
          COMMAND "${CMAKE_COMMAND}" "-DCXX=${CMAKE_CXX_COMPILER}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}"
                  "-DWORK_DIR=${_pc_consumer_bin}/without_catch2" -P "${PROJECT_SOURCE_DIR}/tests/without_catch2.cmake")
-set_tests_properties(consumer_without_catch2 PROPERTIES LABELS consumer)
+set_tests_properties(consumer_without_catch2 PROPERTIES LABELS consumer COST 50)
 
 # A C++17 consumer gets one clear #error per header, not pages of errors.
 add_test(NAME consumer_cxx17_error
@@ -152,5 +156,5 @@ if(Python3_Interpreter_FOUND)
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
                    "${PROJECT_VERSION}" --configure "${CMAKE_COMMAND}" "${CMAKE_CXX_COMPILER}"
                    "${_pc_consumer_bin}/packaging_configure")
-  set_tests_properties(packaging_configure PROPERTIES LABELS consumer)
+  set_tests_properties(packaging_configure PROPERTIES LABELS consumer COST 20)
 endif()

@@ -2,7 +2,9 @@
 # consumer_without_catch2 test). Catch2 (and, in one case, xxHash) is hidden
 # with CMAKE_DISABLE_FIND_PACKAGE_<name>:
 #  1. configure with default options and install: must work, without xxHash too;
-#  2. scripts/demo's configuration, the demo preset: builds every example.
+#  2. scripts/demo's configuration, the demo preset: builds every example and
+#     the replay tool, with -Werror (g++ -O2 is the opt preset's compiler and
+#     flags, so scripts/test need not build them in opt as well).
 # Arguments: SOURCE_DIR, WORK_DIR, CXX.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
@@ -36,7 +38,7 @@ endforeach()
 
 # 2. The demo preset (what scripts/demo runs), into a directory of our own.
 run("${CMAKE_COMMAND}" --preset demo -B "${WORK_DIR}/demo" "-DCMAKE_CXX_COMPILER=${CXX}"
-    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON)
+    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DPROMPTCACHE_WARNINGS_AS_ERRORS=ON)
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/demo" -j 2)
 file(GLOB examples RELATIVE "${SOURCE_DIR}/examples" "${SOURCE_DIR}/examples/*.cpp")
 foreach(example IN LISTS examples)
@@ -45,4 +47,9 @@ foreach(example IN LISTS examples)
     message(FATAL_ERROR "the demo preset did not build examples/${name}")
   endif()
 endforeach()
+# The replay tool too, where the configuration found nlohmann-json (the tools default ON).
+file(STRINGS "${WORK_DIR}/demo/CMakeCache.txt" tools REGEX "^PROMPTCACHE_BUILD_TOOLS:BOOL=ON$")
+if(tools AND NOT EXISTS "${WORK_DIR}/demo/tools/promptcache_replay")
+  message(FATAL_ERROR "the demo preset did not build tools/promptcache_replay")
+endif()
 message(STATUS "demo preset without Catch2 built every example: ${examples}")
