@@ -5825,6 +5825,7 @@ class ZmqKvSubscriber {
             zmq::recv_multipart(p.sub, std::back_inserter(frames_), zmq::recv_flags::dontwait);
         if (!got) break;
         ++handled;
+        wait_for_readers();
         std::unique_lock<std::mutex> lock(mutex_);
         const Holding holding(*this, lock);
         ++p.counters.messages;
@@ -5895,14 +5896,20 @@ class ZmqKvSubscriber {
     return lock;
   }
 
-  // Releases the lock until the readers waiting for it had it (bounded, so a
-  // stream of readers cannot stall the stream), then takes it back.
+  // Lets the readers waiting for the lock take it first (bounded, so a
+  // stream of readers cannot stall the stream). Called without the lock.
+  void wait_for_readers() const noexcept {
+    for (int i = 0; i < 256 && readers_waiting_.load(std::memory_order_relaxed) != 0; ++i)
+      std::this_thread::yield();
+  }
+
+  // Releases the lock until the readers waiting for it had it, then takes it
+  // back.
   void let_readers_in() {
     held_blocks_ = 0;
     if (held_ == nullptr) return;
     held_->unlock();
-    for (int i = 0; i < 256 && readers_waiting_.load(std::memory_order_relaxed) != 0; ++i)
-      std::this_thread::yield();
+    wait_for_readers();
     held_->lock();
   }
 
