@@ -39,10 +39,11 @@
 //     bytes it published. In order, (1) when seq is one of the last
 //     remembered_batches applied, the bytes applied there decide: the same
 //     bytes are a duplicate, other bytes a restart; (2) otherwise the replay
-//     socket, asked from L (once per applied batch), decides: other bytes for
-//     L, or nothing from L on, is a restart, the bytes applied as L a
-//     duplicate; (3) with no answer (no replay socket, or it falls silent),
-//     seq <= restart_max_seq is a restart and a larger seq a duplicate. A
+//     socket, asked from L, decides: other bytes for L, or nothing from L
+//     on, is a restart, the bytes applied as L a duplicate; (3) with no
+//     answer (no replay socket, or it falls silent: not asked again until
+//     the cursor moves), seq <= restart_max_seq is a restart and a larger
+//     seq a duplicate. A
 //     restart resets the view and the learned attention groups, and the
 //     stream restarts at seq 0 (replaying [0, seq) if seq > 0).
 //   * A payload that does not decode consumes its seq, applies nothing, and is
@@ -5843,17 +5844,15 @@ class ZmqKvSubscriber {
     return handled;
   }
 
-  // Decodes a payload into batch_; false when it does not decode (counted
-  // when `count`: a duplicate's bytes were counted when first applied).
-  bool decode(Pub& p, const zmq::message_t& payload, bool count = true) {
+  // Decodes a payload into batch_; false (counted) when it does not decode.
+  // Duplicates are never decoded: their bytes were counted when first applied.
+  bool decode(Pub& p, const zmq::message_t& payload) {
     // Decoded against a copy: only an applied batch teaches the publisher's state.
     decoded_wire_ = p.wire;
     const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_, decoded_wire_);
     if (st.ok()) return true;
-    if (count) {
-      ++p.counters.malformed;
-      p.counters.last_error = st.code;
-    }
+    ++p.counters.malformed;
+    p.counters.last_error = st.code;
     return false;
   }
 
