@@ -383,7 +383,7 @@ class Generator {
         e.block_size = u32max;  // never complete
         break;
       case 1:
-        e.block_size = blocks == 0 ? 0U : 1U;
+        e.block_size = in_.ConsumeBool() ? 0U : 1U;  // 0: an offload tier's, skipped
         break;
       default:
         e.block_size = in_.ConsumeIntegralInRange<std::uint32_t>(1, 16);
@@ -427,7 +427,9 @@ using GroupModel = std::map<std::uint64_t, bool>;
 bool skipped_by_rule(const WireEvent& e, const KvWireOptions& o, GroupModel* groups) {
   const bool has_group = e.group_idx.state == OptUint::value;
   bool other = false;
-  if (e.spec_kind.is_str()) {
+  // A removal names no kind (the array layout's element after group_idx is
+  // vLLM's locality; the map layout sends none here).
+  if (e.type != WireEvent::removed && e.spec_kind.is_str()) {
     const bool main = e.spec_kind.s == "full_attention" || e.spec_kind.s == "mla_attention" ||
                       e.spec_kind.s == "sink_full_attention";
     if (groups != nullptr && has_group && e.group_idx.v < KvWireStreamState::max_groups)
@@ -808,7 +810,8 @@ class Encoder {
       }
       close();
     } else if (e.type == WireEvent::removed) {
-      // BlockRemoved: hashes, medium, group_idx, spec_kind.
+      // BlockRemoved: hashes, medium, group_idx, locality (here any string,
+      // a kind's name included: it must not classify the removal).
       std::size_t last = 1;
       if (e.medium.present() || e.medium_int) last = 2;
       if (e.group_idx.present()) last = 3;
@@ -865,7 +868,7 @@ class Encoder {
       if (e.type == WireEvent::removed) keys.push_back(hashes_k);
       if (e.medium.present() || e.medium_int) keys.push_back(medium_k);
       if (e.group_idx.present()) keys.push_back(group_k);
-      if (e.spec_kind.present()) keys.push_back(spec_k);
+      if (e.spec_kind.present() && e.type != WireEvent::removed) keys.push_back(spec_k);
     }
     for (std::size_t t = 0; t < e.trailing; ++t)
       keys.push_back(unknown_k);

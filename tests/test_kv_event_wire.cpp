@@ -13,6 +13,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -152,9 +153,17 @@ void check_same(const KvWireBatch& got, const KvWireBatch& want) {
 }
 
 const char* const golden_fixtures[] = {
-    "sglang_array_v0", "sglang_array_dp",      "vllm_array_events", "vllm_array_map_events",
-    "vllm_map_batch",  "vllm_map_batch_eagle", "incomplete_tokens", "empty_events",
+    "sglang_array_v0",    "sglang_array_dp",        "vllm_array_events", "vllm_array_map_events",
+    "vllm_map_batch",     "vllm_map_batch_eagle",   "incomplete_tokens", "empty_events",
+    "vllm_offload_batch", "vllm_offload_map_batch",
 };
+
+std::vector<std::byte> from_hex(std::string_view hex) {
+  std::vector<std::byte> out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<std::byte>(std::stoul(std::string(hex.substr(i, 2)), nullptr, 16)));
+  return out;
+}
 
 KvWireErrc errc_named(const std::string& s) {
   for (auto e : {KvWireErrc::ok, KvWireErrc::empty, KvWireErrc::too_large, KvWireErrc::truncated,
@@ -422,6 +431,139 @@ TEST_CASE("options: the router's block size and device-only media", "[kv_event_w
   REQUIRE(KvEventWireDecoder(all).decode(bytes, e).ok());
   CHECK(e.events.size() == d.events.size() + 1);
   CHECK(e.ignored_events == d.ignored_events - 1);
+}
+
+TEST_CASE("an offload tier's events (block size 0, no tokens) skip; the step's GPU events apply",
+          "[kv_event_wire]") {
+  // [1.0, [["BlockStored", [77], nil, [], 0, nil, "CPU"]], 0], as vLLM's
+  // KV-offloading connector publishes a store on the CPU tier.
+  const auto cpu_store =
+      from_hex("93cb3ff00000000000009197ab426c6f636b53746f726564914dc09000c0a343505500");
+  KvWireBatch b;
+  const KvWireStatus st = KvEventWireDecoder().decode(cpu_store, b);
+  INFO(promptcache::to_string(st.code) << " " << st.detail);
+  REQUIRE(st.ok());
+  CHECK(b.events.empty());
+  CHECK(b.ignored_events == 1);
+  CHECK(b.dp_rank == 0U);
+
+  // Mixed with the step's GPU events (vllm_offload_batch: a GPU store, a CPU
+  // store, a GPU store without tokens, a removal with locality, a CPU
+  // removal, a CPU and a GPU tier clear, a GPU store): only the others skip.
+  KvWireBatch mixed;
+  REQUIRE(KvEventWireDecoder().decode(read_bytes("vllm_offload_batch.msgpack"), mixed).ok());
+  REQUIRE(mixed.events.size() == 4);
+  CHECK(std::holds_alternative<kv_event::Stored>(mixed.events[0]));
+  CHECK(std::get<kv_event::Removed>(mixed.events[1]).block_hashes ==
+        std::vector<std::uint64_t>{302});
+  CHECK(std::holds_alternative<kv_event::Cleared>(mixed.events[2]));
+  CHECK(mixed.ignored_events == 4);
+  CHECK(mixed.dropped_blocks == 1);  // the GPU store without tokens
+
+  // A store of another medium is not read further: a wrong-typed content
+  // there does not cost the batch.
+  Buffer buf;
+  msgpack::packer<Buffer> p(buf);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(1);
+  p.pack_array(7);
+  p.pack(std::string("BlockStored"));
+  p.pack(std::string("not hashes"));
+  p.pack_nil();
+  p.pack_nil();
+  p.pack(-1);
+  p.pack_nil();
+  p.pack(std::string("DISK"));
+  KvWireBatch odd;
+  REQUIRE(KvEventWireDecoder().decode(buf.data(), buf.size(), odd).ok());
+  CHECK(odd.ignored_events == 1);
+  KvWireOptions all;
+  all.device_only = false;  // every medium indexed: now its contents are checked
+  CHECK(KvEventWireDecoder(all).decode(buf.data(), buf.size(), odd).code == KvWireErrc::bad_value);
+}
+
+TEST_CASE("BlockRemoved: fields after group_idx (vLLM's locality) do not skip the removal",
+          "[kv_event_wire]") {
+  for (const bool with_group : {false, true}) {
+    Buffer buf;
+    msgpack::packer<Buffer> p(buf);
+    p.pack_array(2);
+    p.pack(1.0);
+    p.pack_array(2);
+    p.pack_array(5);
+    p.pack(std::string("BlockRemoved"));
+    p.pack(std::vector<std::uint64_t>{5});
+    p.pack(std::string("GPU"));
+    if (with_group)
+      p.pack(0U);
+    else
+      p.pack_nil();
+    p.pack(std::string("LOCAL"));
+    p.pack_array(6);
+    p.pack(std::string("BlockRemoved"));
+    p.pack(std::vector<std::uint64_t>{6});
+    p.pack(std::string("GPU"));
+    p.pack(0U);
+    p.pack(std::string("REMOTE"));
+    p.pack(std::string("a future field"));
+    KvWireBatch b;
+    promptcache::KvWireStreamState state;
+    REQUIRE(KvEventWireDecoder().decode(buf.data(), buf.size(), b, state).ok());
+    REQUIRE(b.events.size() == 2);
+    CHECK(std::get<kv_event::Removed>(b.events[0]).block_hashes == std::vector<std::uint64_t>{5});
+    CHECK(b.ignored_events == 0);
+    CHECK(state.known_groups() == 0);  // "LOCAL" names no kind
+  }
+}
+
+TEST_CASE("TierBlocksCleared: a clear of the indexed medium clears, of another skips",
+          "[kv_event_wire]") {
+  auto pack_clears = [](const std::vector<std::string>& media, bool maps) {
+    Buffer buf;
+    msgpack::packer<Buffer> p(buf);
+    p.pack_array(2);
+    p.pack(1.0);
+    p.pack_array(static_cast<std::uint32_t>(media.size()));
+    for (const std::string& m : media) {
+      if (maps) {
+        p.pack_map(3);
+        p.pack(std::string("type"));
+        p.pack(std::string("TierBlocksCleared"));
+        p.pack(std::string("medium"));
+        p.pack(m);
+        p.pack(std::string("ownership"));
+        p.pack(std::string("kvcr"));
+      } else {
+        p.pack_array(2);
+        p.pack(std::string("TierBlocksCleared"));
+        p.pack(m);
+      }
+    }
+    return buf;
+  };
+  for (const bool maps : {false, true}) {
+    const Buffer buf = pack_clears({"CPU", "GPU", "CPU_TIER2"}, maps);
+    KvWireBatch b;
+    REQUIRE(KvEventWireDecoder().decode(buf.data(), buf.size(), b).ok());
+    REQUIRE(b.events.size() == 1);
+    CHECK(std::holds_alternative<kv_event::Cleared>(b.events[0]));
+    CHECK(b.ignored_events == 2);
+    CHECK(b.unknown_events == 0);
+    KvWireOptions all;
+    all.device_only = false;  // one index over every medium: any tier's clear clears it
+    REQUIRE(KvEventWireDecoder(all).decode(buf.data(), buf.size(), b).ok());
+    CHECK(b.events.size() == 3);
+  }
+  // Applied, the GPU clear empties the worker's view.
+  promptcache::KvIndex index;
+  const promptcache::KvWorker w{1, 0};
+  KvWireBatch s;
+  REQUIRE(KvEventWireDecoder().decode(read_bytes("vllm_offload_batch.msgpack"), s).ok());
+  std::uint64_t id = 0;
+  for (std::size_t i = 0; i < 3; ++i)
+    REQUIRE(index.apply(w, promptcache::KvEvent{id++, s.events[i]}).ok());
+  CHECK(index.block_count(w) == 0);
 }
 
 TEST_CASE("options: payload size and nesting limits", "[kv_event_wire]") {

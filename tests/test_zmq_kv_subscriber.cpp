@@ -1,10 +1,13 @@
 // End-to-end test of zmq_kv_subscriber.hpp: a Python publisher
 // (tests/kv_event_wire/e2e_publisher.py, Debian python3-zmq + python3-msgpack)
 // speaks the vLLM / SGLang protocol on loopback with ephemeral ports, drops
-// batches, repeats one, restarts at seq 0 and loses a run longer than its
-// replay buffer. The subscriber's index must then equal an index fed directly
-// the batches the documented policy keeps. Bounded by a deadline; every wait
-// is a poll with a timeout.
+// batches, repeats one, mixes a KV-offloading tier's events into its steps,
+// clears its GPU tier, restarts at seq 0 with its clock stepped back, loses a
+// run longer than its replay buffer, and has one publisher the subscriber
+// joins late. The subscriber's index must then equal an index fed directly
+// the batches the documented policy keeps, and the engines' own block counts
+// where they are known exactly. Bounded by a deadline; every wait is a poll
+// with a timeout.
 #include <promptcache/zmq_kv_subscriber.hpp>
 
 #include <poll.h>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -107,12 +111,21 @@ class Child {
   std::string buf_;
 };
 
+// A prefix the engine holds, and how many blocks long it is.
+struct Held {
+  std::size_t depth = 0;
+  std::vector<std::uint32_t> tokens;
+};
+
 struct Expected {
   KvWorker worker;
   std::uint64_t last_seq = 0;
-  std::uint64_t duplicates = 0, restarts = 0, recovered = 0, unrecoverable = 0;
+  std::uint64_t duplicates = 0, restarts = 0, recovered = 0, unrecoverable = 0, resets = 0;
+  std::optional<std::size_t> gpu_blocks;  // the engine's block count, when the view must equal it
   std::vector<std::vector<std::byte>> payloads;
   std::vector<std::vector<std::uint32_t>> queries;
+  std::vector<Held> routable;  // late join: stored in full after it
+  std::vector<Held> extends;   // late join: stored after it under a prefix stored before
 };
 
 std::vector<std::byte> from_hex(const std::string& hex) {
@@ -136,8 +149,10 @@ std::vector<Expected> read_expected(const std::string& path, std::size_t& block_
     } else if (word == "worker") {
       Expected e;
       std::string k;
+      std::string gpu;
       l >> e.worker.worker_id >> e.worker.dp_rank >> k >> e.last_seq >> k >> e.duplicates >> k >>
-          e.restarts >> k >> e.recovered >> k >> e.unrecoverable;
+          e.restarts >> k >> e.recovered >> k >> e.unrecoverable >> k >> e.resets >> k >> gpu;
+      if (gpu != "-") e.gpu_blocks = std::stoul(gpu);
       out.push_back(std::move(e));
     } else if (word == "payload") {
       std::string hex;
@@ -149,6 +164,13 @@ std::vector<Expected> read_expected(const std::string& path, std::size_t& block_
       while (l >> t)
         q.push_back(t);
       out.back().queries.push_back(std::move(q));
+    } else if (word == "routable" || word == "extends") {
+      Held h;
+      l >> h.depth;
+      std::uint32_t t = 0;
+      while (l >> t)
+        h.tokens.push_back(t);
+      (word == "routable" ? out.back().routable : out.back().extends).push_back(std::move(h));
     }
   }
   return out;
@@ -160,10 +182,24 @@ std::vector<KvWorkerMatch> sorted_matches(const KvIndex& index, std::span<const 
   return m;
 }
 
-}  // namespace
+// The depth to which `worker` holds the prefix `tokens`; 0 when it holds none.
+std::size_t depth_of(const KvIndex& index, const KvWorker& worker,
+                     const std::vector<std::uint32_t>& tokens, std::size_t block_size) {
+  const auto hashes = promptcache::local_block_hashes(tokens, block_size);
+  for (const KvWorkerMatch& m : index.find_matches(hashes))
+    if (m.worker == worker) return m.blocks;
+  return 0;
+}
 
-TEST_CASE("end to end: a Python publisher with drops, a duplicate, a restart and a lost run",
-          "[zmq_kv_subscriber][e2e]") {
+struct Scenario {
+  std::unique_ptr<promptcache::ZmqKvSubscriber> sub;
+  std::vector<Expected> expected;
+  std::size_t block_size = 0;
+};
+
+// Runs the publisher's scenario to its end against a subscriber driven by
+// poll(), and reads the expectation file.
+void run_scenario(Scenario& sc) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   const std::string expect_path = (std::filesystem::temp_directory_path() /
                                    ("promptcache_kv_e2e_" + std::to_string(getpid()) + ".txt"))
@@ -172,16 +208,17 @@ TEST_CASE("end to end: a Python publisher with drops, a duplicate, a restart and
   const auto first = pub.line(30000);
   REQUIRE(first.has_value());
   std::istringstream eps(*first);
-  std::string pub_a, replay_a, pub_b, replay_b;
-  eps >> pub_a >> replay_a >> pub_b >> replay_b;
-  REQUIRE(!replay_b.empty());
+  std::string pub_a, replay_a, pub_b, replay_b, pub_c, replay_c;
+  eps >> pub_a >> replay_a >> pub_b >> replay_b >> pub_c >> replay_c;
+  REQUIRE(!replay_c.empty());
 
-  // A subscribes to its topic, B to everything; both have replay sockets.
-  promptcache::ZmqKvSubscriber sub(
-      {{pub_a, replay_a, KvWorker{7, 0}, "kv"}, {pub_b, replay_b, KvWorker{7, 1}, ""}});
+  // A subscribes to its topic, B and C to everything; all have replay sockets.
+  sc.sub = std::make_unique<promptcache::ZmqKvSubscriber>(
+      std::vector<promptcache::KvPublisherEndpoint>{{pub_a, replay_a, KvWorker{7, 0}, "kv"},
+                                                    {pub_b, replay_b, KvWorker{7, 1}, ""},
+                                                    {pub_c, replay_c, KvWorker{7, 2}, ""}});
+  promptcache::ZmqKvSubscriber& sub = *sc.sub;
   bool done = false;
-  std::vector<Expected> expected;
-  std::size_t block_size = 0;
   for (;;) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
     sub.poll(std::chrono::milliseconds(50));
@@ -189,15 +226,31 @@ TEST_CASE("end to end: a Python publisher with drops, a duplicate, a restart and
       if (const auto l = pub.line(0)) {
         REQUIRE(*l == "DONE");
         done = true;
-        expected = read_expected(expect_path, block_size);
-        REQUIRE(expected.size() == 2);
+        sc.expected = read_expected(expect_path, sc.block_size);
+        REQUIRE(sc.expected.size() == 3);
       }
       continue;
     }
-    if (sub.last_seq(0) == expected[0].last_seq && sub.last_seq(1) == expected[1].last_seq) break;
+    bool all = true;
+    for (std::size_t i = 0; i < sc.expected.size(); ++i)
+      all = all && sub.last_seq(i) == sc.expected[i].last_seq;
+    if (all) break;
   }
   CHECK(pub.finish() == 0);
   std::filesystem::remove(expect_path);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "end to end: a Python publisher with drops, duplicates, offload batches, a tier clear, a "
+    "restart with its clock stepped back, a lost run and a late join",
+    "[zmq_kv_subscriber][e2e]") {
+  Scenario sc;
+  run_scenario(sc);
+  const promptcache::ZmqKvSubscriber& sub = *sc.sub;
+  const std::vector<Expected>& expected = sc.expected;
+  const std::size_t block_size = sc.block_size;
 
   // The reference: a fresh index fed the kept batches of each publisher.
   KvIndex ref;
@@ -221,6 +274,9 @@ TEST_CASE("end to end: a Python publisher with drops, a duplicate, a restart and
     INFO("publisher " << i);
     CHECK(got.block_count(e.worker) == ref.block_count(e.worker));
     CHECK(ref.block_count(e.worker) > 0);
+    // Offload events skipped, the GPU tier clear applied, the restart seen:
+    // the view is the engine's own GPU blocks.
+    if (e.gpu_blocks) CHECK(got.block_count(e.worker) == *e.gpu_blocks);
     for (const auto& q : e.queries) {
       const auto hashes = promptcache::local_block_hashes(q, block_size);
       const auto want = sorted_matches(ref, hashes);
@@ -234,13 +290,39 @@ TEST_CASE("end to end: a Python publisher with drops, a duplicate, a restart and
     CHECK(c.gaps_recovered == e.recovered);
     CHECK(c.gaps_unrecoverable == e.unrecoverable);
     CHECK(c.gaps == e.recovered + e.unrecoverable);
-    CHECK(c.resets == e.restarts + e.unrecoverable);
+    CHECK(c.resets == e.resets);
     CHECK(c.malformed == 0);
     CHECK(c.bad_frames == 0);
     CHECK(c.replay_timeouts == 0);
     CHECK(c.dp_rank_mismatches == 0);
+    CHECK(c.unknown_events == 0);  // TierBlocksCleared is known
+    CHECK(c.ignored_events > 0);   // the offload tier's events
   }
   CHECK(got.total_blocks() == ref.total_blocks());
   CHECK(queried > 100);
   CHECK(matched > 10);
+
+  // Late join (C): caught up from the oldest buffered batch, the rest of its
+  // history an unrecoverable gap, and every chain stored in full after the
+  // join routable to its whole depth.
+  const Expected& late = expected[2];
+  const KvPublisherCounters c = sub.counters(2);
+  CHECK(late.last_seq > late.payloads.size());  // the buffer no longer reached seq 0
+  CHECK(c.batches_applied == late.payloads.size());
+  CHECK(c.gaps_unrecoverable == 1);
+  REQUIRE(!late.routable.empty());
+  for (const Held& h : late.routable)
+    CHECK(depth_of(got, late.worker, h.tokens, block_size) == h.depth);
+}
+
+TEST_CASE("late join: blocks that extend a prefix stored before the join are routable",
+          "[zmq_kv_subscriber][e2e][late_join_index]") {
+  // Needs KvIndex to index a stored event whose parent the worker's view does
+  // not know (the router joined late): the engine holds these chains whole.
+  Scenario sc;
+  run_scenario(sc);
+  const Expected& late = sc.expected[2];
+  REQUIRE(!late.extends.empty());
+  for (const Held& h : late.extends)
+    CHECK(depth_of(sc.sub->index(), late.worker, h.tokens, sc.block_size) == h.depth);
 }

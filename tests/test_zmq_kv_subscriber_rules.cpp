@@ -275,33 +275,69 @@ TEST_CASE("replay replies with a topic frame are accepted", "[zmq_kv_subscriber]
   CHECK(sub.index().counters().parent_not_found == 0);
 }
 
-TEST_CASE("an old seq is a duplicate unless it is small and newer: then a restart",
+TEST_CASE("an old seq with the bytes applied there is a duplicate; other bytes are a restart",
           "[zmq_kv_subscriber]") {
   FakePublisher pub;
-  promptcache::ZmqKvSubscriberOptions o;
-  o.restart_max_seq = 2;
-  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
   pub.wait_for_subscriber();
   apply_chain(pub, sub);
   REQUIRE(sub.index().block_count(W) == 5);
 
   pub.send_frames({"kv", seq_bytes(1), batch(1.1, 11, 10)});  // a late duplicate
-  pub.send_frames({"kv", seq_bytes(3), batch(9.0, 50)});      // newer, but seq 3 > 2
-  poll_until(sub, [&] { return messages(sub) == 7; });
-  CHECK(sub.counters(0).duplicates == 2);
+  poll_until(sub, [&] { return messages(sub) == 6; });
+  CHECK(sub.counters(0).duplicates == 1);
   CHECK(sub.counters(0).restarts == 0);
-  CHECK(sub.index().block_count(W) == 5);
+  CHECK(pub.requests.load() == 0);  // the remembered bytes decide
 
-  // The publisher restarts; its first batch (seq 0) is lost and replayed
-  // from its new buffer.
+  // The publisher restarts with its wall clock stepped back: every new
+  // timestamp is older than the last applied one (1.4). Its seq 0 is lost.
   pub.clear_buffer();
-  pub.publish(0, batch(10.0, 100), true);
-  pub.publish(1, batch(10.1, 101, 100));
+  pub.publish(0, batch(0.5, 100), true);
+  pub.publish(1, batch(0.6, 101, 100));
   poll_until(sub, [&] { return sub.counters(0).restarts == 1 && sub.last_seq(0) == 1U; });
   const KvPublisherCounters c = sub.counters(0);
   CHECK(c.resets == 1);
   CHECK(c.gaps_recovered == 1);
+  CHECK(c.duplicates == 1);
   CHECK(sub.index().block_count(W) == 2);  // only the new run's blocks
+}
+
+TEST_CASE("a restart with a clock stepped back, beyond the remembered bytes",
+          "[zmq_kv_subscriber]") {
+  promptcache::ZmqKvSubscriberOptions o;
+  o.remembered_batches = 0;
+  o.restart_max_seq = 2;
+  SECTION("the replay socket tells: nothing from the last applied seq on") {
+    FakePublisher pub;
+    ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+    pub.wait_for_subscriber();
+    apply_chain(pub, sub);
+    pub.send_frames({"kv", seq_bytes(3), batch(1.3, 13, 12)});  // a late duplicate
+    poll_until(sub, [&] { return messages(sub) == 6; });
+    CHECK(sub.counters(0).duplicates == 1);  // the replay returned the bytes applied as 4
+    pub.clear_buffer();
+    for (std::uint64_t s = 0; s < 4; ++s)
+      pub.publish(s, batch(0.1 * static_cast<double>(s), 200 + s, s == 0 ? 0 : 199 + s), s < 3);
+    poll_until(sub, [&] { return sub.counters(0).restarts == 1 && sub.last_seq(0) == 3U; });
+    const KvPublisherCounters c = sub.counters(0);
+    CHECK(c.duplicates == 1);
+    CHECK(c.index_rejected == 0);
+    CHECK(sub.index().block_count(W) == 4);  // 200..203
+  }
+  SECTION("without a replay socket: a small seq is a restart, a larger one a duplicate") {
+    FakePublisher pub;
+    ZmqKvSubscriber sub({{pub.endpoint(), "", W, ""}}, o);
+    pub.wait_for_subscriber();
+    apply_chain(pub, sub);
+    pub.send_frames({"kv", seq_bytes(3), batch(1.3, 13, 12)});  // above restart_max_seq
+    poll_until(sub, [&] { return messages(sub) == 6; });
+    CHECK(sub.counters(0).duplicates == 1);
+    CHECK(sub.counters(0).restarts == 0);
+    pub.publish(0, batch(0.5, 300));  // the restarted engine, clock behind
+    poll_until(sub, [&] { return sub.counters(0).restarts == 1; });
+    CHECK(sub.last_seq(0) == 0U);
+    CHECK(sub.index().block_count(W) == 1);
+  }
 }
 
 TEST_CASE("a first batch other than seq 0 catches up from the replay buffer",
@@ -348,6 +384,105 @@ TEST_CASE("thread mode applies in the background; with_index reads under the loc
   CHECK(sub.thread_error() == nullptr);
   CHECK(sub.counters(0).gaps_recovered == 1);
   CHECK(sub.total_counters().batches_applied == 20);
+}
+
+TEST_CASE("with the thread, index reads are answered while a replay is awaited",
+          "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  std::atomic<bool> read{false};
+  // The replay answers only once the index was read (or after 10 s, well past
+  // replay_timeout: a subscriber that holds the lock while it waits for the
+  // reply gives the replay up first).
+  pub.before_reply([&read](std::uint64_t) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!read.load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    return true;
+  });
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}});
+  pub.wait_for_subscriber();
+  for (std::uint64_t s = 0; s < 3; ++s)
+    pub.publish(s, batch(1.0, 10 + s, s == 0 ? 0 : 9 + s), true);
+  sub.start();
+  pub.publish(3, batch(1.3, 13, 12));
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (pub.requests.load() == 0) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::yield();
+  }
+  const std::size_t seen =
+      sub.with_index([](const promptcache::KvIndex& i) { return i.block_count(W); });
+  read.store(true);
+  deadline = std::chrono::steady_clock::now() + 20s;
+  while (sub.last_seq(0) != 3U) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::yield();
+  }
+  sub.stop();
+  const KvPublisherCounters c = sub.counters(0);
+  CHECK(seen == 0);
+  CHECK(c.replay_timeouts == 0);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(sub.index().block_count(W) == 4);
+}
+
+// A batch of `events` stored events of `per_event` blocks each, continuing the
+// chain whose last block is `parent` (0: a new chain) with names from `first`.
+std::string chain_batch(std::uint64_t first, std::uint64_t parent, std::uint32_t events,
+                        std::uint32_t per_event) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> p(buf);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(events);
+  std::uint64_t name = first;
+  for (std::uint32_t e = 0; e < events; ++e) {
+    p.pack_array(5);
+    p.pack(std::string("BlockStored"));
+    p.pack_array(per_event);
+    for (std::uint32_t b = 0; b < per_event; ++b)
+      p.pack(name + b);
+    if (parent != 0)
+      p.pack(parent);
+    else
+      p.pack_nil();
+    std::vector<std::uint32_t> tokens;
+    for (std::uint32_t t = 0; t < 4 * per_event; ++t)
+      tokens.push_back(static_cast<std::uint32_t>(name) + t);
+    p.pack(tokens);
+    p.pack(4);
+    parent = name + per_event - 1;
+    name += per_event;
+  }
+  return std::string(buf.data(), buf.size());
+}
+
+TEST_CASE("a catch-up applied in slices never shows half of an event", "[zmq_kv_subscriber]") {
+  FakePublisher pub;
+  promptcache::ZmqKvSubscriberOptions o;
+  o.max_blocks_per_lock = 1;  // the lock is released between any two events
+  ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
+  pub.wait_for_subscriber();
+  constexpr std::uint64_t batches = 40;
+  for (std::uint64_t s = 0; s < batches; ++s)
+    pub.publish(s, chain_batch(1 + 12 * s, s == 0 ? 0 : 12 * s, 4, 3), s + 1 < batches);
+  sub.start();
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::size_t reads = 0;
+  for (;;) {
+    const auto [blocks, ok] = sub.with_index([](const promptcache::KvIndex& i) {
+      return std::pair<std::size_t, bool>(i.block_count(W), i.check_invariants());
+    });
+    ++reads;
+    REQUIRE(ok);
+    REQUIRE(blocks % 3 == 0);  // whole events only
+    if (blocks == 12 * batches) break;
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+  }
+  sub.stop();
+  CHECK(sub.counters(0).index_rejected == 0);
+  CHECK(sub.counters(0).gaps_recovered == 1);
+  CHECK(reads >= 1);
 }
 
 TEST_CASE("a live seq of 2^64 - 1 (the replay's end marker) is a bad frame, not a batch",
@@ -498,7 +633,7 @@ TEST_CASE("an undecodable duplicate is counted once, as a duplicate", "[zmq_kv_s
   pub.publish(2, batch(1.2, 11, 10));
   poll_until(sub, [&] { return sub.last_seq(0) == 2U; });
   REQUIRE(sub.counters(0).malformed == 1);
-  pub.send_frames({"kv", seq_bytes(1), ""});  // seq 1 again, other bad bytes
+  pub.send_frames({"kv", seq_bytes(1), "\xc1 not msgpack"});  // seq 1 again
   poll_until(sub, [&] { return messages(sub) == 4; });
   const KvPublisherCounters c = sub.counters(0);
   CHECK(c.duplicates == 1);
@@ -774,6 +909,7 @@ TEST_CASE("a silent replay socket is asked about an old seq once per applied bat
   auto silent = std::make_shared<std::atomic<bool>>(false);
   promptcache::ZmqKvSubscriberOptions o;
   o.restart_max_seq = 2;
+  o.remembered_batches = 0;  // the replay socket is the only evidence
   o.replay_timeout = 200ms;
   o.clock = silence_clock(clock, silent);
   ZmqKvSubscriber sub({{pub.endpoint(), pub.replay_endpoint(), W, ""}}, o);
@@ -781,9 +917,9 @@ TEST_CASE("a silent replay socket is asked about an old seq once per applied bat
   apply_chain(pub, sub);
   silent->store(true);
   pub.before_reply([](std::uint64_t) { return false; });
-  // Old seqs above the bound with newer timestamps (a restarted engine whose
+  // Old seqs above the bound with other bytes (a restarted engine whose
   // replay socket does not answer): the first asks and times out, the rest
-  // are duplicates at once.
+  // get the same answer at once; above the bound, no answer is a duplicate.
   for (std::uint64_t s = 3; s < 5; ++s)
     pub.send_frames({"kv", seq_bytes(s), batch(10.0 + static_cast<double>(s), 200 + s)});
   poll_until(sub, [&] { return messages(sub) == 7; });

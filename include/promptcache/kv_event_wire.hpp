@@ -12,10 +12,16 @@
 //   [ts, [events], dp_rank, ...]                     with map events
 //   {"ts": .., "events": [..], "data_parallel_rank": ..}   with map events
 // An array event carries its tag first (["BlockStored", hashes, parent, tokens,
-// block_size, lora_id, medium, lora_name, extra_keys, group_idx, spec_kind]);
+// block_size, lora_id, medium, lora_name, extra_keys, group_idx, spec_kind],
+// ["BlockRemoved", hashes, medium, group_idx], ["TierBlocksCleared", medium]);
 // a map event has a "type" key anywhere. Missing trailing array elements and
 // omitted map keys take their defaults; extra elements and unknown keys are
 // ignored. docs/kv_event_wire.md lists every rule.
+//
+// A batch is refused whole only when it is not a well-formed KVEventBatch. A
+// well-formed event that is not for the index (another medium, whose contents
+// are not read; another attention group; no complete block) is counted and
+// skipped, and the batch's other events apply.
 //
 // Events of attention groups other than the main one (sliding window, Mamba)
 // are skipped. vLLM names a group's kind on stored events only, so a
@@ -120,8 +126,8 @@ struct KvWireOptions {
   /// accepts whatever block_size each event carries.
   std::uint32_t block_size = 0;
   /// Only events about device (GPU) memory apply; events whose "medium" is a
-  /// string other than "GPU" (CPU offload tiers, disk) are skipped and counted
-  /// as ignored. false: every medium applies.
+  /// string other than "GPU" (CPU offload tiers, disk), tier clears included,
+  /// are skipped unread and counted as ignored. false: every medium applies.
   bool device_only = true;
   /// Longer payloads are rejected before parsing (too_large).
   std::size_t max_payload_bytes = std::size_t{64} << 20;
@@ -435,9 +441,12 @@ class KvEventWireDecoder {
     std::uint32_t extra_keys = kNone;
     std::uint32_t group_idx = kNone;
     std::uint32_t spec_kind = kNone;
+    // Positional: some SGLang versions put a metadata map in lora_name's
+    // place, which names no LoRA (a "lora_name" key holds a name or nil).
+    bool positional = false;
   };
 
-  enum class Tag : std::uint8_t { stored, removed, cleared, unknown };
+  enum class Tag : std::uint8_t { stored, removed, cleared, tier_cleared, unknown };
 
   static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
@@ -577,6 +586,7 @@ class KvEventWireDecoder {
     if (s == "BlockStored") return Tag::stored;
     if (s == "BlockRemoved") return Tag::removed;
     if (s == "AllBlocksCleared") return Tag::cleared;
+    if (s == "TierBlocksCleared") return Tag::tier_cleared;
     return Tag::unknown;
   }
 
@@ -588,6 +598,7 @@ class KvEventWireDecoder {
       const std::uint32_t t = e + 1U;
       if (at(t).kind != Kind::str) return Fail{KvWireErrc::bad_event, "event tag is not a string"};
       tag = tag_of(str(t));
+      f.positional = true;
       // Positional fields in msgspec's declaration order.
       std::uint32_t c = next(t);
       for (std::uint32_t pos = 1; pos < at(e).size; ++pos, c = next(c)) {
@@ -624,6 +635,8 @@ class KvEventWireDecoder {
               break;  // 5: lora_id (superseded by lora_name); later ones: unknown
           }
         } else if (tag == Tag::removed) {
+          // vLLM's BlockRemoved names no kind: what follows group_idx
+          // (locality, ...) says nothing about the group.
           switch (pos) {
             case 1:
               f.hashes = c;
@@ -634,12 +647,11 @@ class KvEventWireDecoder {
             case 3:
               f.group_idx = c;
               break;
-            case 4:
-              f.spec_kind = c;
-              break;
             default:
               break;
           }
+        } else if (tag == Tag::tier_cleared && pos == 1) {
+          f.medium = c;
         }
       }
     } else if (at(e).kind == Kind::map) {
@@ -688,6 +700,8 @@ class KvEventWireDecoder {
       case Tag::cleared:
         out.events.emplace_back(kv_event::Cleared{});
         return std::nullopt;
+      case Tag::tier_cleared:
+        return tier_cleared(f, out);
       case Tag::removed:
         return removed(f, out);
       case Tag::stored:
@@ -698,6 +712,15 @@ class KvEventWireDecoder {
 
   static bool main_kind(std::string_view k) noexcept {
     return k == "full_attention" || k == "mla_attention" || k == "sink_full_attention";
+  }
+
+  // Whether the event is about another medium than the indexed one (with
+  // device_only, a string other than "GPU"). Checked before the event's
+  // contents: an offload tier publishes what the index never reads (block
+  // size 0, no token ids), and a step's GPU events share its batch.
+  bool other_medium(std::uint32_t medium) const noexcept {
+    return options_.device_only && medium != kNone && at(medium).kind == Kind::str &&
+           str(medium) != "GPU";
   }
 
   // Dynamo's filter: only the main attention group's blocks are routed on.
@@ -717,10 +740,21 @@ class KvEventWireDecoder {
           stream_ != nullptr ? stream_->is_main_group(at(f.group_idx).bits) : std::nullopt;
       other_group = learned ? !*learned : at(f.group_idx).bits != 0;
     }
-    if (options_.device_only && f.medium != kNone && at(f.medium).kind == Kind::str &&
-        str(f.medium) != "GPU")
-      return true;
-    return other_group;
+    return other_group || other_medium(f.medium);
+  }
+
+  // A clear of one tier: of the indexed medium (any, without device_only)
+  // it clears the worker, of another it is skipped.
+  std::optional<Fail> tier_cleared(const Fields& f, KvWireBatch& out) {
+    if (f.medium == kNone) return Fail{KvWireErrc::bad_event, "TierBlocksCleared without medium"};
+    if (at(f.medium).kind != Kind::str)
+      return Fail{KvWireErrc::bad_value, "TierBlocksCleared medium is not a string"};
+    if (other_medium(f.medium)) {
+      ++out.ignored_events;
+      return std::nullopt;
+    }
+    out.events.emplace_back(kv_event::Cleared{});
+    return std::nullopt;
   }
 
   std::optional<Fail> hash_list(std::uint32_t i, std::vector<std::uint64_t>& out) const {
@@ -738,6 +772,11 @@ class KvEventWireDecoder {
   }
 
   std::optional<Fail> removed(const Fields& f, KvWireBatch& out) {
+    if (other_medium(f.medium)) {
+      skipped_by_rule(f);  // still teaches the group's kind
+      ++out.ignored_events;
+      return std::nullopt;
+    }
     if (auto fail = hash_list(f.hashes, hashes_)) return fail;
     if (skipped_by_rule(f)) {
       ++out.ignored_events;
@@ -776,8 +815,20 @@ class KvEventWireDecoder {
     return std::nullopt;
   }
 
-  // extra_keys: one entry per block, nil or a list of keys; a key is a string
-  // or a [string, offset] pair. Only strings that name a media hash count.
+  // extra_keys: nil, or one entry per block, each nil or a list of keys.
+  std::optional<Fail> check_extra_keys(std::uint32_t i) const noexcept {
+    if (is_nil(i)) return std::nullopt;
+    if (at(i).kind != Kind::array) return Fail{KvWireErrc::bad_value, "extra_keys not an array"};
+    std::uint32_t c = i + 1U;
+    for (std::uint32_t b = 0; b < at(i).size; ++b, c = next(c))
+      if (at(c).kind != Kind::nil && at(c).kind != Kind::array)
+        return Fail{KvWireErrc::bad_value, "extra_keys entry is neither nil nor an array"};
+    return std::nullopt;
+  }
+
+  // extra_keys (checked): a key is a string or a [string, offset] pair, or
+  // any other value (a salt, an embedding hash). Only strings that name a
+  // media hash count.
   void media_lists(std::uint32_t i, std::size_t blocks) {
     media_.resize(std::max(media_.size(), blocks));
     for (std::size_t b = 0; b < blocks; ++b)
@@ -805,6 +856,11 @@ class KvEventWireDecoder {
   }
 
   std::optional<Fail> stored(const Fields& f, KvWireBatch& out) {
+    if (other_medium(f.medium)) {
+      skipped_by_rule(f);  // still teaches the group's kind
+      ++out.ignored_events;
+      return std::nullopt;
+    }
     if (auto fail = hash_list(f.hashes, hashes_)) return fail;
     std::optional<std::uint64_t> parent;
     if (!is_nil(f.parent)) {
@@ -819,7 +875,10 @@ class KvEventWireDecoder {
     std::uint64_t bs = 0;
     if (!small_uint(f.block_size, std::numeric_limits<std::uint32_t>::max(), bs))
       return Fail{KvWireErrc::bad_value, "block_size is not a 32-bit unsigned integer"};
-    if (bs == 0 && !hashes_.empty()) return Fail{KvWireErrc::bad_value, "block_size 0 with blocks"};
+    const bool lora_map = f.positional && f.lora_name != kNone && at(f.lora_name).kind == Kind::map;
+    if (!is_nil(f.lora_name) && at(f.lora_name).kind != Kind::str && !lora_map)
+      return Fail{KvWireErrc::bad_value, "lora_name is not a string"};
+    if (auto fail = check_extra_keys(f.extra_keys)) return fail;
     if (skipped_by_rule(f)) {
       ++out.ignored_events;
       return std::nullopt;
@@ -839,7 +898,7 @@ class KvEventWireDecoder {
     }
 
     std::string_view lora;
-    if (f.lora_name != kNone && at(f.lora_name).kind == Kind::str) lora = str(f.lora_name);
+    if (!is_nil(f.lora_name) && at(f.lora_name).kind == Kind::str) lora = str(f.lora_name);
     media_lists(f.extra_keys, kept);
     BlockHashOptions ho;
     ho.seed = block_hash_seed(lora);

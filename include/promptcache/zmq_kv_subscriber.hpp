@@ -28,18 +28,30 @@
 //     an unrecoverable gap. A live seq beyond the newest batch the replay
 //     returned was never published: it is dropped (bad_frames), as is a live
 //     seq of 2^64 - 1, the replay's end marker.
-//   * seq <= last is a restart when the batch's timestamp is newer than the
-//     last applied batch's and either seq <= restart_max_seq or the replay
-//     socket, asked from L, returns other bytes for L or nothing from L on:
-//     the view and the learned attention groups are reset and the stream
-//     restarts at seq 0 (replaying [0, seq) if seq > 0). Otherwise it is a
-//     late duplicate and dropped.
+//   * seq <= last is a late duplicate or a restarted publisher, told by the
+//     bytes, never by the batch timestamps (the engine's wall clock, which
+//     may step back across a restart): the same process resends the exact
+//     bytes it published. In order, (1) when seq is one of the last
+//     remembered_batches applied, the bytes applied there decide: the same
+//     bytes are a duplicate, other bytes a restart; (2) otherwise the replay
+//     socket, asked from L, decides: other bytes for L, or nothing from L
+//     on, is a restart, the bytes applied as L a duplicate; (3) with no
+//     answer (no replay socket, or it falls silent: not asked again until
+//     the cursor moves), seq <= restart_max_seq is a restart and a larger
+//     seq a duplicate. A
+//     restart resets the view and the learned attention groups, and the
+//     stream restarts at seq 0 (replaying [0, seq) if seq > 0).
 //   * A payload that does not decode consumes its seq, applies nothing, and is
 //     counted (a replay would return the same bytes).
 //
 // Two ways to drive it: call poll(timeout) from your own event loop, or
 // start() a background thread; with the thread, read the index through
-// with_index(). Needs cppzmq and libzmq (and msgpack-cxx, for the decoder).
+// with_index(). Applying holds the index lock for at most
+// max_blocks_per_lock blocks (whole events; at least one) and never while
+// waiting on a socket, so routing queries keep being answered during a long
+// replay or catch-up; they may see a batch (or a catch-up) partly applied,
+// event by event, as they would see the same events arrive in separate
+// batches. Needs cppzmq and libzmq (and msgpack-cxx, for the decoder).
 #pragma once
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
@@ -49,6 +61,7 @@
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_ZMQ_KV_SUBSCRIBER_HPP
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -64,6 +77,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <zmq.hpp>
@@ -90,9 +104,19 @@ struct ZmqKvSubscriberOptions {
   /// How long a replay may stay silent (from the request to its first reply,
   /// and between replies) before it is given up (replay_timeouts). >= 0.
   std::chrono::milliseconds replay_timeout{2000};
-  /// An old seq with a newer timestamp up to this value is a restart; above
-  /// it the replay socket decides (see the header comment).
+  /// An old seq that neither the remembered bytes nor the replay socket can
+  /// place is a restart up to this value, a duplicate above it (see the
+  /// header comment).
   std::uint64_t restart_max_seq = 1024;
+  /// The payload hashes of this many last applied seqs are kept per
+  /// publisher (16 bytes each), to tell a late duplicate (same bytes) from a
+  /// restarted publisher (other bytes) without the replay socket. 0: none.
+  std::size_t remembered_batches = 1024;
+  /// The index lock is released after at most this many blocks (counting an
+  /// event without blocks as one) are applied under it, between two events,
+  /// so with_index() callers wait for at most one slice. An event is never
+  /// split. 0: no limit (a whole batch, or replay, under one hold).
+  std::size_t max_blocks_per_lock = 4096;
   /// ZMQ_RCVHWM of the SUB sockets: messages buffered before ZeroMQ drops
   /// (0: no limit). >= 0.
   int receive_hwm = 100000;
@@ -181,6 +205,7 @@ class ZmqKvSubscriber {
     for (auto& cfg : publishers) {
       auto p = std::make_unique<Pub>();
       p->cfg = std::move(cfg);
+      p->recent.resize(options_.remembered_batches);
       p->sub = zmq::socket_t(ctx_, zmq::socket_type::sub);
       p->sub.set(zmq::sockopt::linger, 0);
       p->sub.set(zmq::sockopt::rcvhwm, options_.receive_hwm);
@@ -253,15 +278,16 @@ class ZmqKvSubscriber {
 
   /// The exception that ended the thread, if any (for example a ZeroMQ error).
   [[nodiscard]] std::exception_ptr thread_error() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto lock = reader_lock();
     return thread_error_;
   }
 
   /// Calls f(const KvIndex&) with the index locked against the thread's
-  /// updates, and returns its result.
+  /// updates, and returns its result. Waits for at most one slice of
+  /// max_blocks_per_lock blocks (or one event, or one worker reset).
   template <class F>
   decltype(auto) with_index(F&& f) const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto lock = reader_lock();
     return std::forward<F>(f)(std::as_const(index_));
   }
 
@@ -274,13 +300,13 @@ class ZmqKvSubscriber {
 
   /// Counters of publisher `i` (in constructor order). O(1).
   [[nodiscard]] KvPublisherCounters counters(std::size_t i) const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto lock = reader_lock();
     return pubs_.at(i)->counters;
   }
 
   /// The sum of every publisher's counters. O(publishers).
   [[nodiscard]] KvPublisherCounters total_counters() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto lock = reader_lock();
     KvPublisherCounters sum;
     for (const auto& p : pubs_)
       sum += p->counters;
@@ -290,7 +316,7 @@ class ZmqKvSubscriber {
   /// The last applied seq of publisher `i`, or nullopt before its first batch
   /// (and right after a reset). O(1).
   [[nodiscard]] std::optional<std::uint64_t> last_seq(std::size_t i) const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto lock = reader_lock();
     return pubs_.at(i)->cursor.last_applied_id();
   }
 
@@ -307,12 +333,18 @@ class ZmqKvSubscriber {
     // Hash of the payload bytes applied as the cursor's last seq: a replay
     // returning other bytes for that seq comes from a restarted publisher.
     std::uint64_t last_hash = 0;
-    // The last applied batch the replay vouched for (or could not answer
-    // for): an old seq with a newer timestamp asks about each one once.
+    // The last applied batch a replay question about fell silent: asked
+    // about once.
     bool verified = false;
     std::uint64_t verified_seq = 0;
     std::uint64_t verified_hash = 0;
-    double last_ts = -std::numeric_limits<double>::infinity();
+    // The payload hashes of the last applied seqs, at seq % size.
+    struct Applied {
+      std::uint64_t seq = 0;
+      std::uint64_t hash = 0;
+      bool valid = false;
+    };
+    std::vector<Applied> recent;
     std::uint64_t next_event_id = 0;  // ids the index sees: contiguous per view
     // Seqs the last replay applied: a live copy of one is not a duplicate.
     std::uint64_t replayed_lo = 1;
@@ -371,7 +403,9 @@ class ZmqKvSubscriber {
             zmq::recv_multipart(p.sub, std::back_inserter(frames_), zmq::recv_flags::dontwait);
         if (!got) break;
         ++handled;
-        std::lock_guard<std::mutex> lock(mutex_);
+        wait_for_readers();
+        std::unique_lock<std::mutex> lock(mutex_);
+        const Holding holding(*this, lock);
         ++p.counters.messages;
         const std::optional<std::uint64_t> seq =
             frames_.size() == 3 ? read_seq(frames_[1]) : std::nullopt;
@@ -387,17 +421,15 @@ class ZmqKvSubscriber {
     return handled;
   }
 
-  // Decodes a payload into batch_; false when it does not decode (counted
-  // when `count`: a duplicate's bytes were counted when first applied).
-  bool decode(Pub& p, const zmq::message_t& payload, bool count = true) {
+  // Decodes a payload into batch_; false (counted) when it does not decode.
+  // Duplicates are never decoded: their bytes were counted when first applied.
+  bool decode(Pub& p, const zmq::message_t& payload) {
     // Decoded against a copy: only an applied batch teaches the publisher's state.
     decoded_wire_ = p.wire;
     const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_, decoded_wire_);
     if (st.ok()) return true;
-    if (count) {
-      ++p.counters.malformed;
-      p.counters.last_error = st.code;
-    }
+    ++p.counters.malformed;
+    p.counters.last_error = st.code;
     return false;
   }
 
@@ -405,6 +437,75 @@ class ZmqKvSubscriber {
   static void consume(Pub& p, std::uint64_t seq, const zmq::message_t& payload) noexcept {
     p.cursor = p.cursor.advance_to(seq);
     p.last_hash = payload_hash(payload);
+    if (!p.recent.empty())
+      p.recent[static_cast<std::size_t>(seq % p.recent.size())] = {seq, p.last_hash, true};
+  }
+
+  // Whether `hash` is what was applied as `seq`; nullopt when not remembered.
+  static std::optional<bool> same_as_applied(const Pub& p, std::uint64_t seq,
+                                             std::uint64_t hash) noexcept {
+    if (p.recent.empty()) return std::nullopt;
+    const Pub::Applied& a = p.recent[static_cast<std::size_t>(seq % p.recent.size())];
+    if (!a.valid || a.seq != seq) return std::nullopt;
+    return a.hash == hash;
+  }
+
+  // The lock the polling thread holds while it handles a message, so that
+  // applying and replay waits can let readers in.
+  struct Holding {
+    Holding(ZmqKvSubscriber& s, std::unique_lock<std::mutex>& lock) noexcept : sub(s) {
+      sub.held_ = &lock;
+      sub.held_blocks_ = 0;
+    }
+    ~Holding() { sub.held_ = nullptr; }
+    Holding(const Holding&) = delete;
+    Holding& operator=(const Holding&) = delete;
+    ZmqKvSubscriber& sub;
+  };
+
+  // A reader's lock. std::mutex is not fair: the count tells the polling
+  // thread that someone waits, so that it steps aside between slices.
+  std::unique_lock<std::mutex> reader_lock() const {
+    readers_waiting_.fetch_add(1, std::memory_order_relaxed);
+    std::unique_lock<std::mutex> lock(mutex_);
+    readers_waiting_.fetch_sub(1, std::memory_order_relaxed);
+    return lock;
+  }
+
+  // Lets the readers waiting for the lock take it first (bounded, so a
+  // stream of readers cannot stall the stream). Called without the lock.
+  void wait_for_readers() const noexcept {
+    for (int i = 0; i < 256 && readers_waiting_.load(std::memory_order_relaxed) != 0; ++i)
+      std::this_thread::yield();
+  }
+
+  // Releases the lock until the readers waiting for it had it, then takes it
+  // back.
+  void let_readers_in() {
+    held_blocks_ = 0;
+    if (held_ == nullptr) return;
+    held_->unlock();
+    wait_for_readers();
+    held_->lock();
+  }
+
+  // Unlocked for the scope of a socket wait.
+  struct Unlocked {
+    explicit Unlocked(std::unique_lock<std::mutex>* l) : lock(l) {
+      if (lock != nullptr) lock->unlock();
+    }
+    ~Unlocked() {
+      if (lock != nullptr) lock->lock();
+    }
+    Unlocked(const Unlocked&) = delete;
+    Unlocked& operator=(const Unlocked&) = delete;
+    std::unique_lock<std::mutex>* lock;
+  };
+
+  static std::size_t blocks_of(const KvEventData& e) noexcept {
+    if (const auto* s = std::get_if<kv_event::Stored>(&e)) return s->blocks.size();
+    if (const auto* r = std::get_if<kv_event::Removed>(&e)) return r->block_hashes.size();
+    return 0;
   }
 
   // Applies the batch at `seq` (decoding it) and advances the cursor.
@@ -419,12 +520,16 @@ class ZmqKvSubscriber {
     p.wire = decoded_wire_;
     ++c.batches_applied;
     if (replayed) ++c.batches_replayed;
-    if (batch_.ts > p.last_ts) p.last_ts = batch_.ts;
     if (batch_.dp_rank && *batch_.dp_rank != p.cfg.worker.dp_rank) ++c.dp_rank_mismatches;
     c.unknown_events += batch_.unknown_events;
     c.ignored_events += batch_.ignored_events;
     c.dropped_blocks += batch_.dropped_blocks;
+    const std::size_t slice = options_.max_blocks_per_lock;
     for (const KvEventData& e : batch_.events) {
+      // Each event applies whole; the lock may be released between two.
+      const std::size_t n = std::max<std::size_t>(blocks_of(e), 1);
+      if (slice != 0 && held_blocks_ != 0 && held_blocks_ + n > slice) let_readers_in();
+      held_blocks_ += n;
       const KvEventResult r = index_.apply(p.cfg.worker, KvEvent{p.next_event_id++, e});
       ++c.events_applied;
       if (!r.ok()) ++c.index_rejected;
@@ -437,18 +542,19 @@ class ZmqKvSubscriber {
     index_.remove_worker(p.cfg.worker);
     p.next_event_id = 0;
     p.cursor = CursorState<>::initial();
-    p.last_ts = -std::numeric_limits<double>::infinity();
     p.replayed_lo = 1;
     p.replayed_hi = 0;
     p.verified = false;
     ++p.counters.resets;
   }
 
-  // A new process behind the publisher: its view and its groups start over.
+  // A new process behind the publisher: its view, its groups and the bytes
+  // remembered start over.
   void restart(Pub& p) {
     ++p.counters.restarts;
     reset(p);
     p.wire.reset();
+    std::fill(p.recent.begin(), p.recent.end(), Pub::Applied{});
   }
 
   void live(Pub& p, const Frame& f) {
@@ -468,13 +574,17 @@ class ZmqKvSubscriber {
   }
 
   void stale(Pub& p, const Frame& f) {
-    // A duplicate (or a batch a replay already applied) carries the timestamp
-    // of the batch it repeats: only a newer one can come from a restarted
-    // publisher. Up to restart_max_seq that decides; above it, where a skewed
-    // clock is likelier than a restart that lost so many batches, the replay
-    // decides.
-    const bool newer = decode(p, *f.payload, false) && batch_.ts > p.last_ts;
-    if (newer && (f.seq <= options_.restart_max_seq || restarted_beyond_bound(p))) {
+    // A duplicate (or a batch a replay already applied) carries the bytes of
+    // the batch it repeats. Timestamps are not evidence: the engine's wall
+    // clock may step back across its restart.
+    bool restarted = false;
+    if (const std::optional<bool> same = same_as_applied(p, f.seq, payload_hash(*f.payload))) {
+      restarted = !*same;
+    } else {
+      const std::optional<bool> answer = restarted_per_replay(p);
+      restarted = answer ? *answer : f.seq <= options_.restart_max_seq;
+    }
+    if (restarted) {
       restart(p);
       if (f.seq == 0) {
         // Decoded again: the new process's groups are learned from nothing.
@@ -543,21 +653,21 @@ class ZmqKvSubscriber {
       ++c.gaps_recovered;
   }
 
-  // Whether the publisher restarted, asked of its replay buffer when an old seq
-  // above restart_max_seq comes with a newer timestamp: a publisher keeps its
-  // newest batches, so the same process returns the bytes applied as the last
-  // seq L, and a new one returns other bytes, or nothing from L on when it has
-  // not yet reached L. Batches after L that the reply brings are applied as in
-  // a gap (but were not lost: no gap is counted unless the buffer no longer
-  // reaches L + 1). Without a replay socket, or when it falls silent, nothing
-  // can be told: not a restart.
-  // The question is asked once per applied batch: until the cursor moves,
-  // later such frames are duplicates (a silent replay socket would otherwise
-  // hold the lock for replay_timeout per frame).
-  bool restarted_beyond_bound(Pub& p) {
-    if (!p.has_replay || p.cursor.is_initial()) return false;
+  // Whether the publisher restarted, asked of its replay buffer when an old
+  // seq's bytes are not remembered: a publisher keeps its newest batches, so
+  // the same process returns the bytes applied as the last seq L, and a new
+  // one returns other bytes, or nothing from L on when it has not yet reached
+  // L. Batches after L that the reply brings are applied as in a gap (but
+  // were not lost: no gap is counted unless the buffer no longer reaches
+  // L + 1). nullopt: no answer (no replay socket, or it fell silent).
+  // A question that fell silent is not asked again until the cursor moves (a
+  // silent replay socket would otherwise cost replay_timeout per frame). One
+  // that was answered is asked again: the publisher may restart meanwhile,
+  // and an answer costs one round trip.
+  std::optional<bool> restarted_per_replay(Pub& p) {
+    if (!p.has_replay || p.cursor.is_initial()) return std::nullopt;
     const std::uint64_t last = *p.cursor.last_applied_id();
-    if (p.verified && p.verified_seq == last && p.verified_hash == p.last_hash) return false;
+    if (p.verified && p.verified_seq == last && p.verified_hash == p.last_hash) return std::nullopt;
     bool lost = false;
     std::optional<std::uint64_t> newest;
     const ReplayEnd end = replay_or_reopen(p, lost, newest);
@@ -570,13 +680,14 @@ class ZmqKvSubscriber {
     }
     if (end == ReplayEnd::restarted) return true;
     if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
-    if (end == ReplayEnd::timed_out) ++c.replay_timeouts;
+    if (end != ReplayEnd::timed_out) return false;
+    ++c.replay_timeouts;
     if (!p.cursor.is_initial()) {
       p.verified = true;
       p.verified_seq = *p.cursor.last_applied_id();
       p.verified_hash = p.last_hash;
     }
-    return false;
+    return std::nullopt;
   }
 
   void reopen_replay(Pub& p) {
@@ -626,7 +737,13 @@ class ZmqKvSubscriber {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now());
       if (left.count() < 0) return ReplayEnd::timed_out;
       zmq::pollitem_t item{p.replay.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, left) == 0) continue;  // re-check the deadline
+      int ready = 0;
+      {
+        // Readers are not kept waiting on the network.
+        const Unlocked unlocked(held_);
+        ready = zmq::poll(&item, 1, left);
+      }
+      if (ready == 0) continue;  // re-check the deadline
       reply.clear();
       if (!zmq::recv_multipart(p.replay, std::back_inserter(reply), zmq::recv_flags::dontwait))
         continue;
@@ -681,6 +798,9 @@ class ZmqKvSubscriber {
   KvWireStreamState decoded_wire_;  // the publisher's state after decoding batch_
   std::vector<zmq::message_t> frames_;
   mutable std::mutex mutex_;
+  mutable std::atomic<std::uint32_t> readers_waiting_{0};
+  std::unique_lock<std::mutex>* held_ = nullptr;  // the polling thread's, while it holds it
+  std::size_t held_blocks_ = 0;                   // blocks applied under the current hold
   std::exception_ptr thread_error_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> alive_{false};

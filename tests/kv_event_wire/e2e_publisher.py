@@ -8,25 +8,37 @@ buffered batch with seq >= start, then [client, empty, -1, empty]. The PUB is
 an XPUB so that publishing starts only once the subscriber's subscription has
 arrived (no sleeping for the slow-joiner problem); to a SUB it is the same.
 
-Two publishers run a generated engine workload (a prefix cache storing
-chains of blocks, evicting leaves, sometimes clearing):
+Three publishers run a generated engine workload (a prefix cache storing
+chains of blocks, evicting leaves, sometimes clearing). Their steps also
+carry a KV-offloading tier's events in the same batches: stores of GPU
+blocks on a CPU medium with block size 0 and no token ids, and removals
+there, which the subscriber must skip while applying the step's GPU events.
 
   A  SGLang-style (array batch, array events, signed int hashes, dp rank 0;
-     its engine clears its cache now and then):
+     its engine clears its cache now and then; removals carry group_idx and
+     vLLM's locality after the medium):
      drops seq 10 and seqs 40-42 (replayed), repeats an old batch, then
      restarts at seq 0 with its first two batches lost (replayed from the new
-     buffer).
-  B  vLLM-style (map batch, map events, 32-byte hashes, dp rank 1; never
-     clears, so only the subscriber's reset can drop what it held): drops
-     seq 5 (replayed), repeats an old batch, then loses a run longer than its
-     replay buffer (unrecoverable: the subscriber resets B and continues from
-     the oldest buffered batch).
+     buffer) and its wall clock stepped back an hour.
+  B  vLLM-style (map batch, map events, 32-byte hashes, dp rank 1; clears
+     only once, late, so only the subscriber's reset can drop what it held
+     before): drops seq 5 (replayed), repeats an old batch, loses a run
+     longer than its replay buffer (unrecoverable: the subscriber resets B
+     and continues from the oldest buffered batch), then resets its GPU
+     prefix cache with a tier-scoped clear (TierBlocksCleared, GPU, next to
+     a CPU tier's).
+  C  vLLM-style, dp rank 2, joined late: it published more batches than its
+     replay buffer holds before the subscriber connected, so the subscriber
+     catches up from the oldest buffered batch and counts the gap as
+     unrecoverable.
 
 After each deliberate loss it waits for the subscriber's replay request, so
-the outcome does not depend on timing. It prints one line with the four
+the outcome does not depend on timing. It prints one line with the six
 endpoints, writes the expectation file (what an index fed only the kept
-batches must equal, and the counters the subscriber must show), prints DONE,
-and keeps answering replays until its stdin closes.
+batches must equal, the counters the subscriber must show, the engine's own
+GPU block count where the subscriber must know it exactly, and for C the
+prefixes stored after the join), prints DONE, and keeps answering replays
+until its stdin closes.
 
 Usage: e2e_publisher.py <expectation-file>
 """
@@ -54,6 +66,8 @@ class Engine:
         self.blocks = {}     # name -> (parent name | None, full token prefix)
         self.children = {}   # name -> set of child names
         self.prefixes = []   # every stored prefix, for the final queries
+        self.stored_at = {}  # name -> seq of the batch that stored it
+        self.cur_seq = 0
 
     def new_name(self):
         while True:
@@ -96,12 +110,28 @@ class Engine:
                     name = self.new_name()
                     prefix += tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
                     self.blocks[name] = (up, list(prefix))
+                    self.stored_at[name] = self.cur_seq
                     self.children.setdefault(up, set()).add(name)
                     up = name
                     names.append(name)
                 self.prefixes.append(list(prefix))
                 events.append(("stored", (names, parent, tokens)))
+                if n >= 2:  # the offloading connector copies them to its CPU tier
+                    events.append(("offloaded", names))
         return events
+
+    def tier_clear(self):
+        """A GPU prefix-cache reset that leaves the offload tier alone."""
+        self.blocks.clear()
+        self.children.clear()
+        return [("tier_cleared", "CPU_TIER1"), ("tier_cleared", "GPU")]
+
+    def chain(self, name):
+        out = []
+        while name is not None:
+            out.append(name)
+            name = self.blocks[name][0]
+        return out[::-1]
 
 
 def encode_sglang(ts, events, dp_rank):
@@ -111,7 +141,12 @@ def encode_sglang(ts, events, dp_rank):
             names, parent, tokens = f
             out.append(["BlockStored", names, parent, tokens, BLOCK_SIZE, None, "GPU", None])
         elif kind == "removed":
-            out.append(["BlockRemoved", f, "GPU"])
+            out.append(["BlockRemoved", f, "GPU", 0, "LOCAL"])
+            out.append(["BlockRemoved", f[:1], "CPU_TIER1"])
+        elif kind == "offloaded":
+            out.append(["BlockStored", f, None, [], 0, None, "CPU_TIER1", None])
+        elif kind == "tier_cleared":
+            out.append(["TierBlocksCleared", f])
         else:
             out.append(["AllBlocksCleared"])
     return pack([ts, out, dp_rank])
@@ -127,6 +162,12 @@ def encode_vllm(ts, events, dp_rank):
                         "medium": "GPU", "lora_name": None})
         elif kind == "removed":
             out.append({"type": "BlockRemoved", "block_hashes": f, "medium": "GPU"})
+        elif kind == "offloaded":
+            out.append({"type": "BlockStored", "block_hashes": f, "parent_block_hash": None,
+                        "token_ids": [], "block_size": 0, "lora_id": None, "medium": "CPU",
+                        "lora_name": None})
+        elif kind == "tier_cleared":
+            out.append({"type": "TierBlocksCleared", "medium": f})
         else:
             out.append({"type": "AllBlocksCleared"})
     return pack({"ts": ts, "events": out, "data_parallel_rank": dp_rank})
@@ -142,8 +183,8 @@ class Publisher:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind("tcp://127.0.0.1:*")
         self.worker_id, self.dp_rank, self.style = worker_id, dp_rank, style
-        # B never clears its cache: what the subscriber held before B's lost
-        # run must be gone only because of the reset.
+        # B and C never clear at random: what the subscriber held before B's
+        # lost run must be gone only because of the reset.
         self.engine = Engine(rng, "signed" if style == "sglang" else "bytes",
                              0.02 if style == "sglang" else 0.0)
         self.old_prefixes = []  # prefixes stored before a restart
@@ -151,17 +192,23 @@ class Publisher:
         self.buffer = []      # (seq, payload), at most BUFFER_STEPS
         self.kept = []        # payloads an index fed after the last reset applies
         self.requests = 0
-        self.counts = {"duplicates": 0, "restarts": 0, "recovered": 0, "unrecoverable": 0}
+        self.counts = {"duplicates": 0, "restarts": 0, "recovered": 0, "unrecoverable": 0,
+                       "resets": 0}
+        self.exact = True     # the subscriber's view must equal the engine's blocks
+        self.join_seq = None  # C: the oldest batch the subscriber could get
         self.ts = 1764600000.0 + worker_id
 
     def endpoints(self):
         return [self.pub.getsockopt(zmq.LAST_ENDPOINT).decode(),
                 self.router.getsockopt(zmq.LAST_ENDPOINT).decode()]
 
-    def make_batch(self):
+    def make_batch(self, tier_clear=False):
         """The next batch: encoded, buffered, kept; returns (seq, payload)."""
         self.ts += 0.001
+        self.engine.cur_seq = self.seq
         events = self.engine.step()
+        if tier_clear:
+            events += self.engine.tier_clear() + self.engine.step()
         enc = encode_sglang if self.style == "sglang" else encode_vllm
         payload = enc(self.ts, events, self.dp_rank)
         seq = self.seq
@@ -174,8 +221,8 @@ class Publisher:
     def send(self, seq, payload):
         self.pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
 
-    def step(self, drop=False):
-        seq, payload = self.make_batch()
+    def step(self, drop=False, tier_clear=False):
+        seq, payload = self.make_batch(tier_clear)
         if not drop:
             self.send(seq, payload)
 
@@ -192,6 +239,7 @@ class Publisher:
         """A new engine process: empty cache, seq from 0, empty buffer."""
         self.old_prefixes += self.engine.prefixes
         self.engine = Engine(self.engine.rng, self.engine.hash_kind, self.engine.clear_prob)
+        self.ts -= 3600.0  # its wall clock stepped back: timestamps are no evidence
         self.seq = 0
         self.buffer = []
         self.kept = []
@@ -228,8 +276,13 @@ def main():
     ctx = zmq.Context()
     a = Publisher(ctx, rng, worker_id=7, dp_rank=0, style="sglang")
     b = Publisher(ctx, rng, worker_id=7, dp_rank=1, style="vllm")
-    pubs = [a, b]
-    print(" ".join(a.endpoints() + b.endpoints()), flush=True)
+    c = Publisher(ctx, rng, worker_id=7, dp_rank=2, style="vllm")
+    pubs = [a, b, c]
+    # C publishes before anyone listens: 40 batches, more than its buffer.
+    for _ in range(40):
+        c.make_batch()
+    c.exact = False  # its view lacks what was stored before the join
+    print(" ".join(a.endpoints() + b.endpoints() + c.endpoints()), flush=True)
     for p in pubs:
         wait_for_subscriber(p)
 
@@ -258,9 +311,19 @@ def main():
                 p.send(*old)  # a late duplicate of an applied batch
                 p.counts["duplicates"] += 1
                 p.step()
+            elif p is c and i == 0:
+                # The first live message: a gap from 0 that the buffer no
+                # longer covers; the subscriber takes what is buffered.
+                lose(c, 0)
+                c.counts["unrecoverable"] += 1
+                c.join_seq = c.seq - BUFFER_STEPS
+                c.kept = c.kept[-BUFFER_STEPS:]
+            elif p is b and i == 80:
+                b.step(tier_clear=True)
             elif p is b and i == 50:
                 lose(b, BUFFER_STEPS + 2)
                 b.counts["unrecoverable"] += 1
+                b.counts["resets"] += 1
                 # The subscriber resets B and continues from the oldest batch
                 # still buffered when it asked.
                 b.kept = b.kept[-BUFFER_STEPS:]
@@ -268,6 +331,7 @@ def main():
                 a.restart()
                 lose(a, 2)
                 a.counts["restarts"] += 1
+                a.counts["resets"] += 1
                 a.counts["recovered"] += 1  # the lost first two batches of the new run
             else:
                 p.step()
@@ -277,14 +341,27 @@ def main():
     with open(out_path, "w") as f:
         f.write(f"block_size {BLOCK_SIZE}\n")
         for p in pubs:
-            c = p.counts
+            n = p.counts
+            gpu = str(len(p.engine.blocks)) if p.exact else "-"
             f.write(f"worker {p.worker_id} {p.dp_rank} last_seq {p.seq - 1} duplicates "
-                    f"{c['duplicates']} restarts {c['restarts']} recovered {c['recovered']} "
-                    f"unrecoverable {c['unrecoverable']}\n")
+                    f"{n['duplicates']} restarts {n['restarts']} recovered {n['recovered']} "
+                    f"unrecoverable {n['unrecoverable']} resets {n['resets']} gpu_blocks {gpu}\n")
             for payload in p.kept:
                 f.write("payload " + payload.hex() + "\n")
             for q in p.old_prefixes + p.engine.prefixes:
                 f.write("query " + " ".join(map(str, q)) + "\n")
+            if p.join_seq is None:
+                continue
+            # The engine's chains now, by where they started: stored in full
+            # after the join, or extending a prefix stored before it.
+            e = p.engine
+            for leaf in sorted((x for x in e.blocks if not e.children.get(x)), key=repr):
+                chain = e.chain(leaf)
+                if e.stored_at[leaf] < p.join_seq:
+                    continue
+                kind = ("routable" if all(e.stored_at[x] >= p.join_seq for x in chain)
+                        else "extends")
+                f.write(f"{kind} {len(chain)} " + " ".join(map(str, e.blocks[leaf][1])) + "\n")
     print("DONE", flush=True)
 
     poller = zmq.Poller()

@@ -22,7 +22,7 @@ own):
   stored parent=<u64>|none lora=<name>|- eagle=<0|1> block_size=<n>
   block <u64 block hash> tokens <t...> [media <u64...>]
   removed <u64...>
-  cleared
+  cleared                (AllBlocksCleared, or TierBlocksCleared of the GPU)
 
 malformed.txt lists the payloads that must be rejected, with the error code.
 
@@ -234,6 +234,35 @@ def main():
     # 8. Empty events list, integer timestamp.
     write("empty_events", pack([1764590006, []]), golden(1764590006.0, None, []))
 
+    # 9. A KV-offloading step: stores and removals on another medium (block
+    # size 0, no token ids) among the step's GPU events, vLLM's BlockRemoved
+    # with locality after group_idx, and tier-scoped clears of both media.
+    s1 = Stored([301, 302], None, toks(8), 4)
+    s2 = Stored([303], 302, toks(4), 4)
+    events = [s1.array(fields=7),
+              ["BlockStored", [77], None, [], 0, None, "CPU"],
+              ["BlockStored", [78], None, [], 0, None, "GPU"],
+              Removed([302], group_idx=0).array(fields=4, extra=("LOCAL",)),
+              Removed([77], medium="CPU").array(),
+              ["TierBlocksCleared", "CPU"],
+              ["TierBlocksCleared", "GPU"],
+              s2.array(fields=7)]
+    ts = 1764590007.25
+    write("vllm_offload_batch", pack([ts, events, 0]),
+          golden(ts, 0, [("stored", s1, 2, None, False), ("removed", [302]), ("cleared",),
+                         ("stored", s2, 1, None, False)], ignored=4, dropped=1))
+
+    # 10. The same step with map events in a map batch (vLLM main).
+    events = [s1.map(),
+              Stored([77], None, [], 0, medium="CPU").map(),
+              Removed([302], group_idx=0).map(extra={"locality": "LOCAL"}),
+              {"type": "TierBlocksCleared", "medium": "CPU_TIER1"},
+              {"type": "TierBlocksCleared", "medium": "GPU", "ownership": "kvcr"},
+              s2.map()]
+    write("vllm_offload_map_batch", pack({"ts": ts, "events": events, "data_parallel_rank": 0}),
+          golden(ts, 0, [("stored", s1, 2, None, False), ("removed", [302]), ("cleared",),
+                         ("stored", s2, 1, None, False)], ignored=2))
+
     # Malformed payloads and the error each must give.
     good = (OUT / "vllm_array_events.msgpack").read_bytes()
     bad = {
@@ -272,10 +301,24 @@ def main():
                                  "bad_value"),
         "stored_token_pair_short": (pack([1.0, [["BlockStored", [1], None, [[1]], 1]]]),
                                     "bad_value"),
-        "stored_block_size_zero": (pack([1.0, [["BlockStored", [1], None, [1], 0]]]), "bad_value"),
         "stored_block_size_negative": (pack([1.0, [["BlockStored", [1], None, [1], -4]]]),
                                        "bad_value"),
         "stored_hashes_not_array": (pack([1.0, [["BlockStored", 5, None, [1], 1]]]), "bad_value"),
+        "stored_lora_name_int": (pack([1.0, [["BlockStored", [1], None, [1], 1, None, "GPU", 7]]]),
+                                 "bad_value"),
+        "stored_lora_name_map_key": (pack([1.0, [{"type": "BlockStored", "block_hashes": [1],
+                                                  "parent_block_hash": None, "token_ids": [1],
+                                                  "block_size": 1, "lora_name": {"a": 1}}]]),
+                                     "bad_value"),
+        "stored_extra_keys_string": (pack([1.0, [{"type": "BlockStored", "block_hashes": [1],
+                                                  "parent_block_hash": None, "token_ids": [1],
+                                                  "block_size": 1, "extra_keys": "x"}]]),
+                                     "bad_value"),
+        "stored_extra_keys_entry_int": (
+            pack([1.0, [["BlockStored", [1], None, [1], 1, None, "GPU", None, [3]]]]), "bad_value"),
+        "tier_cleared_without_medium": (pack([1.0, [["TierBlocksCleared"]]]), "bad_event"),
+        "tier_cleared_medium_int": (pack([1.0, [{"type": "TierBlocksCleared", "medium": 0}]]),
+                                    "bad_value"),
         "removed_without_hashes": (pack([1.0, [["BlockRemoved"]]]), "bad_event"),
         "removed_hash_nil": (pack([1.0, [["BlockRemoved", [None]]]]), "bad_value"),
         "bad_second_event": (pack([1.0, [["AllBlocksCleared"], ["BlockRemoved", 3]]]),
