@@ -17,6 +17,7 @@
 
 using promptcache::KvBlock;
 using promptcache::KvEvent;
+using promptcache::KvEventData;
 using promptcache::KvEventResult;
 using promptcache::KvEventStatus;
 using promptcache::KvGapPolicy;
@@ -326,4 +327,273 @@ TEST_CASE("under KvUnknownParent::refuse nothing is kept (the previous behaviour
   CHECK(r.status == KvEventStatus::parent_not_found);
   CHECK(index.find_matches(q.tokens, q.names).empty());
   CHECK(index.total_orphans() == 0);
+}
+
+namespace {
+
+// A simulated engine rank: the names it caches (closed under prefixes, as a
+// prefix cache is) and the universe's parent and tokens of every name.
+struct Universe {
+  std::map<std::uint64_t, std::uint64_t> parent;  // name -> parent name (0: root)
+  std::map<std::uint64_t, std::uint64_t> tokens;  // name -> tokens hash
+  std::uint64_t child(std::uint64_t p, std::uint64_t t) {
+    const std::uint64_t n = chain_name(p, t);
+    parent[n] = p;
+    tokens[n] = t;
+    return n;
+  }
+  std::size_t depth(std::uint64_t n) const {
+    std::size_t d = 0;
+    for (; n != 0; n = parent.at(n))
+      ++d;
+    return d;
+  }
+  bool is_ancestor(std::uint64_t a, std::uint64_t n) const {  // a strictly above n
+    for (std::uint64_t x = parent.at(n); x != 0; x = parent.at(x))
+      if (x == a) return true;
+    return false;
+  }
+};
+
+// What the index must know of one worker after a reset: K, the names the
+// events it saw stored (and not removed since), and I, their ancestors
+// (implied: a graft may place them).
+struct Known {
+  std::set<std::uint64_t> stored;
+  std::set<std::uint64_t> implied;
+};
+
+// Names and parents of a worker's view, read from its dump.
+struct View {
+  std::set<std::uint64_t> names;
+  std::set<std::uint64_t> parents;  // parent_hash of every dumped chain
+};
+
+View view_of(const KvIndex& index, const KvWorker& w) {
+  View v;
+  for (const KvEvent& e : index.dump(w)) {
+    const auto& s = std::get<kv_event::Stored>(e.data);
+    if (s.parent_hash) v.parents.insert(*s.parent_hash);
+    for (const KvBlock& b : s.blocks)
+      v.names.insert(b.block_hash);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("random resets, stores and removals against a model of held names",
+          "[kv_index][late_join]") {
+  std::mt19937_64 rng(20261203);
+  const auto pick = [&](std::size_t n) {
+    return static_cast<std::size_t>(std::uniform_int_distribution<std::size_t>(0, n - 1U)(rng));
+  };
+  Universe u;
+  constexpr std::size_t workers = 3;
+  const KvWorker ws[workers] = {{1, 0}, {2, 0}, {2, 1}};
+  std::vector<std::set<std::uint64_t>> engine(workers);  // what each engine caches
+  std::vector<Known> known(workers);
+  std::vector<std::uint64_t> next_id(workers, 0);
+  KvIndex index(late_join_options());
+  std::size_t grafts_seen = 0;
+  std::size_t orphans_seen = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const std::size_t wi = pick(workers);
+    std::set<std::uint64_t>& cached = engine[wi];
+    Known& k = known[wi];
+    const std::size_t action = pick(100);
+    KvEventData data;
+    std::vector<std::uint64_t> removed;
+    if (action < 60) {  // serve a request: store the blocks not cached yet
+      std::uint64_t at = 0;
+      kv_event::Stored s;
+      const std::size_t len = 1U + pick(6);
+      for (std::size_t i = 0; i < len; ++i) {
+        const std::uint64_t n = u.child(at, 1U + pick(4));
+        if (s.blocks.empty() && cached.count(n) != 0U) {
+          at = n;
+          continue;
+        }
+        if (s.blocks.empty() && at != 0) s.parent_hash = at;
+        s.blocks.push_back(KvBlock{n, u.tokens.at(n)});
+        at = n;
+      }
+      if (s.blocks.empty()) continue;
+      for (const KvBlock& b : s.blocks)
+        cached.insert(b.block_hash);
+      data = std::move(s);
+    } else if (action < 92) {  // evict a block with everything below it, leaves first
+      if (cached.empty()) continue;
+      auto it = cached.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(pick(cached.size())));
+      const std::uint64_t top = *it;
+      std::vector<std::uint64_t> below;
+      for (const std::uint64_t n : cached)
+        if (u.is_ancestor(top, n)) below.push_back(n);
+      // Deeper first.
+      std::stable_sort(below.begin(), below.end(),
+                       [&](std::uint64_t a, std::uint64_t b) { return u.depth(a) > u.depth(b); });
+      below.push_back(top);
+      if (pick(2) == 0U) std::reverse(below.begin(), below.end());  // cascades first
+      for (const std::uint64_t n : below)
+        cached.erase(n);
+      removed = below;
+      data = kv_event::Removed{below};
+    } else if (action < 95) {
+      cached.clear();
+      data = kv_event::Cleared{};
+    } else if (action < 97) {  // the index's own dump round-trips
+      const View before = view_of(index, ws[wi]);
+      if (next_id[wi] == 0) continue;
+      REQUIRE(index.replace_worker(ws[wi], index.dump(ws[wi]), next_id[wi] - 1U).ok);
+      // A replace may graft more, never lose anything.
+      const View after = view_of(index, ws[wi]);
+      REQUIRE(std::includes(after.names.begin(), after.names.end(), before.names.begin(),
+                            before.names.end()));
+      continue;
+    } else {  // the next event of this worker is lost: the index resets
+      ++next_id[wi];
+      continue;
+    }
+    const std::uint64_t id = next_id[wi]++;
+    const KvEventResult r = index.apply(ws[wi], KvEvent{id, data});
+    REQUIRE(r.ok());
+    if (r.view_reset) k = Known{};
+    if (const auto* s = std::get_if<kv_event::Stored>(&data)) {
+      for (const KvBlock& b : s->blocks) {
+        k.stored.insert(b.block_hash);
+        for (std::uint64_t x = u.parent.at(b.block_hash); x != 0; x = u.parent.at(x))
+          k.implied.insert(x);
+      }
+      orphans_seen += r.blocks_orphaned;
+      grafts_seen += r.blocks_grafted;
+    } else if (std::holds_alternative<kv_event::Removed>(data)) {
+      for (const std::uint64_t n : removed) {
+        k.stored.erase(n);
+        k.implied.erase(n);
+      }
+    } else {
+      k = Known{};
+    }
+    REQUIRE(index.check_invariants());
+    // Every worker: K within the view, the view within K and I (and the
+    // engine's cache), and matching by names exactly what the view implies.
+    for (std::size_t v = 0; v < workers; ++v) {
+      const View view = view_of(index, ws[v]);
+      for (const std::uint64_t n : known[v].stored)
+        REQUIRE(view.names.count(n) == 1U);
+      for (const std::uint64_t n : view.names) {
+        REQUIRE((known[v].stored.count(n) + known[v].implied.count(n)) != 0U);
+        REQUIRE(engine[v].count(n) == 1U);
+      }
+      REQUIRE(index.block_count(ws[v]) + index.orphan_count(ws[v]) == view.names.size());
+    }
+    for (int q = 0; q < 4; ++q) {
+      Request req;
+      std::uint64_t at = 0;
+      const std::size_t len = 1U + pick(8);
+      for (std::size_t i = 0; i < len; ++i) {
+        at = u.child(at, 1U + pick(4));
+        req.names.push_back(at);
+        req.tokens.push_back(u.tokens.at(at));
+      }
+      const auto ms = index.find_matches(req.tokens, req.names);
+      const auto tree_only = index.find_matches(req.tokens);
+      for (std::size_t v = 0; v < workers; ++v) {
+        const View view = view_of(index, ws[v]);
+        std::size_t expect = 0;
+        for (std::size_t i = 0; i < len; ++i)
+          if (view.names.count(req.names[i]) + view.parents.count(req.names[i]) != 0U)
+            expect = i + 1U;
+        REQUIRE(match_of(ms, ws[v]) == expect);
+        REQUIRE(match_of(tree_only, ws[v]) <= expect);
+        // At least what the events stored (and their parents) imply.
+        std::size_t lower = 0;
+        for (std::size_t i = 0; i < len; ++i)
+          for (const std::uint64_t n : known[v].stored)
+            if (n == req.names[i] || u.parent.at(n) == req.names[i]) lower = i + 1U;
+        REQUIRE(expect >= lower);
+      }
+      for (const KvWorkerMatch& m : ms)
+        REQUIRE(m.blocks >= 1U);
+    }
+  }
+  CHECK(orphans_seen > 100);
+  CHECK(grafts_seen > 100);
+  for (const KvWorker& w : ws)
+    index.remove_worker(w);
+  CHECK(index.total_orphans() == 0);
+  CHECK(index.node_count() == 0);
+  CHECK(index.check_invariants());
+}
+
+namespace {
+
+// Routes `requests` over two engines that have run for a while: the router's
+// index sees their events only from request `join` on (the earlier ones are
+// lost to it: it joined late). Returns the routed requests for which no
+// worker matched a block (misses).
+std::size_t late_join_misses(KvUnknownParent on_unknown_parent, std::size_t requests,
+                             std::size_t join) {
+  KvIndexOptions o;
+  o.on_unknown_parent = on_unknown_parent;
+  KvIndex index(o);
+  constexpr std::size_t engines = 2;
+  constexpr std::size_t prompts = 6;        // hot system prompts
+  constexpr std::size_t prompt_blocks = 8;  // their length in blocks
+  std::vector<std::set<std::uint64_t>> cached(engines);
+  std::vector<std::uint64_t> next_id(engines, 0);
+  std::mt19937_64 rng(7);
+  std::size_t misses = 0;
+  std::size_t rr = 0;
+  for (std::size_t q = 0; q < requests; ++q) {
+    // A hot prompt (skewed: the first ones are hotter) and a unique question.
+    const std::size_t p = std::min<std::size_t>(
+        prompts - 1U, static_cast<std::size_t>(std::geometric_distribution<int>(0.4)(rng)));
+    Hashes tokens;
+    for (std::size_t i = 0; i < prompt_blocks; ++i)
+      tokens.push_back(1000U * (p + 1U) + i);
+    for (std::size_t i = 0; i < 3; ++i)
+      tokens.push_back(1'000'000U + q * 8U + i);
+    const Request r = request(tokens);
+    std::size_t target = 0;
+    if (q >= join) {
+      const auto ms = index.find_matches(r.tokens, r.names);
+      std::size_t best = 0;
+      for (const KvWorkerMatch& m : ms)
+        if (m.blocks > best) {
+          best = m.blocks;
+          target = static_cast<std::size_t>(m.worker.worker_id);
+        }
+      if (best == 0) {
+        ++misses;
+        target = rr++ % engines;
+      }
+    } else {
+      target = rr++ % engines;
+    }
+    // The engine computes what it does not cache and publishes one Stored.
+    std::size_t from = 0;
+    while (from < r.names.size() && cached[target].count(r.names[from]) != 0U)
+      ++from;
+    for (std::size_t i = from; i < r.names.size(); ++i)
+      cached[target].insert(r.names[i]);
+    const KvEvent e = stored(next_id[target]++, r, from, r.names.size());
+    if (q >= join) (void)index.apply(KvWorker{target, 0}, e);
+  }
+  return misses;
+}
+
+}  // namespace
+
+TEST_CASE("a late-joining router routes requests sharing hot prefixes as hits",
+          "[kv_index][late_join]") {
+  constexpr std::size_t requests = 1200;
+  constexpr std::size_t join = 200;
+  const std::size_t before = late_join_misses(KvUnknownParent::refuse, requests, join);
+  const std::size_t after = late_join_misses(policy, requests, join);
+  std::printf("late join: %zu of %zu requests routed as misses before orphan chains, %zu with\n",
+              before, requests - join, after);
+  CHECK(before > (requests - join) / 2U);
+  CHECK(after * 20U < before);
 }
