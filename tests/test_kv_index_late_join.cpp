@@ -166,6 +166,38 @@ TEST_CASE("an orphan chain is grafted once another worker places its parent",
   CHECK(match_of(index.find_matches(q.tokens), A) == 10);
 }
 
+TEST_CASE("a request naming the anchor's path grafts the chain there", "[kv_index][late_join]") {
+  KvIndex index(late_join_options());
+  const Request q = request(seq(60, 9));
+  REQUIRE(index.apply(A, stored(0, q, 0, 6)).ok());
+  REQUIRE(index.apply(A, stored(4, q, 6, 8)).view_reset);  // orphans 6, 7 under block 5
+  // A request sharing blocks 0..3 only cannot be matched yet: its names do
+  // not reach the anchor.
+  Request shorter = request(seq(60, 4));
+  CHECK(index.find_matches(shorter.tokens, shorter.names).empty());
+  // A request through the anchor: its path places the chain.
+  CHECK(index.graft_along(q.tokens, q.names) == 8);
+  CHECK(index.orphan_count(A) == 0);
+  CHECK(index.block_count(A) == 8);
+  CHECK(match_of(index.find_matches(shorter.tokens), A) == 4);
+  CHECK(match_of(index.find_matches(q.tokens), A) == 8);
+  CHECK(index.counters().grafts == 1);
+  CHECK(index.graft_along(q.tokens, q.names) == 0);  // nothing left to place
+  CHECK(index.check_invariants());
+  // A request whose names disagree with A's tree (a held name at another
+  // position) grafts nothing: the graft is undone whole.
+  REQUIRE(index.apply(A, stored(9, q, 8, 9)).view_reset);  // orphan 8 under block 7
+  REQUIRE(index.apply(A, stored(10, q, 0, 3)).ok());       // blocks 0..2 in the tree
+  Request bad = q;
+  bad.tokens[1] = 4242;  // the same names over other tokens
+  CHECK(index.graft_along(bad.tokens, bad.names) == 0);
+  CHECK(index.orphan_count(A) == 1);
+  CHECK(index.block_count(A) == 3);
+  CHECK(index.check_invariants());
+  CHECK(index.graft_along(q.tokens, q.names) == 6);  // 3..7 and the orphan
+  CHECK(index.orphan_count(A) == 0);
+}
+
 TEST_CASE("an orphan chain is grafted when its anchor is already placed by another worker",
           "[kv_index][late_join]") {
   KvIndex index(late_join_options());
@@ -476,6 +508,11 @@ TEST_CASE("random resets, stores and removals against a model of held names",
       k = Known{};
     }
     REQUIRE(index.check_invariants());
+    if (step % 64 == 0) {  // a copy holds the same view
+      const KvIndex copy(index);
+      REQUIRE(copy.check_invariants());
+      REQUIRE(copy.total_orphans() == index.total_orphans());
+    }
     // Every worker: K within the view, the view within K and I (and the
     // engine's cache), and matching by names exactly what the view implies.
     for (std::size_t v = 0; v < workers; ++v) {
@@ -497,6 +534,8 @@ TEST_CASE("random resets, stores and removals against a model of held names",
         req.names.push_back(at);
         req.tokens.push_back(u.tokens.at(at));
       }
+      // A router may place orphan chains along the requests it sees.
+      if (pick(2) == 0U) grafts_seen += index.graft_along(req.tokens, req.names);
       const auto ms = index.find_matches(req.tokens, req.names);
       const auto tree_only = index.find_matches(req.tokens);
       for (std::size_t v = 0; v < workers; ++v) {
@@ -558,6 +597,7 @@ std::size_t late_join_misses(KvUnknownParent on_unknown_parent, std::size_t requ
     const Request r = request(tokens);
     std::size_t target = 0;
     if (q >= join) {
+      (void)index.graft_along(r.tokens, r.names);
       const auto ms = index.find_matches(r.tokens, r.names);
       std::size_t best = 0;
       for (const KvWorkerMatch& m : ms)

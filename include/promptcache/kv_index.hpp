@@ -653,6 +653,39 @@ class KvIndex {
     }
   }
 
+  /// Places orphan chains along a request's path: for every block i of the
+  /// request that anchors orphan chains of some worker (their first parent),
+  /// the chains are grafted at depth i + 1, with blocks 0..i as their implied
+  /// prefix. `block_names` must be the engines' names for `tokens_hashes`
+  /// (equal names mean equal prefixes); a graft that conflicts with a
+  /// worker's tree is undone. Returns the blocks placed. Best effort, never
+  /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
+  std::size_t graft_along(std::span<const std::uint64_t> tokens_hashes,
+                          std::span<const std::uint64_t> block_names) noexcept {
+    if (orphans_.empty()) return 0;
+    KvEventResult r;
+    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
+    std::vector<KvBlock> path;
+    std::vector<std::uint32_t> slots;
+    std::vector<std::uint64_t> work;
+    try {
+      path.reserve(n);
+      for (std::size_t i = 0; i < n && !orphans_.empty(); ++i) {
+        path.push_back(KvBlock{block_names[i], tokens_hashes[i]});
+        slots.clear();
+        orphans_.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && orphans_.find(s, block_names[i]) == nullptr)
+            slots.push_back(s);
+        });
+        for (const std::uint32_t s : slots)
+          graft_path(s, block_names[i], path, work, r);
+      }
+    } catch (...) {
+    }
+    settle(work, r);  // chains anchored at what the grafts placed
+    return r.blocks_grafted;
+  }
+
   /// Orphan blocks of `worker`: blocks it stored under a parent not (yet)
   /// placed, not counted by block_count (0 for an unknown worker).
   /// O(its orphans + log orphans).
@@ -1324,14 +1357,25 @@ class KvIndex {
   void graft(std::uint32_t slot, std::uint64_t anchor, std::uint32_t donor,
              std::uint32_t donor_hold, std::vector<std::uint64_t>& work,
              KvEventResult& r) noexcept {
-    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
+    std::vector<KvBlock> path;
     try {
-      std::vector<KvBlock> path;
       if (find_name(workers_[slot], anchor) == detail::kv_npos) {
         for (std::uint32_t h = donor_hold; h != workers_[donor].sentinel; h = holds_.parent(h))
           path.push_back(KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
         std::reverse(path.begin(), path.end());
       }
+    } catch (...) {
+      return;
+    }
+    graft_path(slot, anchor, path, work, r);
+  }
+
+  // As graft, with `path` the blocks from the root to the anchor (its last
+  // block), or empty when the slot has the anchor in its tree.
+  void graft_path(std::uint32_t slot, std::uint64_t anchor, std::span<const KvBlock> path,
+                  std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
+    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
+    try {
       // The orphans, parents before children.
       std::vector<std::pair<std::uint64_t, KvBlock>> order;  // (parent name, block)
       std::vector<std::uint64_t> stack = orphans_.children(slot, anchor);
@@ -1356,7 +1400,8 @@ class KvIndex {
           added.push_back(blocks[i].block_hash);
         return true;
       };
-      bool ok = path.empty() || place(std::nullopt, path);
+      bool ok = find_name(workers_[slot], anchor) != detail::kv_npos ||
+                (!path.empty() && place(std::nullopt, path));
       for (std::size_t i = 0; ok && i < order.size(); ++i)
         ok = place(order[i].first, std::span<const KvBlock>(&order[i].second, 1));
       if (!ok) {

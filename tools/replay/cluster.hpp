@@ -386,7 +386,9 @@ template <class Cache, class MakeCache>
         break;
       case RoutePolicy::cache_aware: {
         // By tokens hashes and block names: after a restart a worker's chains
-        // under prefixes it cached before are known by name only.
+        // under prefixes it cached before are known by name only, until a
+        // request names their parent's path (graft_along places them).
+        index.graft_along(locals, seqs);
         index.find_matches(locals, seqs, false, matches);
         for (std::size_t i = 0; i < w; ++i) {
           // Dynamo's decode load: the distinct blocks in flight plus the
