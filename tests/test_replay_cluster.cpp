@@ -405,3 +405,38 @@ TEST_CASE("replay cluster: a router restarted half-way keeps routing to cached p
   CHECK(orphans.hit_rate_from(40, t) == Approx(kept.hit_rate_from(40, t)).margin(0.05));
   CHECK(orphans.hit_rate_from(0, t) == Approx(orphans.hit_rate()));
 }
+
+TEST_CASE("replay report: restarted runs get their own rows and the hit rate after the restart",
+          "[replay]") {
+  const rp::Trace t =
+      make({{0, 8, {1, 2}}, {1000, 8, {1, 2}}, {2000, 8, {1, 2}}, {3000, 8, {1, 2}}});
+  const rp::TraceHashes h(t);
+  rp::Report rep;
+  rep.trace_name = "hand";
+  rep.trace = &t;
+  rep.workers = 2;
+  rep.worker_capacity = 16;
+  rep.worker_cache = "paged:lru";
+  rp::ClusterConfig cfg;
+  cfg.workers = 2;
+  rep.cluster.push_back(
+      rp::run_named_cluster(t, h, cfg, rp::RoutePolicy::cache_aware, 16, "paged:lru"));
+  cfg.restart_router = true;
+  cfg.on_unknown_parent = promptcache::KvUnknownParent::refuse;
+  rep.cluster.push_back(
+      rp::run_named_cluster(t, h, cfg, rp::RoutePolicy::cache_aware, 16, "paged:lru"));
+  CHECK(rep.cluster[1].restarted_at == 2);
+  std::ostringstream table;
+  rp::write_tables(table, rep);
+  CHECK(table.str().find("cache-aware+restart(refuse)") != std::string::npos);
+  CHECK(table.str().find("requests from 2 on (after the restart)") != std::string::npos);
+  std::ostringstream csv;
+  rp::write_csv(csv, rep);
+  CHECK(csv.str().find(",cache-aware+restart(refuse),") != std::string::npos);
+  const nlohmann::json j = rp::to_json(rep);
+  CHECK(j["cluster"]["runs"][1]["router_restarted_at"] == 2);
+  CHECK(j["cluster"]["runs"][1]["name"] == "cache-aware+restart(refuse)");
+  // The flag.
+  const char* args[] = {"promptcache_replay", "--restart-router"};
+  CHECK(rp::parse_options(2, args).restart_router);
+}
