@@ -236,6 +236,10 @@ class CursorState {
 // its blocks with its own 64-bit block hashes, used by its later events.
 // Every event passes through a CursorState per (worker, dp rank): stale events
 // are dropped and lost events are reported instead of silently diverging.
+// After a reset or a late join, chains stored under parents the index does
+// not know can be kept as orphan chains (KvUnknownParent::keep_orphan): block
+// names are chained hashes, so holding a block implies holding its prefix,
+// and a chain is grafted into the tree once its parent's position is known.
 //
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
@@ -3292,7 +3296,9 @@ struct KvIndexCounters {
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
 /// unchanged); remove_worker(KvWorker), moves and swap never throw; the
-/// const queries allocate only their results.
+/// const queries allocate only their results. Grafting orphan chains (under
+/// KvUnknownParent::keep_orphan) is best effort: a graft that cannot allocate
+/// is undone and leaves its chain an orphan chain, and the event still applies.
 ///
 /// Invalidation: queries return values (vectors, counts, dumps), so no call
 /// invalidates anything a caller holds; the references from counters() and
