@@ -8,7 +8,10 @@
 // moves of the whole index; and find_matches queries with and without early
 // exit. Every result, block count, cursor and counter is compared with the
 // naive model of tests/support/kv_index_model.hpp, and check_invariants() runs
-// (after every operation while the index is small).
+// (after every operation while the index is small). A second index that keeps
+// orphan chains (KvUnknownParent::keep_orphan) gets the same calls, plus
+// graft_along and find_matches by names: it must keep its invariants, never
+// refuse a non-empty chain as parent_not_found, and end empty.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <promptcache/kv_index.hpp>
 
@@ -58,7 +61,10 @@ std::uint64_t name_of(const Path& path, std::uint64_t salt) {
 class Harness {
  public:
   Harness(FuzzedDataProvider& in, KvGapPolicy policy)
-      : in_(in), model_(policy), index_(KvIndexOptions{policy}) {
+      : in_(in),
+        model_(policy),
+        index_(KvIndexOptions{policy}),
+        orphans_(KvIndexOptions{policy, promptcache::KvUnknownParent::keep_orphan}) {
     const std::size_t ids = in_.ConsumeBool() ? in_.ConsumeIntegralInRange<std::size_t>(1, 5)
                                               : in_.ConsumeIntegralInRange<std::size_t>(30, 40);
     for (std::size_t w = 0; w < ids; ++w) {
@@ -75,6 +81,7 @@ class Harness {
     const int action = in_.ConsumeIntegralInRange<int>(0, 31);
     if (action == 0) {  // one rank goes away
       FUZZ_CHECK(index_.remove_worker(w) == model_.contains(w));
+      (void)orphans_.remove_worker(w);
       model_.erase(w);
       next_id_[wi] = 0;
     } else if (action == 1) {  // every rank of the id goes away
@@ -86,6 +93,7 @@ class Harness {
         next_id_[k] = 0;
       }
       FUZZ_CHECK(index_.remove_worker(w.worker_id) == ranks);
+      (void)orphans_.remove_worker(w.worker_id);
     } else if (action == 2) {  // resync from the model's dump (possibly broken)
       replace(wi, model_.dump(w));
     } else if (action == 3) {  // the index's own dump round-trips
@@ -111,7 +119,10 @@ class Harness {
     FUZZ_CHECK(index_.counters() == counters_);
     // check_invariants() walks everything: after every step while the index is small (where
     // most bugs show), every 16th step beyond, and always at the end of the input.
-    if (index_.node_count() <= 64 || ++steps_ % 16 == 0) FUZZ_CHECK(index_.check_invariants());
+    if (index_.node_count() <= 64 || ++steps_ % 16 == 0) {
+      FUZZ_CHECK(index_.check_invariants());
+      FUZZ_CHECK(orphans_.check_invariants());
+    }
   }
 
   void finish() {
@@ -129,6 +140,13 @@ class Harness {
     FUZZ_CHECK(index_.total_blocks() == 0);
     FUZZ_CHECK(index_.node_count() == 0);
     FUZZ_CHECK(index_.check_invariants());
+    FUZZ_CHECK(orphans_.check_invariants());
+    for (const KvWorker& w : workers_)
+      orphans_.remove_worker(w.worker_id);
+    FUZZ_CHECK(orphans_.worker_count() == 0);
+    FUZZ_CHECK(orphans_.total_orphans() == 0);
+    FUZZ_CHECK(orphans_.node_count() == 0);
+    FUZZ_CHECK(orphans_.check_invariants());
   }
 
  private:
@@ -226,6 +244,9 @@ class Harness {
         break;
     }
     const Outcome o = model_.apply(w, e);
+    const KvEventResult kept = orphans_.apply(w, e);
+    if (const auto* s = std::get_if<kv_event::Stored>(&e.data); s != nullptr && !s->blocks.empty())
+      FUZZ_CHECK(kept.status != KvEventStatus::parent_not_found);
     FUZZ_CHECK(r.status == o.status);
     FUZZ_CHECK(r.ok() == (o.status == KvEventStatus::applied));
     FUZZ_CHECK(r.view_reset == o.reset);
@@ -286,6 +307,10 @@ class Harness {
     std::uint64_t last = next_id_[wi] + in_.ConsumeIntegralInRange<std::uint64_t>(0, 2);
     if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) last = u64max;
     const auto res = index_.replace_worker(w, dump, last);
+    (void)orphans_.replace_worker(w, dump, last);
+    // Its own dump (it may fail where conflicting names left a chain an
+    // orphan chain under a parent the worker holds).
+    (void)orphans_.replace_worker(w, orphans_.dump(w), last);
     FUZZ_CHECK(res.ok == !failed.has_value());
     if (failed) {
       FUZZ_CHECK(res.failed_event == *failed);
@@ -326,6 +351,25 @@ class Harness {
     index_.find_matches(q, early, out);
     std::sort(out.begin(), out.end());
     FUZZ_CHECK(out == model_.find(q, early));
+    // The orphan-keeping index, by names (one worker's naming scheme).
+    const std::uint64_t salt = in_.ConsumeBool() ? 0U : workers_[1 % workers_.size()].worker_id;
+    std::vector<std::uint64_t> names;
+    Path prefix;
+    for (const std::uint64_t t : q) {
+      prefix.push_back(t);
+      names.push_back(name_of(prefix, salt));
+    }
+    if (in_.ConsumeBool()) (void)orphans_.graft_along(q, names);
+    const auto by_name = orphans_.find_matches(q, names, early);
+    const auto by_tokens = orphans_.find_matches(q, early);
+    for (const KvWorkerMatch& m : by_name)
+      FUZZ_CHECK(m.blocks >= 1U && m.blocks <= q.size());
+    if (!early)
+      for (const KvWorkerMatch& m : by_tokens) {
+        const auto it = std::find_if(by_name.begin(), by_name.end(),
+                                     [&](const KvWorkerMatch& x) { return x.worker == m.worker; });
+        FUZZ_CHECK(it != by_name.end() && it->blocks >= m.blocks);
+      }
   }
 
   void copy_and_move() {
@@ -357,6 +401,7 @@ class Harness {
   FuzzedDataProvider& in_;
   Model model_;
   KvIndex index_;
+  KvIndex orphans_;  // keeps orphan chains; no model, invariants only
   KvIndexCounters counters_;
   std::vector<KvWorker> workers_;
   std::vector<std::uint64_t> next_id_;

@@ -104,10 +104,7 @@ void expect(bool met) {
 // invariants and be exactly as before. The successful run must leave the same
 // state as a run without any failure. Returns how many runs failed.
 template <class Op>
-int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers = 0,
-                          void (*setup)(KvIndex&) = nullptr) {
-  KvIndex base = base_index(policy, extra_workers);
-  if (setup != nullptr) setup(base);
+int fail_every_allocation_on(const KvIndex& base, Op op) {
   KvIndex clean = base;
   op(clean);
   const Snapshot want = snapshot(clean);
@@ -136,6 +133,30 @@ int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers
   }
   FAIL("operation never succeeded");
   return failures;
+}
+
+template <class Op>
+int fail_every_allocation(KvGapPolicy policy, Op op, std::uint32_t extra_workers = 0,
+                          void (*setup)(KvIndex&) = nullptr) {
+  KvIndex base = base_index(policy, extra_workers);
+  if (setup != nullptr) setup(base);
+  return fail_every_allocation_on(base, op);
+}
+
+// The base index with orphan chains kept: A's view was reset and it stored
+// blocks 3 and 4 again under the unknown parent 1002 (orphans), then a
+// branch 50 under the orphan 1003.
+KvIndex orphan_index() {
+  KvIndexOptions o;
+  o.on_gap = KvGapPolicy::reset_and_apply;
+  o.on_unknown_parent = promptcache::KvUnknownParent::keep_orphan;
+  KvIndex index(o);
+  REQUIRE(index.apply(A, stored(0, {1, 2, 3, 4})).ok());
+  REQUIRE(index.apply(B, stored(0, {5, 6})).ok());
+  REQUIRE(index.apply(A, stored(3, {3, 4}, 1002)).view_reset);
+  REQUIRE(index.apply(A, stored(4, {50}, 1003)).ok());
+  REQUIRE(index.orphan_count(A) == 3);
+  return index;
 }
 
 }  // namespace
@@ -328,4 +349,85 @@ TEST_CASE("degraded mode: a gap's reset happens only with the event", "[kv_index
                 REQUIRE(index.apply(Fresh, stored(0, {1, 2, 3})).ok());
               }) >= 1);
   }
+}
+
+TEST_CASE("orphan chains: strong guarantee", "[kv_index]") {
+  const KvIndex base = orphan_index();
+  SECTION("a new orphan chain") {
+    CHECK(fail_every_allocation_on(base, [](KvIndex& index) {
+            const auto r = index.apply(B, stored(1, {7, 8, 9}, 4242));
+            expect(r.ok() && r.blocks_orphaned == 3);
+          }) >= 1);
+  }
+  SECTION("an orphan chain after a reset") {
+    CHECK(fail_every_allocation_on(base, [](KvIndex& index) {
+            const auto r = index.apply(B, stored(9, {7, 8}, 1006));
+            expect(r.ok() && r.view_reset && r.blocks_orphaned == 2);
+          }) >= 1);
+  }
+  SECTION("extending an orphan chain") {
+    CHECK(fail_every_allocation_on(base, [](KvIndex& index) {
+            const auto r = index.apply(A, stored(5, {5, 6}, 1004));
+            expect(r.ok() && r.blocks_orphaned == 2);
+          }) >= 1);
+  }
+  SECTION("removing orphans and clearing never allocate") {
+    KvIndex index = base;
+    const KvEvent removed{5, kv_event::Removed{{1003}}};
+    const KvEvent cleared{6, kv_event::Cleared{}};
+    test_alloc::countdown = 0;
+    const auto r = index.apply(A, removed);
+    const auto c = index.apply(A, cleared);
+    test_alloc::countdown = -1;
+    CHECK(r.blocks_removed == 1);
+    CHECK(r.blocks_cascaded == 2);
+    CHECK(c.ok());
+    CHECK(index.total_orphans() == 0);
+  }
+  SECTION("replace_worker with a dump that has orphans") {
+    const auto dump = base.dump(A);
+    CHECK(fail_every_allocation_on(
+              base, [&](KvIndex& index) { expect(index.replace_worker(A, dump, 9).ok); }) >= 1);
+  }
+  SECTION("copy assignment") {
+    CHECK(fail_every_allocation_on(KvIndex{}, [&](KvIndex& index) { index = base; }) >= 1);
+  }
+}
+
+TEST_CASE("orphan chains: a graft that fails leaves the chain an orphan chain", "[kv_index]") {
+  // A graft is best effort: the event applies whatever happens to it, and a
+  // graft that cannot allocate is undone whole, its chain kept as orphans.
+  const KvIndex base = orphan_index();
+  bool grafted_clean = false;
+  int kept = 0;  // runs where the graft failed but the event applied
+  for (long k = 0; k < 1000; ++k) {
+    KvIndex index = base;
+    bool threw = false;
+    std::optional<promptcache::KvEventResult> r;
+    test_alloc::countdown = k;
+    try {
+      r = index.apply(B, stored(1, {1, 2}));  // places 1002, the anchor of A's chain
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    test_alloc::countdown = -1;
+    INFO("allocation " << k << " failed");
+    REQUIRE(index.check_invariants());
+    if (threw) {
+      CHECK(snapshot(index) == snapshot(base));
+      continue;
+    }
+    REQUIRE(r->ok());
+    // Either grafted (A holds 1, 2 and its chain) or still orphans.
+    const bool grafted = index.orphan_count(KvWorker{1, 0}) == 0U;
+    CHECK(index.block_count(KvWorker{1, 0}) + index.orphan_count(KvWorker{1, 0}) ==
+          (grafted ? 5U : 3U));
+    if (grafted) {
+      grafted_clean = true;
+      break;
+    }
+    ++kept;
+  }
+  CHECK(grafted_clean);
+  CHECK(kept >= 1);
 }

@@ -347,3 +347,96 @@ TEST_CASE("replay report: CSV has a row per sweep row and cluster run; JSON name
   CHECK(table.str().find("cache-aware") != std::string::npos);
   CHECK(table.str().find("belady:optimal") != std::string::npos);
 }
+
+TEST_CASE("replay cluster: a router restarted half-way keeps routing to cached prefixes",
+          "[replay]") {
+  // Four hot prefixes of six blocks, each request one of them and a block of
+  // its own, a second apart.
+  std::vector<std::tuple<double, std::size_t, std::vector<int>>> reqs;
+  for (int k = 0; k < 80; ++k) {
+    const int p = k % 4;
+    std::vector<int> ids;
+    for (int i = 0; i < 6; ++i)
+      ids.push_back(100 * (p + 1) + i);
+    ids.push_back(1000 + k);
+    reqs.emplace_back(1000.0 * k, 28, ids);
+  }
+  const rp::Trace t = make(reqs);
+  const rp::TraceHashes h(t);
+  rp::ClusterConfig cfg;
+  cfg.workers = 2;
+  cfg.prefill_tokens_per_s = 400.0;
+  cfg.decode_s_per_token = 0.01;
+  const auto go = [&](bool restart, promptcache::KvUnknownParent rule) {
+    rp::ClusterConfig c = cfg;
+    c.restart_router = restart;
+    c.on_unknown_parent = rule;
+    return rp::run_named_cluster(t, h, c, rp::RoutePolicy::cache_aware, 1000 * 4, "paged:lru");
+  };
+  using promptcache::KvUnknownParent;
+  const rp::ClusterRun kept = go(false, KvUnknownParent::keep_orphan);
+  const rp::ClusterRun orphans = go(true, KvUnknownParent::keep_orphan);
+  const rp::ClusterRun refused = go(true, KvUnknownParent::refuse);
+  CHECK(kept.restarted_at == 0);
+  CHECK(kept.name() == "cache-aware");
+  REQUIRE(orphans.restarted_at == 40);
+  CHECK(orphans.name() == "cache-aware+restart");
+  CHECK(refused.name() == "cache-aware+restart(refuse)");
+  for (const rp::ClusterRun* r : {&kept, &orphans, &refused}) {
+    CHECK(r->cached_tokens + r->computed_tokens == r->prompt_tokens);
+    CHECK(std::accumulate(r->request_cached.begin(), r->request_cached.end(), std::size_t{0}) ==
+          r->cached_tokens);
+  }
+  // After the restart the index sees each worker's chains under prefixes it
+  // cached before the restart: refused, the router is blind to them.
+  std::size_t blind_orphans = 0;
+  std::size_t blind_refused = 0;
+  for (std::size_t k = 40; k < 80; ++k) {
+    blind_orphans += orphans.routed_cached[k] == 0 ? 1U : 0U;
+    blind_refused += refused.routed_cached[k] == 0 ? 1U : 0U;
+  }
+  CHECK(blind_orphans <= 4);  // at most the first request of each prefix
+  CHECK(blind_refused > blind_orphans);
+  CHECK(refused.index_rejected > 0);
+  CHECK(orphans.index_rejected == 0);
+  // Routed by name, the restarted router serves what the kept one serves.
+  // (A blind router sends a request past the worker holding its prefix.)
+  CHECK(orphans.hit_rate_from(40, t) > refused.hit_rate_from(40, t) + 0.05);
+  CHECK(orphans.hit_rate_from(40, t) == Approx(kept.hit_rate_from(40, t)).margin(0.05));
+  CHECK(orphans.hit_rate_from(0, t) == Approx(orphans.hit_rate()));
+}
+
+TEST_CASE("replay report: restarted runs get their own rows and the hit rate after the restart",
+          "[replay]") {
+  const rp::Trace t =
+      make({{0, 8, {1, 2}}, {1000, 8, {1, 2}}, {2000, 8, {1, 2}}, {3000, 8, {1, 2}}});
+  const rp::TraceHashes h(t);
+  rp::Report rep;
+  rep.trace_name = "hand";
+  rep.trace = &t;
+  rep.workers = 2;
+  rep.worker_capacity = 16;
+  rep.worker_cache = "paged:lru";
+  rp::ClusterConfig cfg;
+  cfg.workers = 2;
+  rep.cluster.push_back(
+      rp::run_named_cluster(t, h, cfg, rp::RoutePolicy::cache_aware, 16, "paged:lru"));
+  cfg.restart_router = true;
+  cfg.on_unknown_parent = promptcache::KvUnknownParent::refuse;
+  rep.cluster.push_back(
+      rp::run_named_cluster(t, h, cfg, rp::RoutePolicy::cache_aware, 16, "paged:lru"));
+  CHECK(rep.cluster[1].restarted_at == 2);
+  std::ostringstream table;
+  rp::write_tables(table, rep);
+  CHECK(table.str().find("cache-aware+restart(refuse)") != std::string::npos);
+  CHECK(table.str().find("requests from 2 on (after the restart)") != std::string::npos);
+  std::ostringstream csv;
+  rp::write_csv(csv, rep);
+  CHECK(csv.str().find(",cache-aware+restart(refuse),") != std::string::npos);
+  const nlohmann::json j = rp::to_json(rep);
+  CHECK(j["cluster"]["runs"][1]["router_restarted_at"] == 2);
+  CHECK(j["cluster"]["runs"][1]["name"] == "cache-aware+restart(refuse)");
+  // The flag.
+  const char* args[] = {"promptcache_replay", "--restart-router"};
+  CHECK(rp::parse_options(2, args).restart_router);
+}

@@ -1185,6 +1185,10 @@ class PagedEdgeTable {
 // its blocks with its own 64-bit block hashes, used by its later events.
 // Every event passes through a CursorState per (worker, dp rank): stale events
 // are dropped and lost events are reported instead of silently diverging.
+// After a reset or a late join, chains stored under parents the index does
+// not know can be kept as orphan chains (KvUnknownParent::keep_orphan): block
+// names are chained hashes, so holding a block implies holding its prefix,
+// and a chain is grafted into the tree once its parent's position is known.
 //
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
@@ -2648,6 +2652,246 @@ void kv_for_each_hold_chain(const KvHoldStore& holds, std::uint32_t root, Start&
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
 // ---- end promptcache/detail/kv_index_holds.hpp ----
+// ---- begin promptcache/detail/kv_index_orphans.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_ORPHANS_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_ORPHANS_HPP
+// promptcache: detail/kv_index_orphans.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Orphan blocks of KvIndex: blocks a worker stored under a parent the index
+// does not know for that worker (its view was reset, or it joined late), kept
+// by name until their position in the tree can be known. Holding a block
+// implies holding its whole prefix (block hashes are chained), so an orphan is
+// routable by name, and grafted into the tree once its anchor (the parent
+// name of its chain's first block) is placed.
+//
+// Orphans exist only after a reset or a late join, so this part favours
+// simplicity over compactness: ordered std containers, O(log orphans) per
+// block, and the strong guarantee by staging insertions in separate
+// containers that are spliced in without allocating (node-based merge).
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// What the index knows of one orphan block.
+struct KvOrphanBlock {
+  std::uint64_t tokens_hash = 0;  ///< its tokens hash (for the tree once grafted)
+  std::uint64_t parent = 0;       ///< its parent's name (an orphan of the slot, or its anchor)
+  /// Memberwise equality. O(1).
+  friend constexpr bool operator==(const KvOrphanBlock&, const KvOrphanBlock&) = default;
+};
+
+/// Every worker slot's orphan blocks, indexed three ways: by (slot, name) for
+/// the slot's blocks, by (name, slot) for matching a request's names, and by
+/// (parent, slot, child) for chains (the children of an orphan, and the chains
+/// anchored at a name the slot does not hold as an orphan).
+class KvOrphans {
+ public:
+  using BlockKey = std::pair<std::uint32_t, std::uint64_t>;  // (slot, name)
+  using NameKey = std::pair<std::uint64_t, std::uint32_t>;   // (name, slot)
+  using ChildKey =
+      std::tuple<std::uint64_t, std::uint32_t, std::uint64_t>;  // (parent, slot, child)
+  using Blocks = std::map<BlockKey, KvOrphanBlock>;
+  using Names = std::set<NameKey>;
+  using Children = std::set<ChildKey>;
+
+  /// Insertions prepared aside: building one allocates (and may throw) while
+  /// the index is untouched; commit() then splices it in without allocating.
+  struct Stage {
+    Blocks blocks;      ///< new blocks
+    Names names;        ///< their (name, slot) keys
+    Children children;  ///< their (parent, slot, child) keys
+    /// Adds block `name` of `slot` under `parent`. O(log staged). May throw.
+    void add(std::uint32_t slot, std::uint64_t name, KvOrphanBlock b) {
+      blocks.emplace(BlockKey{slot, name}, b);
+      names.emplace(name, slot);
+      children.emplace(b.parent, slot, name);
+    }
+  };
+
+  /// Exchanges the contents with `other`. O(1), noexcept.
+  void swap(KvOrphans& other) noexcept {
+    blocks_.swap(other.blocks_);
+    names_.swap(other.names_);
+    children_.swap(other.children_);
+  }
+
+  /// True when no slot has an orphan. O(1).
+  [[nodiscard]] bool empty() const noexcept { return blocks_.empty(); }
+  /// Orphan blocks over all slots. O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return blocks_.size(); }
+
+  /// The orphan `name` of `slot`, or nullptr. O(log orphans).
+  [[nodiscard]] const KvOrphanBlock* find(std::uint32_t slot, std::uint64_t name) const noexcept {
+    const auto it = blocks_.find(BlockKey{slot, name});
+    return it == blocks_.end() ? nullptr : &it->second;
+  }
+
+  /// Moves the staged blocks in. Never allocates (node splicing). O(staged
+  /// x log orphans).
+  void commit(Stage& s) noexcept {
+    blocks_.merge(s.blocks);
+    names_.merge(s.names);
+    children_.merge(s.children);
+  }
+
+  /// Calls f(slot) for every slot holding `name` as an orphan. O(log orphans
+  /// + matches).
+  template <class F>
+  void for_each_holder(std::uint64_t name, F&& f) const {
+    for (auto it = names_.lower_bound(NameKey{name, 0U}); it != names_.end() && it->first == name;
+         ++it)
+      f(it->second);
+  }
+
+  /// Calls f(slot, child) for every orphan whose parent is named `parent`
+  /// (in any slot). O(log orphans + matches).
+  template <class F>
+  void for_each_child_of(std::uint64_t parent, F&& f) const {
+    for (auto it = children_.lower_bound(ChildKey{parent, 0U, 0U});
+         it != children_.end() && std::get<0>(*it) == parent; ++it)
+      f(std::get<1>(*it), std::get<2>(*it));
+  }
+
+  /// The orphan children of `parent` in `slot`. O(log orphans + children).
+  [[nodiscard]] std::vector<std::uint64_t> children(std::uint32_t slot,
+                                                    std::uint64_t parent) const {
+    std::vector<std::uint64_t> out;
+    for (auto it = children_.lower_bound(ChildKey{parent, slot, 0U});
+         it != children_.end() && std::get<0>(*it) == parent && std::get<1>(*it) == slot; ++it)
+      out.push_back(std::get<2>(*it));
+    return out;
+  }
+
+  /// True when `slot` has an orphan whose parent is named `parent`.
+  /// O(log orphans).
+  [[nodiscard]] bool has_children(std::uint32_t slot, std::uint64_t parent) const noexcept {
+    const auto it = children_.lower_bound(ChildKey{parent, slot, 0U});
+    return it != children_.end() && std::get<0>(*it) == parent && std::get<1>(*it) == slot;
+  }
+
+  /// Drops orphan `name` of `slot` alone (its children stay, now anchored at
+  /// `name`); false if it is not one. O(log orphans).
+  bool erase_one(std::uint32_t slot, std::uint64_t name) noexcept {
+    const auto it = blocks_.find(BlockKey{slot, name});
+    if (it == blocks_.end()) return false;
+    children_.erase(ChildKey{it->second.parent, slot, name});
+    names_.erase(NameKey{name, slot});
+    blocks_.erase(it);
+    return true;
+  }
+
+  /// Drops orphan `name` of `slot` and its orphan descendants; returns how
+  /// many (0 if it is not one). O((dropped + 1) x log orphans), no recursion.
+  std::size_t erase_subtree(std::uint32_t slot, std::uint64_t name) noexcept {
+    if (blocks_.find(BlockKey{slot, name}) == blocks_.end()) return 0;
+    std::size_t n = 0;
+    // Leaves first: descend to a childless block, drop it, climb back.
+    std::uint64_t cur = name;
+    for (;;) {
+      const auto c = children_.lower_bound(ChildKey{cur, slot, 0U});
+      if (c != children_.end() && std::get<0>(*c) == cur && std::get<1>(*c) == slot) {
+        cur = std::get<2>(*c);
+        continue;
+      }
+      const auto it = blocks_.find(BlockKey{slot, cur});
+      const std::uint64_t up = it->second.parent;
+      erase_one(slot, cur);
+      ++n;
+      if (cur == name) return n;
+      cur = up;
+    }
+  }
+
+  /// Drops every orphan of `slot`; returns how many. O(its orphans x log
+  /// orphans).
+  std::size_t erase_slot(std::uint32_t slot) noexcept {
+    std::size_t n = 0;
+    auto it = blocks_.lower_bound(BlockKey{slot, 0U});
+    while (it != blocks_.end() && it->first.first == slot) {
+      children_.erase(ChildKey{it->second.parent, slot, it->first.second});
+      names_.erase(NameKey{it->first.second, slot});
+      it = blocks_.erase(it);
+      ++n;
+    }
+    return n;
+  }
+
+  /// Orphans of `slot`. O(its orphans + log orphans).
+  [[nodiscard]] std::size_t count(std::uint32_t slot) const noexcept {
+    std::size_t n = 0;
+    for (auto it = blocks_.lower_bound(BlockKey{slot, 0U});
+         it != blocks_.end() && it->first.first == slot; ++it)
+      ++n;
+    return n;
+  }
+
+  /// Calls f(name, block) for every orphan of `slot`, by name. O(its
+  /// orphans + log orphans).
+  template <class F>
+  void for_each_of(std::uint32_t slot, F&& f) const {
+    for (auto it = blocks_.lower_bound(BlockKey{slot, 0U});
+         it != blocks_.end() && it->first.first == slot; ++it)
+      f(it->first.second, it->second);
+  }
+
+  /// Moves every orphan of slot `from` to slot `to` (which has none), by
+  /// re-keying the container nodes: never allocates. O(its orphans x log
+  /// orphans).
+  void move_slot(std::uint32_t from, std::uint32_t to) noexcept {
+    auto it = blocks_.lower_bound(BlockKey{from, 0U});
+    while (it != blocks_.end() && it->first.first == from) {
+      const std::uint64_t name = it->first.second;
+      const std::uint64_t parent = it->second.parent;
+      auto next = std::next(it);
+      auto b = blocks_.extract(it);
+      b.key().first = to;
+      parked_blocks_.insert(std::move(b));
+      auto nm = names_.extract(NameKey{name, from});
+      nm.value().second = to;
+      names_.insert(std::move(nm));
+      auto ch = children_.extract(ChildKey{parent, from, name});
+      std::get<1>(ch.value()) = to;
+      children_.insert(std::move(ch));
+      it = next;
+    }
+    blocks_.merge(parked_blocks_);
+  }
+
+  /// Approximate heap bytes: three container nodes per orphan. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return blocks_.size() *
+           (3U * 32U + sizeof(Blocks::value_type) + sizeof(NameKey) + sizeof(ChildKey));
+  }
+
+  /// The three indexes agree. O(orphans x log orphans); for tests.
+  [[nodiscard]] bool check() const {
+    if (names_.size() != blocks_.size() || children_.size() != blocks_.size()) return false;
+    for (const auto& [key, b] : blocks_) {
+      if (names_.count(NameKey{key.second, key.first}) != 1U) return false;
+      if (children_.count(ChildKey{b.parent, key.first, key.second}) != 1U) return false;
+      if (b.parent == key.second) return false;
+    }
+    return true;
+  }
+
+ private:
+  Blocks blocks_;
+  Names names_;
+  Children children_;
+  Blocks parked_blocks_;  // empty between calls: move_slot's re-keyed nodes
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_ORPHANS_HPP
+// ---- end promptcache/detail/kv_index_orphans.hpp ----
 // ---- begin promptcache/detail/kv_index_tree.hpp ----
 #ifndef PROMPTCACHE_DETAIL_KV_INDEX_TREE_HPP
 #define PROMPTCACHE_DETAIL_KV_INDEX_TREE_HPP
@@ -4012,8 +4256,9 @@ enum class KvEventStatus : std::uint8_t {
   stale,             ///< Id not newer than the last applied one: dropped, nothing changed.
   gap,               ///< Events were lost: not applied, nothing changed (cursor too); resync
                      ///< with replace_worker (only under KvGapPolicy::report).
-  parent_not_found,  ///< Stored under a parent the worker does not hold: the tree is unchanged,
-                     ///< the id is consumed (the cursor advances); the view may have diverged.
+  parent_not_found,  ///< Stored under a parent the worker does not hold, refused (under
+                     ///< KvUnknownParent::refuse, or with no blocks): nothing changed but the
+                     ///< cursor (the id is consumed); the view may have diverged.
   block_conflict,    ///< Stored would give one of the worker's block hashes a second tree position,
                      ///< or one position a second name: tree unchanged, id consumed.
 };
@@ -4025,9 +4270,18 @@ enum class KvGapPolicy : std::uint8_t {
                     ///< then apply the event and continue from its id.
 };
 
+/// What a Stored event under a parent the worker does not hold does.
+enum class KvUnknownParent : std::uint8_t {
+  refuse,       ///< Refuse it (parent_not_found): after a reset or a late join the worker's
+                ///< cached prefixes stay invisible until it stores them again from the root.
+  keep_orphan,  ///< Keep its chain as an orphan chain of the worker, routable by block name
+                ///< and grafted into the tree once its parent's position is known.
+};
+
 /// Construction options of KvIndex.
 struct KvIndexOptions {
-  KvGapPolicy on_gap = KvGapPolicy::report;  ///< See KvGapPolicy.
+  KvGapPolicy on_gap = KvGapPolicy::report;                     ///< See KvGapPolicy.
+  KvUnknownParent on_unknown_parent = KvUnknownParent::refuse;  ///< See KvUnknownParent.
 };
 
 /// The outcome of applying one event: its status, what the cursor saw, and
@@ -4043,6 +4297,9 @@ struct KvEventResult {
                                         ///< dropped along with them.
   std::size_t blocks_not_held = 0;      ///< Removed: named blocks the worker did not hold (no-op),
                                         ///< including ones an earlier name of this event cascaded.
+  std::size_t blocks_orphaned = 0;      ///< Stored: blocks newly kept as orphans of the worker.
+  std::size_t blocks_grafted = 0;       ///< Stored: blocks the event's grafts placed in the tree
+                                        ///< (of any worker; implied prefix blocks included).
 
   /// True when the event was applied. O(1).
   [[nodiscard]] bool ok() const noexcept { return status == KvEventStatus::applied; }
@@ -4074,7 +4331,9 @@ struct KvIndexCounters {
   std::uint64_t events_applied = 0;    ///< Events with status applied.
   std::uint64_t events_stale = 0;      ///< Stale events dropped.
   std::uint64_t gaps = 0;              ///< Events that revealed a gap (reported or reset).
-  std::uint64_t parent_not_found = 0;  ///< Stored events whose parent was not held.
+  std::uint64_t parent_not_found = 0;  ///< Stored events refused as parent_not_found.
+  std::uint64_t orphan_stores = 0;     ///< Stored events kept (at least in part) as orphans.
+  std::uint64_t grafts = 0;            ///< Orphan chains grafted into the tree.
   std::uint64_t block_conflicts = 0;   ///< Stored events rejected as block conflicts.
   std::uint64_t views_reset = 0;       ///< Worker views dropped by reset_and_apply.
   std::uint64_t workers_replaced = 0;  ///< Successful replace_worker calls.
@@ -4107,7 +4366,9 @@ struct KvIndexCounters {
 /// Exception safety: apply / store / remove / clear, replace_worker and copy
 /// assignment give the strong guarantee (on std::bad_alloc the index is
 /// unchanged); remove_worker(KvWorker), moves and swap never throw; the
-/// const queries allocate only their results.
+/// const queries allocate only their results. Grafting orphan chains (under
+/// KvUnknownParent::keep_orphan) is best effort: a graft that cannot allocate
+/// is undone and leaves its chain an orphan chain, and the event still applies.
 ///
 /// Invalidation: queries return values (vectors, counts, dumps), so no call
 /// invalidates anything a caller holds; the references from counters() and
@@ -4152,6 +4413,7 @@ class KvIndex {
     swap(holds_, other.holds_);
     workers_.swap(other.workers_);
     swap(counters_, other.counters_);
+    orphans_.swap(other.orphans_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
   friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
@@ -4183,6 +4445,17 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
+    if (orphan_store(slot, parent_hash, blocks, r.view_reset)) {
+      try {
+        store_orphans(slot, *parent_hash, blocks, r, r.view_reset);
+      } catch (...) {
+        if (created) remove_worker(worker);  // a new worker's first event did not apply
+        throw;
+      }
+      if (r.status == KvEventStatus::applied) settle_anchor_of(slot, *parent_hash, r);
+      finish(slot, event_id, r);
+      return r;
+    }
     const TableLoads before = pick_table_load(slot, blocks.size());
     try {
       // A reset frees the worker's holds and names before the store, so they
@@ -4195,12 +4468,13 @@ class KvIndex {
     }
     // Only now, with room reserved, may a gap drop the view; dropping it
     // keeps capacity, so the reservation holds.
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false);
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false) + orphans_.erase_slot(slot);
     r.status = store_blocks(slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
       tree_.shrink_to_fit_live();
       workers_[slot].names.shrink_to_load();
     }
+    if (r.status == KvEventStatus::applied && !orphans_.empty()) settle_stored(slot, blocks, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -4213,8 +4487,9 @@ class KvIndex {
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
     pick_table_load(slot);
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot);
+    if (r.view_reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
     remove_blocks(slot, block_hashes, r);
+    if (!orphans_.empty()) remove_orphans(slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -4225,7 +4500,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot);  // also what a gap's reset would drop
+    r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);  // also a gap's reset
     finish(slot, event_id, r);
     return r;
   }
@@ -4253,13 +4528,21 @@ class KvIndex {
       KvEventStatus st = KvEventStatus::applied;
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
-          pick_table_load(tmp, s->blocks.size());
-          reserve_for_store(tmp, s->parent_hash, s->blocks, false);
-          st = store_blocks(tmp, s->parent_hash, s->blocks, r);
+          if (orphan_store(tmp, s->parent_hash, s->blocks, false)) {
+            store_orphans(tmp, *s->parent_hash, s->blocks, r, false);
+            st = r.status;
+          } else {
+            pick_table_load(tmp, s->blocks.size());
+            reserve_for_store(tmp, s->parent_hash, s->blocks, false);
+            st = store_blocks(tmp, s->parent_hash, s->blocks, r);
+            if (st == KvEventStatus::applied) promote(tmp, s->blocks);
+          }
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           remove_blocks(tmp, rm->block_hashes, r);
+          remove_orphans(tmp, rm->block_hashes, r);
         } else {
           clear_slot(tmp);
+          orphans_.erase_slot(tmp);
         }
       } catch (...) {
         abandon();
@@ -4275,6 +4558,7 @@ class KvIndex {
     std::uint32_t slot = workers_.find(worker);
     if (slot != detail::kv_npos) {
       clear_slot(slot);
+      orphans_.erase_slot(slot);
       adopt(slot, tmp);
     } else {
       slot = tmp;
@@ -4283,6 +4567,9 @@ class KvIndex {
     workers_[slot].cursor = CursorState<>::live(last_event_id);
     ++counters_.workers_replaced;
     trim_masks();
+    // Grafts wait until the view is in place: a failed dump must not have
+    // changed other workers. They are best effort (see settle).
+    if (!orphans_.empty()) settle_replaced(slot, dump);
     res.ok = true;
     res.blocks = workers_[slot].blocks;
     return res;
@@ -4331,6 +4618,27 @@ class KvIndex {
           ev->blocks.push_back(
               KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
         });
+    // Then the orphan chains, each under its parent's name: a chain's first
+    // event names its anchor (a parent the worker does not hold), a branch
+    // the orphan it leaves from, so replaying the dump keeps them orphans.
+    std::vector<std::uint64_t> starts;
+    orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock& b) {
+      if (orphans_.find(slot, b.parent) == nullptr) starts.push_back(name);
+    });
+    while (!starts.empty()) {
+      std::uint64_t name = starts.back();
+      starts.pop_back();
+      kv_event::Stored chain;
+      chain.parent_hash = orphans_.find(slot, name)->parent;
+      for (;;) {
+        chain.blocks.push_back(KvBlock{name, orphans_.find(slot, name)->tokens_hash});
+        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
+        if (kids.empty()) break;
+        starts.insert(starts.end(), kids.begin() + 1, kids.end());
+        name = kids.front();
+      }
+      out.push_back(KvEvent{out.size(), std::move(chain)});
+    }
     return out;
   }
 
@@ -4454,6 +4762,91 @@ class KvIndex {
     });
   }
 
+  /// As find_matches(tokens_hashes, early_exit), also counting orphan blocks:
+  /// `block_names[i]` is the request's name for block i (the engines' block
+  /// hash, e.g. sequence_hashes() of block_hash.hpp), and a worker holding
+  /// block i as an orphan, or an orphan whose parent is block i, holds its
+  /// i + 1 leading blocks (names are chained).
+  /// Per worker, the larger of its tree depth and its deepest orphan; names
+  /// past tokens_hashes.size() are ignored. `early_exit` stops the tree walk
+  /// only. O(find_matches + (when orphans exist) names x log orphans).
+  [[nodiscard]] std::vector<KvWorkerMatch> find_matches(
+      std::span<const std::uint64_t> tokens_hashes, std::span<const std::uint64_t> block_names,
+      bool early_exit = false) const {
+    std::vector<KvWorkerMatch> out;
+    find_matches(tokens_hashes, block_names, early_exit, out);
+    return out;
+  }
+
+  /// As the overload above, writing into `out` (cleared first). If growing
+  /// `out` throws, `out` holds some of the matches or none.
+  void find_matches(std::span<const std::uint64_t> tokens_hashes,
+                    std::span<const std::uint64_t> block_names, bool early_exit,
+                    std::vector<KvWorkerMatch>& out) const {
+    find_matches(tokens_hashes, early_exit, out);
+    if (orphans_.empty()) return;
+    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto hold = [&](std::uint32_t slot) {
+        const KvWorker& w = workers_[slot].worker;
+        for (KvWorkerMatch& m : out)
+          if (m.worker == w) {
+            m.blocks = std::max(m.blocks, i + 1U);
+            return;
+          }
+        out.push_back(KvWorkerMatch{w, i + 1U});
+      };
+      orphans_.for_each_holder(block_names[i], hold);
+      // The parent of an orphan is held too (an anchor is not an orphan).
+      orphans_.for_each_child_of(block_names[i],
+                                 [&](std::uint32_t slot, std::uint64_t) { hold(slot); });
+    }
+  }
+
+  /// Places orphan chains along a request's path: for every block i of the
+  /// request that anchors orphan chains of some worker (their first parent),
+  /// the chains are grafted at depth i + 1, with blocks 0..i as their implied
+  /// prefix. `block_names` must be the engines' names for `tokens_hashes`
+  /// (equal names mean equal prefixes); a graft that conflicts with a
+  /// worker's tree is undone. Returns the blocks placed. Best effort, never
+  /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
+  std::size_t graft_along(std::span<const std::uint64_t> tokens_hashes,
+                          std::span<const std::uint64_t> block_names) noexcept {
+    if (orphans_.empty()) return 0;
+    KvEventResult r;
+    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
+    std::vector<KvBlock> path;
+    std::vector<std::uint32_t> slots;
+    std::vector<std::uint64_t> work;
+    try {
+      path.reserve(n);
+      for (std::size_t i = 0; i < n && !orphans_.empty(); ++i) {
+        path.push_back(KvBlock{block_names[i], tokens_hashes[i]});
+        slots.clear();
+        orphans_.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && orphans_.find(s, block_names[i]) == nullptr)
+            slots.push_back(s);
+        });
+        for (const std::uint32_t s : slots)
+          graft_path(s, block_names[i], path, work, r);
+      }
+    } catch (...) {
+    }
+    settle(work, r);  // chains anchored at what the grafts placed
+    return r.blocks_grafted;
+  }
+
+  /// Orphan blocks of `worker`: blocks it stored under a parent not (yet)
+  /// placed, not counted by block_count (0 for an unknown worker).
+  /// O(its orphans + log orphans).
+  [[nodiscard]] std::size_t orphan_count(const KvWorker& worker) const noexcept {
+    const std::uint32_t slot = workers_.find(worker);
+    return slot == detail::kv_npos ? 0U : orphans_.count(slot);
+  }
+
+  /// Orphan blocks over all workers. O(1).
+  [[nodiscard]] std::size_t total_orphans() const noexcept { return orphans_.size(); }
+
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
   [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
     const std::uint32_t slot = workers_.find(worker);
@@ -4495,7 +4888,8 @@ class KvIndex {
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes();
+    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes() +
+           orphans_.memory_bytes();
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -4570,6 +4964,20 @@ class KvIndex {
     // form never fails).
     if (tree_.nodes().word_form() != (workers_.top() <= detail::KvHolderSets::word_slots))
       return false;
+    // Orphans: the three indexes agree, their slots are live, and a worker
+    // never has one name both placed and orphaned.
+    if (!orphans_.check()) return false;
+    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
+      bool ok = true;
+      orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) {
+        ok = ok && workers_[slot].live && find_name(workers_[slot], name) == detail::kv_npos;
+      });
+      if (!ok) return false;
+    }
+    std::size_t orphan_total = 0;
+    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot)
+      orphan_total += orphans_.count(slot);
+    if (orphan_total != orphans_.size()) return false;
     return live_nodes == tree_.nodes().live() && tree_.check();
   }
 
@@ -4782,6 +5190,7 @@ class KvIndex {
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
     clear_slot(slot);
+    orphans_.erase_slot(slot);
     holds_.release(workers_[slot].sentinel);
     workers_.close(slot);
   }
@@ -4800,6 +5209,7 @@ class KvIndex {
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
     dst.blocks = src.blocks;
+    orphans_.move_slot(tmp, into);
     workers_.close(tmp);
   }
 
@@ -4844,6 +5254,7 @@ class KvIndex {
     switch (r.status) {
       case KvEventStatus::applied:
         ++counters_.events_applied;
+        if (r.blocks_orphaned != 0U) ++counters_.orphan_stores;
         break;
       case KvEventStatus::parent_not_found:
         ++counters_.parent_not_found;
@@ -4937,6 +5348,248 @@ class KvIndex {
     workers_[slot].blocks += added;
     r.blocks_stored = added;
     return KvEventStatus::applied;
+  }
+
+  // True when a Stored event takes the orphan path: orphans are kept, it has
+  // blocks, and its parent is not placed for `slot` (after a reset nothing is).
+  [[nodiscard]] bool orphan_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
+                                  std::span<const KvBlock> blocks, bool reset) const noexcept {
+    if (options_.on_unknown_parent != KvUnknownParent::keep_orphan || !parent_hash ||
+        blocks.empty())
+      return false;
+    return reset || find_name(workers_[slot], *parent_hash) == detail::kv_npos;
+  }
+
+  // Keeps a chain under `parent` (not placed for `slot`) as orphans: it
+  // extends the orphan `parent`, or starts a chain anchored at it. Conflicts
+  // as in the tree: a name placed for the slot, an orphan name under another
+  // parent or with another tokens hash, a name twice, or the chain's anchor
+  // itself (a cycle). Everything that allocates happens before anything
+  // changes (the insertions are staged), so on std::bad_alloc nothing did;
+  // `reset` drops the slot's view once nothing can fail.
+  void store_orphans(std::uint32_t slot, std::uint64_t parent, std::span<const KvBlock> blocks,
+                     KvEventResult& r, bool reset) {
+    std::uint64_t anchor = parent;  // the chain's first parent that is not an orphan
+    if (!reset)
+      while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
+        anchor = o->parent;
+    detail::KvOrphans::Stage stage;
+    bool conflict = false;
+    std::size_t already = 0;
+    std::uint64_t up = parent;
+    for (const KvBlock& b : blocks) {
+      const detail::KvOrphanBlock* o = reset ? nullptr : orphans_.find(slot, b.block_hash);
+      if (b.block_hash == anchor ||
+          (!reset && find_name(workers_[slot], b.block_hash) != detail::kv_npos) ||
+          stage.blocks.count({slot, b.block_hash}) != 0U ||
+          (o != nullptr && (o->parent != up || o->tokens_hash != b.tokens_hash))) {
+        conflict = true;
+        break;
+      }
+      if (o != nullptr)
+        ++already;
+      else
+        stage.add(slot, b.block_hash, detail::KvOrphanBlock{b.tokens_hash, up});
+      up = b.block_hash;
+    }
+    if (reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
+    if (conflict) {
+      r.status = KvEventStatus::block_conflict;
+      return;
+    }
+    r.blocks_orphaned = stage.blocks.size();
+    r.blocks_already_held = already;
+    orphans_.commit(stage);
+    r.status = KvEventStatus::applied;
+  }
+
+  // Orphans of `slot` that a normal store just placed become ordinary holds:
+  // their orphan entries go, and their orphan children are left anchored at
+  // them (placed now), for settle to graft. Never allocates.
+  void promote(std::uint32_t slot, std::span<const KvBlock> blocks) noexcept {
+    for (const KvBlock& b : blocks)
+      (void)orphans_.erase_one(slot, b.block_hash);
+  }
+
+  // After an applied normal store of `slot`: promotes its placed orphans and
+  // grafts every chain anchored at a name the store placed.
+  void settle_stored(std::uint32_t slot, std::span<const KvBlock> blocks,
+                     KvEventResult& r) noexcept {
+    promote(slot, blocks);
+    std::vector<std::uint64_t> names;
+    try {
+      names.reserve(blocks.size());
+      for (const KvBlock& b : blocks)
+        names.push_back(b.block_hash);
+    } catch (...) {
+      return;  // best effort, as every graft
+    }
+    settle(names, r);
+  }
+
+  // After an orphan store of `slot` under `parent`: grafts the chain if its
+  // anchor is placed by some worker.
+  void settle_anchor_of(std::uint32_t slot, std::uint64_t parent, KvEventResult& r) noexcept {
+    std::uint64_t anchor = parent;
+    while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
+      anchor = o->parent;
+    std::vector<std::uint64_t> names;
+    try {
+      names.push_back(anchor);
+    } catch (...) {
+      return;
+    }
+    settle(names, r);
+  }
+
+  // After a successful replace_worker of `slot`: grafts chains anchored at
+  // the dump's names (of other workers too), and the slot's own chains.
+  void settle_replaced(std::uint32_t slot, std::span<const KvEvent> dump) noexcept {
+    KvEventResult r;
+    std::vector<std::uint64_t> names;
+    try {
+      for (const KvEvent& e : dump)
+        if (const auto* s = std::get_if<kv_event::Stored>(&e.data))
+          for (const KvBlock& b : s->blocks)
+            if (find_name(workers_[slot], b.block_hash) != detail::kv_npos)
+              names.push_back(b.block_hash);
+      orphans_.for_each_of(slot, [&](std::uint64_t, const detail::KvOrphanBlock& b) {
+        if (orphans_.find(slot, b.parent) == nullptr) names.push_back(b.parent);
+      });
+    } catch (...) {
+      return;
+    }
+    settle(names, r);
+  }
+
+  // Grafts, for every name in the worklist that some worker has placed, the
+  // orphan chains anchored at it (in slots that do not hold it as an orphan),
+  // and goes on with the names the grafts place. Best effort: a graft that
+  // fails (an allocation, or a conflict with the slot's holds) is undone
+  // whole and its chain stays an orphan chain, still routable by name; it is
+  // tried again when its anchor is next placed. Never throws.
+  void settle(std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
+    std::vector<std::uint32_t> slots;
+    while (!work.empty() && !orphans_.empty()) {
+      const std::uint64_t anchor = work.back();
+      work.pop_back();
+      slots.clear();
+      try {
+        orphans_.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && orphans_.find(s, anchor) == nullptr)
+            slots.push_back(s);
+        });
+      } catch (...) {
+        continue;
+      }
+      if (slots.empty()) continue;
+      // Any worker that placed the name: equal names mean equal prefixes.
+      std::uint32_t donor = detail::kv_npos;
+      std::uint32_t donor_hold = detail::kv_npos;
+      for (std::uint32_t d = 0; d < workers_.size() && donor == detail::kv_npos; ++d) {
+        if (!workers_[d].live) continue;
+        const std::uint32_t h = find_name(workers_[d], anchor);
+        if (h != detail::kv_npos) {
+          donor = d;
+          donor_hold = h;
+        }
+      }
+      if (donor == detail::kv_npos) continue;
+      for (const std::uint32_t s : slots)
+        graft(s, anchor, donor, donor_hold, work, r);
+    }
+  }
+
+  // Places the orphan chains of `slot` anchored at `anchor` under the node
+  // that `donor` holds as `donor_hold`: first the path from the root to that
+  // node (the blocks the chain implies, named as the donor names them), then
+  // the orphans in pre-order. Newly placed names join `work`.
+  void graft(std::uint32_t slot, std::uint64_t anchor, std::uint32_t donor,
+             std::uint32_t donor_hold, std::vector<std::uint64_t>& work,
+             KvEventResult& r) noexcept {
+    std::vector<KvBlock> path;
+    try {
+      if (find_name(workers_[slot], anchor) == detail::kv_npos) {
+        for (std::uint32_t h = donor_hold; h != workers_[donor].sentinel; h = holds_.parent(h))
+          path.push_back(KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+        std::reverse(path.begin(), path.end());
+      }
+    } catch (...) {
+      return;
+    }
+    graft_path(slot, anchor, path, work, r);
+  }
+
+  // As graft, with `path` the blocks from the root to the anchor (its last
+  // block), or empty when the slot has the anchor in its tree.
+  void graft_path(std::uint32_t slot, std::uint64_t anchor, std::span<const KvBlock> path,
+                  std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
+    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
+    try {
+      // The orphans, parents before children.
+      std::vector<std::pair<std::uint64_t, KvBlock>> order;  // (parent name, block)
+      std::vector<std::uint64_t> stack = orphans_.children(slot, anchor);
+      const std::vector<std::uint64_t> roots = stack;
+      while (!stack.empty()) {
+        const std::uint64_t name = stack.back();
+        stack.pop_back();
+        const detail::KvOrphanBlock* o = orphans_.find(slot, name);
+        order.emplace_back(o->parent, KvBlock{name, o->tokens_hash});
+        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
+        stack.insert(stack.end(), kids.begin(), kids.end());
+      }
+      added.reserve(path.size() + order.size());
+      work.reserve(work.size() + path.size() + order.size());
+      const auto place = [&](std::optional<std::uint64_t> parent, std::span<const KvBlock> blocks) {
+        KvEventResult one;
+        pick_table_load(slot, blocks.size());
+        reserve_for_store(slot, parent, blocks, false);
+        if (store_blocks(slot, parent, blocks, one) != KvEventStatus::applied) return false;
+        // The new holds are the chain's last ones (a holder holds the parent).
+        for (std::size_t i = blocks.size() - one.blocks_stored; i < blocks.size(); ++i)
+          added.push_back(blocks[i].block_hash);
+        return true;
+      };
+      bool ok = find_name(workers_[slot], anchor) != detail::kv_npos ||
+                (!path.empty() && place(std::nullopt, path));
+      for (std::size_t i = 0; ok && i < order.size(); ++i)
+        ok = place(order[i].first, std::span<const KvBlock>(&order[i].second, 1));
+      if (!ok) {
+        undo_graft(slot, added);
+        return;
+      }
+      for (const std::uint64_t root : roots)
+        (void)orphans_.erase_subtree(slot, root);
+      // The implied path may pass orphans of other chains of the slot: they
+      // are placed now (their children stay, anchored at them).
+      for (const std::uint64_t name : added)
+        (void)orphans_.erase_one(slot, name);
+      work.insert(work.end(), added.begin(), added.end());  // capacity reserved
+      r.blocks_grafted += added.size();
+      ++counters_.grafts;
+    } catch (...) {
+      undo_graft(slot, added);
+    }
+  }
+
+  // Removes the holds a failed graft added (removal never allocates).
+  void undo_graft(std::uint32_t slot, std::span<const std::uint64_t> added) noexcept {
+    KvEventResult ignored;
+    remove_blocks(slot, added, ignored);
+  }
+
+  // The orphan part of a Removed event: a named orphan goes with its orphan
+  // descendants (as a tree removal cascades), and is counted as removed
+  // rather than not held.
+  void remove_orphans(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
+                      KvEventResult& r) noexcept {
+    for (const std::uint64_t name : block_hashes) {
+      const std::size_t n = orphans_.erase_subtree(slot, name);
+      if (n == 0U) continue;
+      --r.blocks_not_held;
+      ++r.blocks_removed;
+      r.blocks_cascaded += n - 1U;
+    }
   }
 
   // Undoes the `added` holds of a store. After the first new hold every later
@@ -5076,6 +5729,7 @@ class KvIndex {
   detail::KvHoldStore holds_;                // (worker, block) pairs, as per-worker trees
   detail::KvWorkerSlots<KvWorker> workers_;  // cursors, names, hold roots
   KvIndexCounters counters_;
+  detail::KvOrphans orphans_;  // blocks stored under parents unknown to their worker
 };
 
 }  // namespace promptcache

@@ -197,6 +197,13 @@ struct ClusterConfig {
   double overlap_weight = 1.0;            ///< KvRouter overlap weight (cache-aware).
   double temperature = 0.0;               ///< KvRouter temperature (cache-aware).
   std::uint64_t seed = 1;                 ///< Seed of the random policy and softmax draws.
+  /// Restart the router half-way: at request n / 2 the index is dropped and
+  /// rebuilt from the events published from then on (the router rejoins
+  /// late, as after a router restart or scale-out while the engines run on).
+  bool restart_router = false;
+  /// What the index does with a Stored event under a parent it does not
+  /// know for the worker (after a restart, most of them).
+  KvUnknownParent on_unknown_parent = KvUnknownParent::keep_orphan;
 };
 
 /// Per-policy results of one cluster run.
@@ -216,6 +223,10 @@ struct ClusterRun {
   /// Cache-aware only: the prompt tokens the index said the chosen worker
   /// holds, per request (empty for the other policies).
   std::vector<std::size_t> routed_cached;
+  /// The request at which the router restarted (0: it did not).
+  std::size_t restarted_at = 0;
+  /// The index's rule for Stored events under unknown parents.
+  KvUnknownParent on_unknown_parent = KvUnknownParent::keep_orphan;
   double seconds = 0.0;            ///< CPU time of the run.
   std::size_t index_events = 0;    ///< KV events applied to the index.
   std::size_t index_rejected = 0;  ///< KV events the index did not apply.
@@ -225,6 +236,23 @@ struct ClusterRun {
     return prompt_tokens == 0
                ? 0.0
                : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+  }
+  /// The hit rate of requests `from` .. end (e.g. those after a restart).
+  [[nodiscard]] double hit_rate_from(std::size_t from, const Trace& t) const {
+    std::size_t prompt = 0;
+    std::size_t cached = 0;
+    for (std::size_t k = from; k < request_cached.size(); ++k) {
+      prompt += t.requests[k].input_length;
+      cached += request_cached[k];
+    }
+    return prompt == 0 ? 0.0 : static_cast<double>(cached) / static_cast<double>(prompt);
+  }
+  /// The row name: the policy, with how the router restarted if it did.
+  [[nodiscard]] std::string name() const {
+    std::string n = route_policy_name(policy);
+    if (restarted_at != 0)
+      n += on_unknown_parent == KvUnknownParent::keep_orphan ? "+restart" : "+restart(refuse)";
+    return n;
   }
   /// max / mean busy time over workers (1 = perfectly balanced; 0 if idle).
   [[nodiscard]] double imbalance() const {
@@ -266,9 +294,11 @@ template <class Cache, class MakeCache>
   std::vector<std::unique_ptr<Cache>> caches;
   for (std::size_t i = 0; i < w; ++i)
     caches.push_back(make_cache(i));
-  KvIndex index;
+  const KvIndexOptions index_options{KvGapPolicy::report, cfg.on_unknown_parent};
+  KvIndex index(index_options);
   ClusterRun run;
   run.policy = policy;
+  run.on_unknown_parent = cfg.on_unknown_parent;
   run.worker_requests.assign(w, 0);
   run.worker_cached.assign(w, 0);
   run.worker_computed.assign(w, 0);
@@ -308,6 +338,12 @@ template <class Cache, class MakeCache>
   double clock = 0.0;
   for (std::size_t k = 0; k < t.requests.size(); ++k) {
     const Request& r = t.requests[k];
+    if (cfg.restart_router && k == t.requests.size() / 2U && k != 0U) {
+      // The router restarts: its index starts empty, and each worker's next
+      // event is the first of that worker it sees.
+      index = KvIndex(index_options);
+      run.restarted_at = k;
+    }
     clock = std::max(clock, r.timestamp_ms * cfg.time_scale / 1000.0);
     while (!finishing.empty() && finishing.top().at <= clock) {
       const Finish f = finishing.top();
@@ -349,7 +385,11 @@ template <class Cache, class MakeCache>
             std::min_element(decode_blocks.begin(), decode_blocks.end()) - decode_blocks.begin());
         break;
       case RoutePolicy::cache_aware: {
-        index.find_matches(locals, false, matches);
+        // By tokens hashes and block names: after a restart a worker's chains
+        // under prefixes it cached before are known by name only, until a
+        // request names their parent's path (graft_along places them).
+        index.graft_along(locals, seqs);
+        index.find_matches(locals, seqs, false, matches);
         for (std::size_t i = 0; i < w; ++i) {
           // Dynamo's decode load: the distinct blocks in flight plus the
           // request's full blocks that are not among them.
@@ -357,7 +397,8 @@ template <class Cache, class MakeCache>
           for (std::size_t b = 0; b < nfull; ++b)
             fresh += in_flight[i].count(r.nodes[b]) == 0 ? 1U : 0U;
           loads[i].decode_blocks = in_flight[i].size() + fresh;
-          loads[i].cached_blocks = index.block_count(loads[i].worker);
+          loads[i].cached_blocks =
+              index.block_count(loads[i].worker) + index.orphan_count(loads[i].worker);
           // Dynamo's queued prefill: the whole uncached tokens of every
           // request on the worker whose prefill has not ended.
           loads[i].prefill_tokens = queued_tokens[i];

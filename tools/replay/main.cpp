@@ -104,6 +104,17 @@ int run(const rp::Options& o) {
       progress.show(std::string("cluster: ") + rp::route_policy_name(p), done++, o.routing.size());
       report.cluster.push_back(rp::run_named_cluster(trace, hashes, o.cluster, p, o.worker_capacity,
                                                      report.worker_cache));
+      // A router restart matters only to the policy that reads the index:
+      // once keeping orphan chains, once refusing them (the index before them).
+      if (!o.restart_router || p != rp::RoutePolicy::cache_aware) continue;
+      for (const auto rule :
+           {promptcache::KvUnknownParent::keep_orphan, promptcache::KvUnknownParent::refuse}) {
+        rp::ClusterConfig restarted = o.cluster;
+        restarted.restart_router = true;
+        restarted.on_unknown_parent = rule;
+        report.cluster.push_back(rp::run_named_cluster(trace, hashes, restarted, p,
+                                                       o.worker_capacity, report.worker_cache));
+      }
     }
   }
   progress.clear();

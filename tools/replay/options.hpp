@@ -35,6 +35,7 @@ struct Options {
   bool sweep = true;                        ///< Run the capacity sweep.
   bool run_cluster = true;                  ///< Run the cluster comparison.
   bool json = false;                        ///< JSON on stdout instead of tables.
+  bool restart_router = false;              ///< Also run cache-aware with a router restart.
   std::string csv;                          ///< CSV output path (empty: none).
   bool help = false;                        ///< --help given.
 };
@@ -134,6 +135,9 @@ prompt tokens served from cache / prompt tokens.
   --overlap-weight W      cache-aware router overlap weight (default 1)
   --temperature T         cache-aware router softmax temperature (default 0)
   --seed N                seed of random routing and softmax draws (default 1)
+  --restart-router        also run cache-aware routing with the router restarted
+                          half-way (its index rebuilt from new events only),
+                          keeping orphan chains and refusing them
   --csv FILE              write every row as CSV
   --json                  JSON on stdout instead of tables
   --help                  this text
@@ -254,6 +258,8 @@ inline void check_options(const Options& o) {
       if (o.cluster.temperature < 0.0) throw std::invalid_argument("--temperature: must be >= 0");
     } else if (a == "--seed") {
       o.cluster.seed = detail::parse_uint(a, value());
+    } else if (a == "--restart-router") {
+      o.restart_router = true;
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "--json") {

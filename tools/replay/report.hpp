@@ -64,7 +64,7 @@ inline void write_csv(std::ostream& out, const Report& r) {
   for (const ClusterRun& c : r.cluster) {
     std::snprintf(buf, sizeof buf,
                   "cluster,%s,%s,%zu,%zu,%zu,%zu,%zu,%.6f,%zu,%.4f,%.4f,%.4f,%.1f\n",
-                  r.worker_cache.c_str(), route_policy_name(c.policy), r.worker_capacity, r.workers,
+                  r.worker_cache.c_str(), c.name().c_str(), r.worker_capacity, r.workers,
                   c.requests, c.prompt_tokens, c.cached_tokens, c.hit_rate(), c.computed_tokens,
                   c.imbalance(), c.ttft_quantile(0.5), c.ttft_quantile(0.99),
                   c.requests == 0 ? 0.0 : c.seconds * 1e9 / static_cast<double>(c.requests));
@@ -105,6 +105,9 @@ inline void write_csv(std::ostream& out, const Report& r) {
   for (const ClusterRun& c : r.cluster)
     j["cluster"]["runs"].push_back(
         {{"policy", route_policy_name(c.policy)},
+         {"name", c.name()},
+         {"router_restarted_at", c.restarted_at},
+         {"hit_rate_after_restart", c.hit_rate_from(c.restarted_at, t)},
          {"requests", c.requests},
          {"prompt_tokens", c.prompt_tokens},
          {"cached_tokens", c.cached_tokens},
@@ -190,14 +193,33 @@ inline void write_tables(std::ostream& out, const Report& r) {
                   "\ncluster: %zu workers x %s tokens (%s), requests at their timestamps\n",
                   r.workers, format_tokens(r.worker_capacity).c_str(), r.worker_cache.c_str());
     out << buf;
-    std::snprintf(buf, sizeof buf, "%-13s %9s %16s %10s %10s %10s %9s\n", "routing", "hit rate",
-                  "prefill tokens", "imbalance", "TTFT p50", "TTFT p99", "ns/req");
+    const bool restarts = std::any_of(r.cluster.begin(), r.cluster.end(),
+                                      [](const ClusterRun& c) { return c.restarted_at != 0; });
+    const int width = restarts ? 29 : 13;
+    std::snprintf(buf, sizeof buf, "%-*s %9s %16s %10s %10s %10s %9s\n", width, "routing",
+                  "hit rate", "prefill tokens", "imbalance", "TTFT p50", "TTFT p99", "ns/req");
     out << buf;
     for (const ClusterRun& c : r.cluster) {
-      std::snprintf(buf, sizeof buf, "%-13s %8.1f%% %16zu %10.2f %9.2fs %9.2fs %9.0f\n",
-                    route_policy_name(c.policy), 100.0 * c.hit_rate(), c.computed_tokens,
-                    c.imbalance(), c.ttft_quantile(0.5), c.ttft_quantile(0.99),
+      std::snprintf(buf, sizeof buf, "%-*s %8.1f%% %16zu %10.2f %9.2fs %9.2fs %9.0f\n", width,
+                    c.name().c_str(), 100.0 * c.hit_rate(), c.computed_tokens, c.imbalance(),
+                    c.ttft_quantile(0.5), c.ttft_quantile(0.99),
                     c.requests == 0 ? 0.0 : c.seconds * 1e9 / static_cast<double>(c.requests));
+      out << buf;
+    }
+  }
+  if (!r.cluster.empty()) {
+    // A restarted router: the hit rate of the second half, against the run
+    // that kept its router.
+    const ClusterRun* kept = nullptr;
+    for (const ClusterRun& c : r.cluster)
+      if (c.restarted_at == 0 && c.policy == RoutePolicy::cache_aware) kept = &c;
+    for (const ClusterRun& c : r.cluster) {
+      if (c.restarted_at == 0) continue;
+      std::snprintf(buf, sizeof buf,
+                    "%s: requests from %zu on (after the restart): %.1f%% from cache "
+                    "(router kept: %.1f%%)\n",
+                    c.name().c_str(), c.restarted_at, 100.0 * c.hit_rate_from(c.restarted_at, t),
+                    kept == nullptr ? 0.0 : 100.0 * kept->hit_rate_from(c.restarted_at, t));
       out << buf;
     }
   }
