@@ -346,7 +346,7 @@ TEST_CASE("adaptive (learned): a page back soon after a split vote charges its v
   CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
   CHECK(c.policy().rate(0) == 1.0 / 5.0);
   // ... and A comes back within the capacity: LRU's rate is 2 / 5, ARC's still
-  // 1 / 4, more than 1.15 x lower, so ARC leads.
+  // 1 / 4, more than 1.3 x lower, so ARC leads.
   c.insert(Tokens{1}, Pages{4});
   CHECK(c.policy().rate(0) == 2.0 / 5.0);
   CHECK(c.policy().rate(1) == 0.25);

@@ -374,9 +374,10 @@ struct Filo {
 /// they were stored (class 0, ARC's T1) and pages used again (class 1, T2) are
 /// each evicted least recently used first; before each page the policy picks
 /// the class to evict from by following one of three rules ("experts"):
-///  - LRU: the class whose least recent leaf is older (the policy knows each
-///    class's oldest key from the last leaf it evicted there, a lower bound the
-///    next eviction corrects), so following it alone evicts as eviction::Lru;
+///  - LRU: the class whose least recent leaf is older. The policy does not see
+///    the heaps: it takes each class's oldest key to be that of the last leaf it
+///    evicted there, a lower bound, so following this expert evicts as
+///    eviction::Lru does but for one leaf each time a stale bound is corrected;
 ///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
 ///  - used-once first: T1 whenever it has pages.
 /// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
@@ -384,12 +385,14 @@ struct Filo {
 /// on B2 lowers it (ARC's rule). Each ghost also records which experts voted
 /// for its eviction when they disagreed; a page stored again within
 /// `capacity_pages` evictions of its own counts against those experts. The
-/// policy follows LRU unless another expert has 1.15 x fewer such returns per
+/// policy follows LRU unless another expert has 1.3 x fewer such returns per
 /// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
-/// so the choice follows changes in the traffic); one eviction in 32 follows
-/// an expert that disagrees with the leader, so that each rate stays measured. On traffic where
-/// keeping pages used again pays (shared prefixes among one-off tails) it follows ARC; where
-/// recency is what pays (conversations whose every turn returns to the last
+/// so the choice follows changes in the traffic); the first page of one
+/// eviction in 32 follows an expert that disagrees with the leader, so that
+/// each rate stays measured at the cost of one page out of the leader's
+/// order. On traffic where keeping pages used again pays (shared prefixes
+/// among one-off tails) it follows ARC or used-once first; where recency is
+/// what pays (conversations whose every turn returns to the last
 /// one) it follows LRU. The pages one insert stores are one node, so they share
 /// a class: used again when all of them come back from the ghost lists, used
 /// once when the run also brings new pages. A later match or insert through a
@@ -495,6 +498,7 @@ class Adaptive {
     const std::uint8_t voters = votes_[k];
     const bool split = voters != 0 && voters != all_experts;
     votes_[0] = votes_[1] = 0;
+    probed_ = false;
     ++decisions_;
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
     const std::size_t pages = c.tokens.size() / c.page_size;
@@ -511,8 +515,8 @@ class Adaptive {
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
   /// T1 (0) or T2 (1). O(1).
   [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
-  /// The leading expert's class (Mode::arc: ARC's), or, on one eviction in 32, that of
-  /// an expert that disagrees with the leader. O(experts).
+  /// The leading expert's class (Mode::arc: ARC's), or, for the first page of one
+  /// eviction in 32, that of an expert that disagrees with the leader. O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
     std::size_t vote[experts];
     if (pages[0] == 0 || pages[1] == 0)
@@ -522,8 +526,9 @@ class Adaptive {
     vote[1] = pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
     vote[2] = pages[0] > 0 ? 0 : 1;
     std::size_t follow = mode_ == Mode::arc ? 1 : leader();
-    if (mode_ == Mode::learned && ghosts_.capacity() > 0 &&
+    if (mode_ == Mode::learned && ghosts_.capacity() > 0 && !probed_ &&
         decisions_ % explore_period == explore_period - 1) {
+      probed_ = true;  // one page: the next call in this eviction follows the leader
       // Explore: the first expert after the leader (cyclically) that disagrees.
       for (std::size_t d = 1; d < experts; ++d) {
         const std::size_t e = (follow + d) % experts;
@@ -565,7 +570,7 @@ class Adaptive {
   static constexpr std::uint64_t explore_period = 32;
   // Another expert leads only with a rate this many times lower: LRU, the
   // first, keeps the lead on a near tie (the safe choice when the ghosts cannot tell).
-  static constexpr double margin = 1.15;
+  static constexpr double margin = 1.3;
 
   static double check(double v) {
     if (!(v >= 0.0) || v > 1e9)
@@ -593,6 +598,7 @@ class Adaptive {
       votes_[k] = std::exchange(o.votes_[k], std::uint8_t{0});
     }
     decisions_ = std::exchange(o.decisions_, 0);
+    probed_ = std::exchange(o.probed_, false);
   }
   // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
   // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
@@ -631,6 +637,7 @@ class Adaptive {
   std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
                                                 // the last eviction
   std::uint64_t decisions_ = 0;                 // leaves (or tails) evicted
+  bool probed_ = false;                         // this eviction's probe of another expert was made
 };
 
 static_assert(PagedEvictionPolicy<Lru>);
