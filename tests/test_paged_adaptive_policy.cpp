@@ -416,3 +416,21 @@ TEST_CASE("ghost history: tags keep the caller's bits and take() tells the age")
   CHECK(age == 7);  // untouched without a ghost
   CHECK(g.size(1) == 0);
 }
+
+TEST_CASE("adaptive (learned): without a capacity there is no history and LRU decides") {
+  Cache c(1, eviction::Adaptive(0));
+  CHECK(c.policy().ghost_capacity() == 0);
+  c.insert(Tokens{1}, Pages{1});
+  REQUIRE(c.match(Tokens{1}).matched == 1);             // A: used again
+  c.insert(Tokens{2}, Pages{2});                        // B: used once, newer
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});  // neither class known yet: T1
+  // From then on the older page goes, whatever its class, with no probe: A
+  // before C, then D and E in their order.
+  c.insert(Tokens{3}, Pages{3});
+  c.insert(Tokens{4}, Pages{4});
+  c.insert(Tokens{5}, Pages{5});
+  CHECK(evict(c, 4) == std::vector<std::uint32_t>{1, 3, 4, 5});
+  CHECK(c.policy().leader() == 0);
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.check_invariants());
+}

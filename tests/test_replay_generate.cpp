@@ -100,7 +100,7 @@ TEST_CASE("replay generate: conversations grow turn by turn after a think time",
   std::map<std::size_t, const rp::GeneratedRequest*> last;
   std::size_t later_turns = 0;
   for (const auto& r : rs) {
-    const auto it = last.find(r.session);
+    const auto it = last.find(r.flow);
     if (it != last.end()) {
       const rp::GeneratedRequest& prev = *it->second;
       ++later_turns;
@@ -110,7 +110,7 @@ TEST_CASE("replay generate: conversations grow turn by turn after a think time",
       CHECK(r.input_length > prev.input_length + prev.output_length);
       CHECK(r.timestamp_ms >= prev.timestamp_ms + 1000);
     }
-    last[r.session] = &r;
+    last[r.flow] = &r;
   }
   CHECK(later_turns > rs.size() / 2);  // most requests are a later turn
   CHECK(last.size() > 100);            // many conversations, interleaved
@@ -119,20 +119,20 @@ TEST_CASE("replay generate: conversations grow turn by turn after a think time",
 TEST_CASE("replay generate: agent steps repeat a long tool prompt", "[replay]") {
   const auto rs = generate(rp::TraceShape::agent, 1);
   // The tool prompts: the first full blocks (at least 6,000 tokens) shared by
-  // the sessions. Every request starts with one of at most 40.
+  // the flows. Every request starts with one of at most 40.
   std::set<std::vector<std::uint64_t>> tools;
   std::map<std::size_t, std::size_t> steps;
   for (const auto& r : rs) {
     REQUIRE(r.input_length >= 6000);
     tools.insert(std::vector<std::uint64_t>(r.hash_ids.begin(), r.hash_ids.begin() + 11));
-    ++steps[r.session];
+    ++steps[r.flow];
   }
   CHECK(tools.size() <= 40);
   CHECK(tools.size() >= 10);
   std::size_t looping = 0;
-  for (const auto& [session, n] : steps)
+  for (const auto& [flow, n] : steps)
     looping += n >= 3 ? n : 0;
-  CHECK(looping > rs.size() / 2);  // most requests are in sessions of 3 steps or more
+  CHECK(looping > rs.size() / 2);  // most requests are in flows of 3 steps or more
 }
 
 TEST_CASE("replay generate: shared prompts put many users under a few system prompts", "[replay]") {

@@ -8,7 +8,7 @@
 //   conversation    multi-turn chats: a turn's prompt is the previous turn's
 //                   prompt, its answer and a new user message, sent after a
 //                   think time (median 60 s, long tail); 8 system prompts.
-//   agent           tool/agent loops: a session repeats a long tool prompt
+//   agent           tool/agent loops: an agent run repeats a long tool prompt
 //                   (one of 40, 6K-20K tokens, Zipf popularity) plus a
 //                   scratchpad that grows by each tool result, seconds apart
 //                   (one step in four waits minutes for a human).
@@ -86,15 +86,15 @@ struct GenerateOptions {
   std::size_t block_size = 512;                 ///< Tokens per hash-id block.
 };
 
-/// One generated request: a trace line plus the session it belongs to.
+/// One generated request: a trace line plus the flow it belongs to.
 struct GeneratedRequest {
   std::uint64_t timestamp_ms = 0;       ///< Arrival time, ms, non-decreasing over the trace.
   std::size_t input_length = 0;         ///< Prompt tokens.
   std::size_t output_length = 0;        ///< Generated tokens.
   std::vector<std::uint64_t> hash_ids;  ///< ceil(input_length / block_size) ids.
-  /// The conversation, agent session or document this request belongs to (not
+  /// The conversation, agent run or document this request belongs to (not
   /// written to the trace; for checks).
-  std::size_t session = 0;
+  std::size_t flow = 0;
 };
 
 namespace detail {
@@ -178,15 +178,14 @@ class Generator {
   }
   // The request for prompt `c`: its full blocks and, if the prompt ends inside
   // a block, a fresh id for that partial block.
-  GeneratedRequest request(const GenContext& c, double t_ms, std::size_t output,
-                           std::size_t session) {
+  GeneratedRequest request(const GenContext& c, double t_ms, std::size_t output, std::size_t flow) {
     GeneratedRequest r;
     r.timestamp_ms = static_cast<std::uint64_t>(std::llround(t_ms));
     r.input_length = c.tokens;
     r.output_length = output;
     r.hash_ids = c.full;
     if (c.tokens % o_.block_size != 0) r.hash_ids.push_back(next_id_++);
-    r.session = session;
+    r.flow = flow;
     return r;
   }
   GenRng& rng() { return rng_; }
@@ -199,15 +198,15 @@ class Generator {
   std::uint64_t next_id_ = 0;
 };
 
-// Runs sessions in time order until `o.requests` requests are out. A session
+// Runs flows in time order until `o.requests` requests are out. A flow
 // is a callback step(gen, now_ms, out) that appends its next request (if any)
-// and returns the delay to its following one (negative: the session ended);
-// new sessions arrive as a Poisson process of mean gap `arrival_ms`.
+// and returns the delay to its following one (negative: the flow ended);
+// new flows arrive as a Poisson process of mean gap `arrival_ms`.
 template <class NewSession>
 std::vector<GeneratedRequest> run_sessions(Generator& g, double arrival_ms, NewSession&& make) {
   using Step = decltype(make(g, std::size_t{0}));
-  std::vector<Step> sessions;
-  // (time, order of scheduling, session): the order breaks time ties deterministically.
+  std::vector<Step> flows;
+  // (time, order of scheduling, flow): the order breaks time ties deterministically.
   using Event = std::tuple<double, std::uint64_t, std::size_t>;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   std::uint64_t order = 0;
@@ -215,15 +214,15 @@ std::vector<GeneratedRequest> run_sessions(Generator& g, double arrival_ms, NewS
   double next_arrival = 0.0;
   while (out.size() < g.options().requests) {
     if (events.empty() || next_arrival <= std::get<0>(events.top())) {
-      sessions.push_back(make(g, sessions.size()));
-      events.emplace(next_arrival, order++, sessions.size() - 1);
+      flows.push_back(make(g, flows.size()));
+      events.emplace(next_arrival, order++, flows.size() - 1);
       next_arrival += g.rng().exponential(arrival_ms);
       continue;
     }
     const auto [t, ord, s] = events.top();
     (void)ord;
     events.pop();
-    const double delay = sessions[s](g, t, out);
+    const double delay = flows[s](g, t, out);
     if (delay >= 0.0) events.emplace(t + delay, order++, s);
   }
   out.resize(g.options().requests);
