@@ -360,20 +360,25 @@ TEST_CASE("adaptive (learned): a page back soon after a split vote charges its v
   CHECK(c.check_invariants());
 }
 
-TEST_CASE("adaptive (learned): a page back after more than capacity evictions charges nobody") {
-  Cache c(1, eviction::Adaptive(2, 8.0, 1.0));
-  c.insert(Tokens{1}, Pages{1});
-  REQUIRE(c.match(Tokens{1}).matched == 1);  // A: T2
-  c.insert(Tokens{2}, Pages{2});             // B: T1
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
-  c.insert(Tokens{3}, Pages{3});
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});  // LRU's split vote
-  // Two more evictions (the capacity) before A returns.
-  c.insert(Tokens{5}, Pages{5});
-  CHECK(evict(c, 2).size() == 2);
-  c.insert(Tokens{1}, Pages{6});
-  CHECK(c.policy().rate(0) == 1.0 / 5.0);  // chose one page, none back in time
-  CHECK(c.policy().leader() == 0);
+TEST_CASE("adaptive (learned): only a page back within a quarter of the capacity charges") {
+  // capacity 8: a page evicted on a split vote is charged when it comes back
+  // fewer than 8 / 4 = 2 evictions later.
+  for (const std::size_t later : {std::size_t{1}, std::size_t{2}}) {
+    Cache c(1, eviction::Adaptive(8, 8.0, 1.0));
+    c.insert(Tokens{1}, Pages{1});
+    REQUIRE(c.match(Tokens{1}).matched == 1);  // A: T2
+    c.insert(Tokens{2}, Pages{2});             // B: T1
+    CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+    c.insert(Tokens{3}, Pages{3});
+    CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});  // LRU's split vote
+    c.insert(Tokens{5, 6}, Pages{5, 6});
+    CHECK(evict(c, later).size() == later);  // then `later` more pages go
+    c.insert(Tokens{1}, Pages{9});           // A is back
+    if (later == 1)
+      CHECK(c.policy().rate(0) == 2.0 / 5.0);  // age 1 < 2: charged
+    else
+      CHECK(c.policy().rate(0) == 1.0 / 5.0);  // age 2: not charged
+  }
 }
 
 TEST_CASE("adaptive (learned): one eviction in 32 follows an expert that disagrees") {
