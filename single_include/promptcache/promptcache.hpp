@@ -5079,7 +5079,9 @@ struct Filo {
 /// x `capacity_pages` evictions: a page stored again while on B1 raises p, one
 /// on B2 lowers it (ARC's rule). Each ghost also records which experts voted
 /// for its eviction when they disagreed; a page stored again within
-/// `capacity_pages` evictions of its own counts against those experts. The
+/// `capacity_pages` / 4 evictions of its own counts against those experts
+/// (keeping it would likely have won a hit; a longer window also counts pages
+/// that any rule would have lost, and blurs the comparison). The
 /// policy follows LRU unless another expert has 1.3 x fewer such returns per
 /// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
 /// so the choice follows changes in the traffic); the first page of one
@@ -5168,7 +5170,7 @@ class Adaptive {
       const std::uint8_t tag = ghosts_.take(fingerprint(c, i), age);
       if (tag == 0) continue;
       adapt(tag & 3);
-      if (age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
+      if (4 * age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
@@ -5247,7 +5249,7 @@ class Adaptive {
       if (rate(e) * margin < rate(best)) best = e;
     return best;
   }
-  /// Pages of expert `e` (< experts) that came back within capacity_pages
+  /// Pages of expert `e` (< experts) that came back within capacity_pages / 4
   /// evictions, per page it chose to evict against another expert's vote
   /// (with a prior of 1 in 4; counts decay). O(1).
   [[nodiscard]] double rate(std::size_t e) const noexcept {
@@ -5327,7 +5329,7 @@ class Adaptive {
   double p_ = 0.0;
   detail::PagedGhostHistory ghosts_;
   double chosen_[experts] = {0.0, 0.0, 0.0};    // pages each expert evicted in a split vote
-  double returned_[experts] = {0.0, 0.0, 0.0};  // of those, pages back within capacity
+  double returned_[experts] = {0.0, 0.0, 0.0};  // of those, pages back within capacity / 4
   std::uint64_t oldest_[key_classes] = {0, 0};  // key of the last leaf evicted per class
   std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
                                                 // the last eviction
