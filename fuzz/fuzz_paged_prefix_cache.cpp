@@ -559,7 +559,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                   : in.ConsumeIntegralInRange<std::size_t>(0, 24);
       const double factor = factors[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
       const double step = steps[in.ConsumeIntegralInRange<std::size_t>(0, 7)];
-      run<eviction::Adaptive>(in, ps, Pol::adaptive, sink, eviction::Adaptive(cap, factor, step),
+      run<eviction::Adaptive>(in, ps, Pol::adaptive, sink,
+                              eviction::Adaptive(cap, factor, step, eviction::Adaptive::Mode::arc),
                               Arc{cap, factor, step});
       break;
     }

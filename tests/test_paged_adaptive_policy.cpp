@@ -20,6 +20,8 @@ namespace {
 using Tokens = std::vector<std::uint32_t>;
 using Pages = std::vector<std::uint32_t>;
 using Cache = PagedPrefixCache<std::uint32_t, eviction::Adaptive>;
+// ARC's rule alone: the cases worked out by hand for ARC pin it.
+constexpr auto Arc = eviction::Adaptive::Mode::arc;
 
 std::vector<std::uint32_t> evict(Cache& c, std::size_t n) {
   std::vector<std::uint32_t> got;
@@ -31,7 +33,7 @@ std::vector<std::uint32_t> evict(Cache& c, std::size_t n) {
 
 TEST_CASE("adaptive: pages used again outlive older pages used once; ghosts move the target") {
   // capacity 4 pages, 2 x 4 ghosts, full ARC steps.
-  Cache c(1, eviction::Adaptive(4, 2.0, 1.0));
+  Cache c(1, eviction::Adaptive(4, 2.0, 1.0, Arc));
   c.insert(Tokens{1}, Pages{10});            // A: used once (T1)
   c.insert(Tokens{2}, Pages{11});            // B: T1
   REQUIRE(c.match(Tokens{1}).matched == 1);  // A used again: T2
@@ -84,7 +86,7 @@ TEST_CASE("adaptive: a ghost step is ARC's ratio of the ghost lists, bounded by 
 }
 
 TEST_CASE("adaptive: the class is picked again before every page of a leaf") {
-  Cache c(1, eviction::Adaptive(8, 2.0, 1.0));
+  Cache c(1, eviction::Adaptive(8, 2.0, 1.0, Arc));
   c.insert(Tokens{1}, Pages{1});
   CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
   c.insert(Tokens{1}, Pages{2});  // back from B1: p = 1, used again
@@ -118,7 +120,7 @@ TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to 
 }
 
 TEST_CASE("adaptive: without a capacity there is no history and pages used again stay") {
-  Cache c(1, eviction::Adaptive(0));
+  Cache c(1, eviction::Adaptive(0, 8.0, 1.0, Arc));
   CHECK(c.policy().ghost_capacity() == 0);
   c.insert(Tokens{1}, Pages{1});
   CHECK(c.match(Tokens{1}).matched == 1);
@@ -199,7 +201,7 @@ TEST_CASE("adaptive: factors and steps up to 10^9 are accepted, larger or non-fi
 }
 
 TEST_CASE("adaptive: a ghost factor of 0 keeps no history, as a capacity of 0 does") {
-  Cache c(1, eviction::Adaptive(8, 0.0, 1.0));
+  Cache c(1, eviction::Adaptive(8, 0.0, 1.0, Arc));
   CHECK(c.policy().ghost_capacity() == 0);
   c.insert(Tokens{1}, Pages{1});
   CHECK(c.match(Tokens{1}).matched == 1);  // used again
@@ -310,4 +312,130 @@ TEST_CASE("adaptive: a moved-from policy has no history and a target of 0") {
   eviction::Adaptive& alias = p;
   p = std::move(alias);
   CHECK(p.ghost_capacity() == 8);
+}
+
+TEST_CASE("adaptive (learned): LRU leads at first, judging each class by its last eviction") {
+  for (const auto mode : {eviction::Adaptive::Mode::learned, Arc}) {
+    Cache c(1, eviction::Adaptive(4, 8.0, 1.0, mode));
+    CHECK(c.policy().leader() == 0);
+    c.insert(Tokens{1}, Pages{1});             // A
+    REQUIRE(c.match(Tokens{1}).matched == 1);  // A used again (T2), tick 2
+    c.insert(Tokens{2}, Pages{2});             // B: T1, tick 3
+    // Every expert picks T1 here (LRU knows neither class yet).
+    CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+    c.insert(Tokens{3}, Pages{3});  // C: T1, tick 4
+    // LRU: T1's last eviction (tick 3) is newer than anything known of T2, so A
+    // (tick 2) goes, as eviction::Lru would do. ARC keeps A and takes C.
+    if (mode == Arc)
+      CHECK(evict(c, 1) == std::vector<std::uint32_t>{3});
+    else
+      CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
+    CHECK(c.check_invariants());
+  }
+}
+
+TEST_CASE("adaptive (learned): a page back soon after a split vote charges its voters") {
+  Cache c(1, eviction::Adaptive(4, 8.0, 1.0));
+  c.insert(Tokens{1}, Pages{1});  // A, used again: T2
+  REQUIRE(c.match(Tokens{1}).matched == 1);
+  c.insert(Tokens{2}, Pages{2});                        // B: T1
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});  // unanimous: nobody is charged
+  c.insert(Tokens{3}, Pages{3});                        // C: T1
+  CHECK(c.policy().rate(0) == 0.25);                    // the prior, 1 in 4
+  // LRU (leading) evicts A against ARC's and used-once-first's vote for T1...
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
+  CHECK(c.policy().rate(0) == 1.0 / 5.0);
+  // ... and A comes back within the capacity: LRU's rate is 2 / 5, ARC's still
+  // 1 / 4, more than 1.3 x lower, so ARC leads.
+  c.insert(Tokens{1}, Pages{4});
+  CHECK(c.policy().rate(0) == 2.0 / 5.0);
+  CHECK(c.policy().rate(1) == 0.25);
+  CHECK(c.policy().leader() == 1);
+  CHECK(c.class_pages(1) == 1);  // A, back from B2: used again
+  // Now ARC decides: T1 holds 1 page > p = 0, so C goes although A is newer...
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{3});
+  // ... and unanimity (T1 is empty) charges nobody.
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{4});
+  CHECK(c.policy().rate(1) == 1.0 / 5.0);  // ARC chose C against LRU: one page, not back
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("adaptive (learned): only a page back within a quarter of the capacity charges") {
+  // capacity 8: a page evicted on a split vote is charged when it comes back
+  // fewer than 8 / 4 = 2 evictions later.
+  for (const std::size_t later : {std::size_t{1}, std::size_t{2}}) {
+    Cache c(1, eviction::Adaptive(8, 8.0, 1.0));
+    c.insert(Tokens{1}, Pages{1});
+    REQUIRE(c.match(Tokens{1}).matched == 1);  // A: T2
+    c.insert(Tokens{2}, Pages{2});             // B: T1
+    CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+    c.insert(Tokens{3}, Pages{3});
+    CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});  // LRU's split vote
+    c.insert(Tokens{5, 6}, Pages{5, 6});
+    CHECK(evict(c, later).size() == later);  // then `later` more pages go
+    c.insert(Tokens{1}, Pages{9});           // A is back
+    if (later == 1)
+      CHECK(c.policy().rate(0) == 2.0 / 5.0);  // age 1 < 2: charged
+    else
+      CHECK(c.policy().rate(0) == 1.0 / 5.0);  // age 2: not charged
+  }
+}
+
+TEST_CASE("adaptive (learned): one eviction in 32 follows an expert that disagrees") {
+  Cache c(1, eviction::Adaptive(64, 8.0, 1.0));
+  for (std::uint32_t t = 1; t <= 40; ++t) {  // 40 pages used again (T2), the oldest
+    c.insert(Tokens{t}, Pages{t});
+    REQUIRE(c.match(Tokens{t}).matched == 1);
+  }
+  for (std::uint32_t t = 101; t <= 140; ++t)  // then 40 pages used once (T1)
+    c.insert(Tokens{t}, Pages{t});
+  std::vector<std::uint32_t> got;
+  for (int i = 0; i < 40; ++i)
+    got.push_back(evict(c, 1).at(0));
+  // The first eviction knows neither class and takes T1; from then on LRU (the
+  // leader: nothing came back) takes the older T2 pages, against ARC's and
+  // used-once-first's vote for T1, except the 32nd eviction, which follows ARC.
+  CHECK(got[0] == 101);
+  CHECK(got[31] == 102);
+  std::uint32_t want = 1;
+  for (std::size_t i = 1; i < got.size(); ++i)
+    if (i != 31) CHECK(got[i] == want++);
+  CHECK(c.policy().leader() == 0);
+  CHECK(c.check_invariants());
+}
+
+TEST_CASE("ghost history: tags keep the caller's bits and take() tells the age") {
+  PagedGhostHistory g(4);
+  g.push(1, 1 | (5 << 2));
+  g.push(2, 2);
+  g.push(3, 1);
+  CHECK(g.size(1) == 2);
+  CHECK(g.size(2) == 1);
+  std::size_t age = 99;
+  CHECK(g.take(1, age) == (1 | (5 << 2)));
+  CHECK(age == 2);
+  CHECK(g.take(3, age) == 1);
+  CHECK(age == 0);
+  age = 7;
+  CHECK(g.take(42, age) == 0);
+  CHECK(age == 7);  // untouched without a ghost
+  CHECK(g.size(1) == 0);
+}
+
+TEST_CASE("adaptive (learned): without a capacity there is no history and LRU decides") {
+  Cache c(1, eviction::Adaptive(0));
+  CHECK(c.policy().ghost_capacity() == 0);
+  c.insert(Tokens{1}, Pages{1});
+  REQUIRE(c.match(Tokens{1}).matched == 1);             // A: used again
+  c.insert(Tokens{2}, Pages{2});                        // B: used once, newer
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});  // neither class known yet: T1
+  // From then on the older page goes, whatever its class, with no probe: A
+  // before C, then D and E in their order.
+  c.insert(Tokens{3}, Pages{3});
+  c.insert(Tokens{4}, Pages{4});
+  c.insert(Tokens{5}, Pages{5});
+  CHECK(evict(c, 4) == std::vector<std::uint32_t>{1, 3, 4, 5});
+  CHECK(c.policy().leader() == 0);
+  CHECK(c.policy().target() == 0.0);
+  CHECK(c.check_invariants());
 }

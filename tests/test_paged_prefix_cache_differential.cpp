@@ -263,11 +263,13 @@ TEST_CASE("paged cache differential: every policy and page size agrees with the 
       // A small capacity and full ARC steps, so that the target moves both
       // ways and the ghost history wraps; then the default factor and step.
       SECTION("adaptive " + std::to_string(ps) + "/" + std::to_string(seed)) {
-        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps, eviction::Adaptive(6, 1.0, 1.0),
+        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps,
+                                eviction::Adaptive(6, 1.0, 1.0, eviction::Adaptive::Mode::arc),
                                 {6, 1.0, 1.0});
       }
       SECTION("adaptive defaults " + std::to_string(ps) + "/" + std::to_string(seed)) {
-        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps, eviction::Adaptive(12),
+        run<eviction::Adaptive>(Pol::adaptive, ps, seed, steps,
+                                eviction::Adaptive(12, 8.0, 1.0, eviction::Adaptive::Mode::arc),
                                 {12, 8.0, 1.0});
       }
     }

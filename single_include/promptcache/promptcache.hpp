@@ -5332,10 +5332,11 @@ class PagedGhostHistory {
 
   // Ghosts remembered at most.
   [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
-  // Ghosts with tag 1 (B1) or 2 (B2).
-  [[nodiscard]] std::size_t size(std::uint8_t tag) const noexcept { return count_[tag]; }
+  // Ghosts on list 1 (B1) or 2 (B2): tags whose low two bits are that list.
+  [[nodiscard]] std::size_t size(std::uint8_t list) const noexcept { return count_[list & 3]; }
 
-  // Records an evicted page under `tag` (1 or 2), forgetting the oldest ghost
+  // Records an evicted page under `tag` (low two bits: the list, 1 or 2; the
+  // other bits are the caller's and come back from take()), forgetting the oldest ghost
   // when G are held; an older ghost with the same fingerprint is dropped.
   // O(1) amortized (each slot is dropped once per write).
   void push(std::uint64_t fp, std::uint8_t tag) noexcept {
@@ -5344,7 +5345,7 @@ class PagedGhostHistory {
     while (count_[1] + count_[2] >= cap_ || used_ == slots_) {
       if (tag_[tail_] != 0) {
         erase_cell(find(fp_[tail_]));
-        --count_[tag_[tail_]];
+        --count_[tag_[tail_] & 3];
         tag_[tail_] = 0;
       }
       tail_ = tail_ + 1 == slots_ ? 0 : tail_ + 1;
@@ -5352,7 +5353,7 @@ class PagedGhostHistory {
     }
     fp_[head_] = fp;
     tag_[head_] = tag;
-    ++count_[tag];
+    ++count_[tag & 3];
     std::size_t c = static_cast<std::size_t>(fp) & mask_;
     while (index_[c] != empty)
       c = (c + 1) & mask_;
@@ -5363,14 +5364,22 @@ class PagedGhostHistory {
 
   // Forgets the ghost with fingerprint `fp` and returns its tag (0: none). O(1) expected.
   std::uint8_t take(std::uint64_t fp) noexcept {
+    std::size_t age = 0;
+    return take(fp, age);
+  }
+  // As take(fp); `age` is set to the pages recorded after this ghost (0: the
+  // latest one), left as is when there is no such ghost. O(1) expected.
+  std::uint8_t take(std::uint64_t fp, std::size_t& age) noexcept {
     if (cap_ == 0) return 0;
     const std::size_t cell = find(fp);
     if (cell == npos) return 0;
     const std::uint32_t slot = index_[cell];
     const std::uint8_t tag = tag_[slot];
     tag_[slot] = 0;
-    --count_[tag];
+    --count_[tag & 3];
     erase_cell(cell);
+    // Every push takes the next ring slot, so the ring distance counts pushes.
+    age = (head_ + slots_ - 1 - slot) % slots_;
     return tag;
   }
 
@@ -5408,7 +5417,7 @@ class PagedGhostHistory {
   std::size_t head_ = 0;  // next ring slot to write
   std::size_t tail_ = 0;  // oldest ring slot in use (a ghost or a hole)
   std::size_t used_ = 0;  // ring slots from tail_ to head_
-  std::size_t count_[3] = {0, 0, 0};
+  std::size_t count_[4] = {0, 0, 0, 0};
   std::unique_ptr<std::uint64_t[]> fp_;
   std::unique_ptr<std::uint8_t[]> tag_;
   std::unique_ptr<std::uint32_t[]> index_;
@@ -5710,24 +5719,39 @@ struct Filo {
 };
 
 /// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
-/// only. Pages used once since they were stored (class 0, ARC's T1) and pages
-/// used again (class 1, T2) are each evicted least recently used first; the
-/// policy evicts from T1 while T1 holds more than an adaptive target p of pages,
-/// else from T2. Fingerprints of evicted pages stay on ghost lists (B1, B2) for
-/// `ghost_factor` x `capacity_pages` evictions: a page stored again while on B1
-/// says T1 was cut too short and raises p, one on B2 lowers it. The pages one
-/// insert stores are one node, so they share a class: used again when all of
-/// them come back from the ghost lists, used once when the run also brings new
-/// pages (typically a returning shared prefix followed by the request's own
-/// text, most of which is never used again). When reuse does not pay,
-/// B1 hits push p to the whole capacity and the policy evicts like LRU over
-/// pages stored once. The cache's leaf-only rule replaces ARC's "LRU of the
-/// list": the victim is the least recent evictable leaf of the chosen class.
-/// A later match or insert through a node counts as a use, so an engine that
-/// inserts one request in several chunks promotes its earlier chunks.
+/// only, with LRU as a fallback it learns to pick online. Pages used once since
+/// they were stored (class 0, ARC's T1) and pages used again (class 1, T2) are
+/// each evicted least recently used first; before each page the policy picks
+/// the class to evict from by following one of three rules ("experts"):
+///  - LRU: the class whose least recent leaf is older. The policy does not see
+///    the heaps: it takes each class's oldest key to be that of the last leaf it
+///    evicted there, a lower bound, so following this expert evicts as
+///    eviction::Lru does but for one leaf each time a stale bound is corrected;
+///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
+///  - used-once first: T1 whenever it has pages.
+/// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
+/// x `capacity_pages` evictions: a page stored again while on B1 raises p, one
+/// on B2 lowers it (ARC's rule). Each ghost also records which experts voted
+/// for its eviction when they disagreed; a page stored again within
+/// `capacity_pages` / 4 evictions of its own counts against those experts
+/// (keeping it would likely have won a hit; a longer window also counts pages
+/// that any rule would have lost, and blurs the comparison). The
+/// policy follows LRU unless another expert has 1.3 x fewer such returns per
+/// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
+/// so the choice follows changes in the traffic); the first page of one
+/// eviction in 32 follows an expert that disagrees with the leader, so that
+/// each rate stays measured at the cost of one page out of the leader's
+/// order. On traffic where keeping pages used again pays (shared prefixes
+/// among one-off tails) it follows ARC or used-once first; where recency is
+/// what pays (conversations whose every turn returns to the last
+/// one) it follows LRU. The pages one insert stores are one node, so they share
+/// a class: used again when all of them come back from the ghost lists, used
+/// once when the run also brings new pages. A later match or insert through a
+/// node counts as a use.
 class Adaptive {
  public:
   static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
+  static constexpr std::size_t experts = 3;      ///< LRU (0), ARC (1), used-once first (2).
 
   /// Last access tick and whether the node was used again.
   struct meta_type {
@@ -5737,31 +5761,47 @@ class Adaptive {
   using key_type = std::uint64_t;              ///< The last access tick, within a class.
   static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
 
+  /// What choose_class follows.
+  enum class Mode : std::uint8_t {
+    learned,  ///< The expert with the best rate (see the class comment); the default.
+    arc,      ///< ARC's rule alone (the ARC expert, never LRU or used-once first).
+  };
+
   /// A policy for a cache of about `capacity_pages` pages (the engine's page
   /// pool): the target p stays in [0, capacity_pages] and the ghost history
   /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
-  /// 34 bytes per ghost). A capacity of 0 keeps no history: p stays 0 and pages
-  /// used again are always kept over pages used once. `step` scales each move
-  /// of p (1: ARC's rule). Throws std::invalid_argument for a negative or non-finite
-  /// factor or step, std::bad_alloc / std::length_error for a history too large.
-  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0)
+  /// 34 bytes per ghost). A capacity or factor of 0 keeps no history: p stays 0,
+  /// no expert is ever charged and the policy follows LRU (Mode::arc: pages used again
+  /// are always kept over pages used once). `step` scales each
+  /// move of p (1: ARC's rule). Throws std::invalid_argument for a negative or
+  /// non-finite factor or step, std::bad_alloc / std::length_error for a history
+  /// too large. `mode` picks what the policy follows (Mode::arc: ARC's rule alone,
+  /// with no fallback on LRU).
+  explicit Adaptive(std::size_t capacity_pages, double ghost_factor = 8.0, double step = 1.0,
+                    Mode mode = Mode::learned)
       : capacity_(capacity_pages),
         step_(check(step)),
+        mode_(mode),
         ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
-  /// Takes over `o`'s target and ghost history. `o` keeps its capacity and step, with no
+  /// Takes over `o`'s state and ghost history. `o` keeps its capacity and step, with no
   /// ghost history and a target of 0 (as a policy of capacity 0 keeps). O(1).
   Adaptive(Adaptive&& o) noexcept
       : capacity_(o.capacity_),
         step_(o.step_),
+        mode_(o.mode_),
         p_(std::exchange(o.p_, 0.0)),
-        ghosts_(std::move(o.ghosts_)) {}
+        ghosts_(std::move(o.ghosts_)) {
+    take_state(o);
+  }
   /// As the move constructor; self-move changes nothing. O(1).
   Adaptive& operator=(Adaptive&& o) noexcept {
     if (this == &o) return *this;
     capacity_ = o.capacity_;
     step_ = o.step_;
+    mode_ = o.mode_;
     p_ = std::exchange(o.p_, 0.0);
     ghosts_ = std::move(o.ghosts_);
+    take_state(o);
     return *this;
   }
   /// Not copyable (the ghost history is not).
@@ -5772,16 +5812,19 @@ class Adaptive {
   ~Adaptive() = default;
 
   /// New node: used again when every one of its pages was on a ghost list, else
-  /// used once; each ghost found moves the target. O(pages of the node).
+  /// used once; each ghost found moves the target and charges the experts that
+  /// evicted it. O(pages of the node).
   meta_type on_create(const PagedPolicyContext& c) noexcept {
     meta_type m{c.tick, 0};
     if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
     const std::size_t pages = c.tokens.size() / c.page_size;
     std::size_t back = 0;
     for (std::size_t i = 0; i < pages; ++i) {
-      const std::uint8_t tag = ghosts_.take(fingerprint(c, i));
+      std::size_t age = 0;
+      const std::uint8_t tag = ghosts_.take(fingerprint(c, i), age);
       if (tag == 0) continue;
-      adapt(tag);
+      adapt(tag & 3);
+      if (4 * age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
@@ -5798,23 +5841,74 @@ class Adaptive {
     m.reused = 1;
   }
   /// The freed pages go on the ghost list of their class, deepest first (the
-  /// order the cache frees them in). O(pages freed).
+  /// order the cache frees them in), tagged with the experts that chose them
+  /// against another expert's vote. O(pages freed).
   void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
+    const std::size_t k = m.reused;
+    oldest_[k] = std::max(oldest_[k], m.last_access);
+    const std::uint8_t voters = votes_[k];
+    const bool split = voters != 0 && voters != all_experts;
+    votes_[0] = votes_[1] = 0;
+    probed_ = false;
+    ++decisions_;
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
-    for (std::size_t i = c.tokens.size() / c.page_size; i-- > 0;)
-      ghosts_.push(fingerprint(c, i), m.reused != 0 ? 2 : 1);
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    if (split) {
+      for (std::size_t e = 0; e < experts; ++e)
+        if ((voters >> e) & 1U) chosen_[e] += static_cast<double>(pages);
+      forget();
+    }
+    const auto tag = static_cast<std::uint8_t>((m.reused != 0 ? 2 : 1) | (split ? voters << 2 : 0));
+    for (std::size_t i = pages; i-- > 0;)
+      ghosts_.push(fingerprint(c, i), tag);
   }
   /// Oldest access first within a class. O(1).
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
   /// T1 (0) or T2 (1). O(1).
   [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
-  /// ARC's choice: T1 while it holds more than p pages, else T2. O(1).
-  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) const noexcept {
-    return pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+  /// The leading expert's class (Mode::arc: ARC's), or, for the first page of one
+  /// eviction in 32, that of an expert that disagrees with the leader. O(experts).
+  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
+    std::size_t vote[experts];
+    if (pages[0] == 0 || pages[1] == 0)
+      vote[0] = pages[0] == 0 ? 1 : 0;
+    else
+      vote[0] = oldest_[0] <= oldest_[1] ? 0 : 1;
+    vote[1] = pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+    vote[2] = pages[0] > 0 ? 0 : 1;
+    std::size_t follow = mode_ == Mode::arc ? 1 : leader();
+    if (mode_ == Mode::learned && ghosts_.capacity() > 0 && !probed_ &&
+        decisions_ % explore_period == explore_period - 1) {
+      probed_ = true;  // one page: the next call in this eviction follows the leader
+      // Explore: the first expert after the leader (cyclically) that disagrees.
+      for (std::size_t d = 1; d < experts; ++d) {
+        const std::size_t e = (follow + d) % experts;
+        if (vote[e] != vote[follow]) {
+          follow = e;
+          break;
+        }
+      }
+    }
+    for (std::size_t e = 0; e < experts; ++e)
+      votes_[vote[e]] |= static_cast<std::uint8_t>(1U << e);
+    return vote[follow];
   }
 
   /// The adaptive target size of T1, in pages. O(1).
   [[nodiscard]] double target() const noexcept { return p_; }
+  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first. O(experts).
+  [[nodiscard]] std::size_t leader() const noexcept {
+    std::size_t best = 0;
+    for (std::size_t e = 1; e < experts; ++e)
+      if (rate(e) * margin < rate(best)) best = e;
+    return best;
+  }
+  /// Pages of expert `e` (< experts) that came back within capacity_pages / 4
+  /// evictions, per page it chose to evict against another expert's vote
+  /// (with a prior of 1 in 4; counts decay). O(1).
+  [[nodiscard]] double rate(std::size_t e) const noexcept {
+    return (returned_[e] + 1.0) / (chosen_[e] + 4.0);
+  }
   /// Ghosts on B1 (evicted while used once) and on B2 (evicted after reuse). O(1).
   [[nodiscard]] std::size_t ghosts_once() const noexcept { return ghosts_.size(1); }
   /// Ghosts evicted after reuse (B2). O(1).
@@ -5823,6 +5917,12 @@ class Adaptive {
   [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
 
  private:
+  static constexpr std::uint8_t all_experts = (1U << experts) - 1;
+  static constexpr std::uint64_t explore_period = 32;
+  // Another expert leads only with a rate this many times lower: LRU, the
+  // first, keeps the lead on a near tie (the safe choice when the ghosts cannot tell).
+  static constexpr double margin = 1.3;
+
   static double check(double v) {
     if (!(v >= 0.0) || v > 1e9)
       throw std::invalid_argument("eviction::Adaptive: factors must be finite and >= 0");
@@ -5839,21 +5939,56 @@ class Adaptive {
     return detail::ghost_fingerprint<std::uint32_t>(c.ns, c.depth_pages + i,
                                                     c.tokens.subspan(i * c.page_size, c.page_size));
   }
+  void take_state(Adaptive& o) noexcept {
+    for (std::size_t e = 0; e < experts; ++e) {
+      chosen_[e] = std::exchange(o.chosen_[e], 0.0);
+      returned_[e] = std::exchange(o.returned_[e], 0.0);
+    }
+    for (std::size_t k = 0; k < key_classes; ++k) {
+      oldest_[k] = std::exchange(o.oldest_[k], 0);
+      votes_[k] = std::exchange(o.votes_[k], std::uint8_t{0});
+    }
+    decisions_ = std::exchange(o.decisions_, 0);
+    probed_ = std::exchange(o.probed_, false);
+  }
   // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
   // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
-  void adapt(std::uint8_t tag) noexcept {
-    const double b1 = static_cast<double>(ghosts_.size(1)) + (tag == 1 ? 1.0 : 0.0);
-    const double b2 = static_cast<double>(ghosts_.size(2)) + (tag == 2 ? 1.0 : 0.0);
-    if (tag == 1)
+  void adapt(std::uint8_t list) noexcept {
+    const double b1 = static_cast<double>(ghosts_.size(1)) + (list == 1 ? 1.0 : 0.0);
+    const double b2 = static_cast<double>(ghosts_.size(2)) + (list == 2 ? 1.0 : 0.0);
+    if (list == 1)
       p_ = std::min(static_cast<double>(capacity_), p_ + step_ * std::max(b2 / b1, 1.0));
     else
       p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
   }
+  // A page evicted on the vote of `voters` came back soon: each of them pays.
+  void charge(std::uint8_t voters) noexcept {
+    for (std::size_t e = 0; e < experts; ++e)
+      if ((voters >> e) & 1U) returned_[e] += 1.0;
+  }
+  // Halves an expert's counts once it chose capacity (at least 64) pages, so
+  // its rate describes the recent traffic.
+  void forget() noexcept {
+    const double horizon = std::max(64.0, 4.0 * static_cast<double>(capacity_));
+    for (std::size_t e = 0; e < experts; ++e)
+      if (chosen_[e] > horizon) {
+        chosen_[e] *= 0.5;
+        returned_[e] *= 0.5;
+      }
+  }
 
   std::size_t capacity_;
   double step_;
+  Mode mode_;
   double p_ = 0.0;
   detail::PagedGhostHistory ghosts_;
+  double chosen_[experts] = {0.0, 0.0, 0.0};    // pages each expert evicted in a split vote
+  double returned_[experts] = {0.0, 0.0, 0.0};  // of those, pages back within capacity / 4
+  std::uint64_t oldest_[key_classes] = {0, 0};  // key of the last leaf evicted per class
+  std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
+                                                // the last eviction
+  std::uint64_t decisions_ = 0;                 // leaves (or tails) evicted
+  bool probed_ = false;                         // this eviction's probe of another expert was made
 };
 
 static_assert(PagedEvictionPolicy<Lru>);

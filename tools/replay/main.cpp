@@ -140,6 +140,7 @@ int run(const rp::Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "generate") return rp::generate_main(argc - 1, argv + 1);
   rp::Options o;
   try {
     o = rp::parse_options(argc, argv);

@@ -5,6 +5,7 @@
 #include "adaptive_policy.hpp"
 #include "block_sim.hpp"
 #include "cluster.hpp"
+#include "generate.hpp"
 #include "options.hpp"
 #include "paged.hpp"
 #include "report.hpp"

@@ -110,10 +110,11 @@ class PagedGhostHistory {
 
   // Ghosts remembered at most.
   [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
-  // Ghosts with tag 1 (B1) or 2 (B2).
-  [[nodiscard]] std::size_t size(std::uint8_t tag) const noexcept { return count_[tag]; }
+  // Ghosts on list 1 (B1) or 2 (B2): tags whose low two bits are that list.
+  [[nodiscard]] std::size_t size(std::uint8_t list) const noexcept { return count_[list & 3]; }
 
-  // Records an evicted page under `tag` (1 or 2), forgetting the oldest ghost
+  // Records an evicted page under `tag` (low two bits: the list, 1 or 2; the
+  // other bits are the caller's and come back from take()), forgetting the oldest ghost
   // when G are held; an older ghost with the same fingerprint is dropped.
   // O(1) amortized (each slot is dropped once per write).
   void push(std::uint64_t fp, std::uint8_t tag) noexcept {
@@ -122,7 +123,7 @@ class PagedGhostHistory {
     while (count_[1] + count_[2] >= cap_ || used_ == slots_) {
       if (tag_[tail_] != 0) {
         erase_cell(find(fp_[tail_]));
-        --count_[tag_[tail_]];
+        --count_[tag_[tail_] & 3];
         tag_[tail_] = 0;
       }
       tail_ = tail_ + 1 == slots_ ? 0 : tail_ + 1;
@@ -130,7 +131,7 @@ class PagedGhostHistory {
     }
     fp_[head_] = fp;
     tag_[head_] = tag;
-    ++count_[tag];
+    ++count_[tag & 3];
     std::size_t c = static_cast<std::size_t>(fp) & mask_;
     while (index_[c] != empty)
       c = (c + 1) & mask_;
@@ -141,14 +142,22 @@ class PagedGhostHistory {
 
   // Forgets the ghost with fingerprint `fp` and returns its tag (0: none). O(1) expected.
   std::uint8_t take(std::uint64_t fp) noexcept {
+    std::size_t age = 0;
+    return take(fp, age);
+  }
+  // As take(fp); `age` is set to the pages recorded after this ghost (0: the
+  // latest one), left as is when there is no such ghost. O(1) expected.
+  std::uint8_t take(std::uint64_t fp, std::size_t& age) noexcept {
     if (cap_ == 0) return 0;
     const std::size_t cell = find(fp);
     if (cell == npos) return 0;
     const std::uint32_t slot = index_[cell];
     const std::uint8_t tag = tag_[slot];
     tag_[slot] = 0;
-    --count_[tag];
+    --count_[tag & 3];
     erase_cell(cell);
+    // Every push takes the next ring slot, so the ring distance counts pushes.
+    age = (head_ + slots_ - 1 - slot) % slots_;
     return tag;
   }
 
@@ -186,7 +195,7 @@ class PagedGhostHistory {
   std::size_t head_ = 0;  // next ring slot to write
   std::size_t tail_ = 0;  // oldest ring slot in use (a ghost or a hole)
   std::size_t used_ = 0;  // ring slots from tail_ to head_
-  std::size_t count_[3] = {0, 0, 0};
+  std::size_t count_[4] = {0, 0, 0, 0};
   std::unique_ptr<std::uint64_t[]> fp_;
   std::unique_ptr<std::uint8_t[]> tag_;
   std::unique_ptr<std::uint32_t[]> index_;
