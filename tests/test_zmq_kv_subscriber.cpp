@@ -115,6 +115,7 @@ class Child {
 struct Held {
   std::size_t depth = 0;
   std::vector<std::uint32_t> tokens;
+  std::vector<std::uint64_t> names;  // the engine's block names along the chain, as indexed
 };
 
 struct Expected {
@@ -167,9 +168,19 @@ std::vector<Expected> read_expected(const std::string& path, std::size_t& block_
     } else if (word == "routable" || word == "extends") {
       Held h;
       l >> h.depth;
-      std::uint32_t t = 0;
-      while (l >> t)
-        h.tokens.push_back(t);
+      std::string item;
+      bool names = false;
+      while (l >> item) {
+        if (item == "names") {
+          names = true;
+        } else if (!names) {
+          h.tokens.push_back(static_cast<std::uint32_t>(std::stoul(item)));
+        } else if (item.size() == 64) {  // a 32-byte name: its last 8 bytes, big-endian
+          h.names.push_back(std::stoull(item.substr(48), nullptr, 16));
+        } else {  // a signed integer name, as the decoder reads it
+          h.names.push_back(static_cast<std::uint64_t>(std::stoll(item)));
+        }
+      }
       (word == "routable" ? out.back().routable : out.back().extends).push_back(std::move(h));
     }
   }
@@ -317,12 +328,25 @@ TEST_CASE(
 
 TEST_CASE("late join: blocks that extend a prefix stored before the join are routable",
           "[zmq_kv_subscriber][e2e][late_join_index]") {
-  // Needs KvIndex to index a stored event whose parent the worker's view does
-  // not know (the router joined late): the engine holds these chains whole.
+  // A chain stored after the join under a prefix stored before it: the view
+  // never saw the prefix, but the engine holds the chain whole, so a request
+  // that names the chain's blocks is routed to its full depth. The subscriber's
+  // index keeps such chains as orphans (its default); under refuse they were lost.
   Scenario sc;
   run_scenario(sc);
   const Expected& late = sc.expected[2];
+  const KvIndex& got = sc.sub->index();
   REQUIRE(!late.extends.empty());
-  for (const Held& h : late.extends)
-    CHECK(depth_of(sc.sub->index(), late.worker, h.tokens, sc.block_size) == h.depth);
+  CHECK(got.orphan_count(late.worker) > 0);
+  for (const Held& h : late.extends) {
+    REQUIRE(h.names.size() == h.depth);
+    const auto hashes = promptcache::local_block_hashes(h.tokens, sc.block_size);
+    std::size_t depth = 0;
+    for (const KvWorkerMatch& m : got.find_matches(hashes, h.names))
+      if (m.worker == late.worker) depth = m.blocks;
+    CHECK(depth == h.depth);
+    // Without the names, tokens alone cannot place the chain: the prefix
+    // under it was never seen, so no tree path reaches it.
+    CHECK(depth_of(got, late.worker, h.tokens, sc.block_size) < h.depth);
+  }
 }

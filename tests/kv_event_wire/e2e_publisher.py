@@ -361,7 +361,9 @@ def main():
                     continue
                 kind = ("routable" if all(e.stored_at[x] >= p.join_seq for x in chain)
                         else "extends")
-                f.write(f"{kind} {len(chain)} " + " ".join(map(str, e.blocks[leaf][1])) + "\n")
+                names = " ".join(x.hex() if isinstance(x, bytes) else str(x) for x in chain)
+                f.write(f"{kind} {len(chain)} " + " ".join(map(str, e.blocks[leaf][1])) +
+                        " names " + names + "\n")
     print("DONE", flush=True)
 
     poller = zmq.Poller()
