@@ -6265,9 +6265,14 @@ class ZmqKvSubscriber {
  public:
   /// Subscribes to every publisher of `publishers`. O(publishers). Throws
   /// std::invalid_argument when options.max_messages_per_round is 0 or
-  /// replay_timeout or receive_hwm is negative.
-  explicit ZmqKvSubscriber(std::vector<KvPublisherEndpoint> publishers,
-                           ZmqKvSubscriberOptions options = {}, KvIndexOptions index_options = {})
+  /// replay_timeout or receive_hwm is negative. The index keeps orphan chains
+  /// by default: after a late join or a reset, a block stored under a prefix
+  /// the view never saw is routable by name (KvIndex::find_matches with block
+  /// names) and grafted once any worker places its parent.
+  explicit ZmqKvSubscriber(
+      std::vector<KvPublisherEndpoint> publishers, ZmqKvSubscriberOptions options = {},
+      KvIndexOptions index_options = {.on_gap = KvGapPolicy::report,
+                                      .on_unknown_parent = KvUnknownParent::keep_orphan})
       : options_(std::move(options)), index_(index_options), decoder_(options_.wire) {
     // 0 would read nothing, and the start() thread would spin.
     if (options_.max_messages_per_round == 0)
