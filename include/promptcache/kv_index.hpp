@@ -45,6 +45,8 @@
 #include "promptcache/detail/kv_index_holders.hpp"
 #include "promptcache/detail/kv_index_holds.hpp"
 #include "promptcache/detail/kv_index_orphans.hpp"
+#include "promptcache/detail/kv_index_remove.hpp"
+#include "promptcache/detail/kv_index_state.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 #include "promptcache/detail/kv_index_tree.hpp"
 #include "promptcache/detail/kv_index_workers.hpp"
@@ -265,11 +267,7 @@ class KvIndex {
   void swap(KvIndex& other) noexcept {
     using std::swap;
     swap(options_, other.options_);
-    tree_.swap(other.tree_);
-    swap(holds_, other.holds_);
-    workers_.swap(other.workers_);
-    swap(counters_, other.counters_);
-    orphans_.swap(other.orphans_);
+    state_.swap(other.state_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
   friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
@@ -324,13 +322,16 @@ class KvIndex {
     }
     // Only now, with room reserved, may a gap drop the view; dropping it
     // keeps capacity, so the reservation holds.
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false) + orphans_.erase_slot(slot);
+    if (r.view_reset)
+      r.blocks_cascaded +=
+          Remove::clear_slot(state_, slot, false) + state_.orphans.erase_slot(slot);
     r.status = store_blocks(slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
-      tree_.shrink_to_fit_live();
-      workers_[slot].names.shrink_to_load();
+      state_.tree.shrink_to_fit_live();
+      state_.workers[slot].names.shrink_to_load();
     }
-    if (r.status == KvEventStatus::applied && !orphans_.empty()) settle_stored(slot, blocks, r);
+    if (r.status == KvEventStatus::applied && !state_.orphans.empty())
+      settle_stored(slot, blocks, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -343,9 +344,10 @@ class KvIndex {
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
     pick_table_load(slot);
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
-    remove_blocks(slot, block_hashes, r);
-    if (!orphans_.empty()) remove_orphans(slot, block_hashes, r);
+    if (r.view_reset)
+      r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
+    Remove::remove_blocks(state_, slot, block_hashes, r);
+    if (!state_.orphans.empty()) remove_orphans(slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -356,7 +358,8 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);  // also a gap's reset
+    r.blocks_cascaded +=
+        Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);  // also a gap's reset
     finish(slot, event_id, r);
     return r;
   }
@@ -370,13 +373,13 @@ class KvIndex {
                                  std::uint64_t last_event_id) {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
-    const detail::KvTableLoad edges_before = tree_.edge_load();
+    const detail::KvTableLoad edges_before = state_.tree.edge_load();
     pick_table_load(tmp);
     // A failed dump leaves the index as it was: the view built aside, the edge
     // table's load policy and the holder sets' width.
     const auto abandon = [&]() noexcept {
       drop_slot(tmp);
-      tree_.set_edge_load(edges_before);
+      state_.tree.set_edge_load(edges_before);
       trim_masks();
     };
     for (std::size_t i = 0; i < dump.size(); ++i) {
@@ -394,11 +397,11 @@ class KvIndex {
             if (st == KvEventStatus::applied) promote(tmp, s->blocks);
           }
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
-          remove_blocks(tmp, rm->block_hashes, r);
+          Remove::remove_blocks(state_, tmp, rm->block_hashes, r);
           remove_orphans(tmp, rm->block_hashes, r);
         } else {
-          clear_slot(tmp);
-          orphans_.erase_slot(tmp);
+          Remove::clear_slot(state_, tmp);
+          state_.orphans.erase_slot(tmp);
         }
       } catch (...) {
         abandon();
@@ -411,23 +414,23 @@ class KvIndex {
         return res;
       }
     }
-    std::uint32_t slot = workers_.find(worker);
+    std::uint32_t slot = state_.workers.find(worker);
     if (slot != detail::kv_npos) {
-      clear_slot(slot);
-      orphans_.erase_slot(slot);
+      Remove::clear_slot(state_, slot);
+      state_.orphans.erase_slot(slot);
       adopt(slot, tmp);
     } else {
       slot = tmp;
-      workers_.index(worker, tmp);  // capacity reserved by new_slot
+      state_.workers.index(worker, tmp);  // capacity reserved by new_slot
     }
-    workers_[slot].cursor = CursorState<>::live(last_event_id);
-    ++counters_.workers_replaced;
+    state_.workers[slot].cursor = CursorState<>::live(last_event_id);
+    ++state_.counters.workers_replaced;
     trim_masks();
     // Grafts wait until the view is in place: a failed dump must not have
     // changed other workers. They are best effort (see settle).
-    if (!orphans_.empty()) settle_replaced(slot, dump);
+    if (!state_.orphans.empty()) settle_replaced(slot, dump);
     res.ok = true;
-    res.blocks = workers_[slot].blocks;
+    res.blocks = state_.workers[slot].blocks;
     return res;
   }
 
@@ -435,9 +438,9 @@ class KvIndex {
   /// returns how many ranks were dropped. O(ranks known + blocks dropped).
   std::size_t remove_worker(std::uint64_t worker_id) {
     std::vector<KvWorker> ranks;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
-      if (workers_[s].live && workers_[s].worker.worker_id == worker_id)
-        ranks.push_back(workers_[s].worker);
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s)
+      if (state_.workers[s].live && state_.workers[s].worker.worker_id == worker_id)
+        ranks.push_back(state_.workers[s].worker);
     for (const KvWorker& w : ranks)
       remove_worker(w);
     return ranks.size();
@@ -446,9 +449,9 @@ class KvIndex {
   /// Drops one dp rank with its blocks and cursor; false if unknown.
   /// O(blocks dropped).
   bool remove_worker(const KvWorker& worker) noexcept {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return false;
-    workers_.unindex(worker);
+    state_.workers.unindex(worker);
     drop_slot(slot);
     trim_masks();
     return true;
@@ -459,36 +462,36 @@ class KvIndex {
   /// worker. O(blocks held).
   [[nodiscard]] std::vector<KvEvent> dump(const KvWorker& worker) const {
     std::vector<KvEvent> out;
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return out;
-    const std::uint32_t sentinel = workers_[slot].sentinel;
+    const std::uint32_t sentinel = state_.workers[slot].sentinel;
     kv_event::Stored* ev = nullptr;
     detail::kv_for_each_hold_chain(
-        holds_, sentinel,
+        state_.holds, sentinel,
         [&](std::uint32_t, std::uint32_t parent) {
           out.push_back(KvEvent{out.size(), kv_event::Stored{}});
           ev = &std::get<kv_event::Stored>(out.back().data);
-          if (parent != sentinel) ev->parent_hash = holds_[parent].block_hash;
+          if (parent != sentinel) ev->parent_hash = state_.holds[parent].block_hash;
         },
         [&](std::uint32_t h) {
-          ev->blocks.push_back(
-              KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+          ev->blocks.push_back(KvBlock{state_.holds[h].block_hash,
+                                       state_.tree.nodes().tokens_hash(state_.holds[h].node)});
         });
     // Then the orphan chains, each under its parent's name: a chain's first
     // event names its anchor (a parent the worker does not hold), a branch
     // the orphan it leaves from, so replaying the dump keeps them orphans.
     std::vector<std::uint64_t> starts;
-    orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock& b) {
-      if (orphans_.find(slot, b.parent) == nullptr) starts.push_back(name);
+    state_.orphans.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock& b) {
+      if (state_.orphans.find(slot, b.parent) == nullptr) starts.push_back(name);
     });
     while (!starts.empty()) {
       std::uint64_t name = starts.back();
       starts.pop_back();
       kv_event::Stored chain;
-      chain.parent_hash = orphans_.find(slot, name)->parent;
+      chain.parent_hash = state_.orphans.find(slot, name)->parent;
       for (;;) {
-        chain.blocks.push_back(KvBlock{name, orphans_.find(slot, name)->tokens_hash});
-        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
+        chain.blocks.push_back(KvBlock{name, state_.orphans.find(slot, name)->tokens_hash});
+        const std::vector<std::uint64_t> kids = state_.orphans.children(slot, name);
         if (kids.empty()) break;
         starts.insert(starts.end(), kids.begin() + 1, kids.end());
         name = kids.front();
@@ -515,7 +518,7 @@ class KvIndex {
   /// matches or none; the index is unchanged.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
-    const detail::KvNodeStore& nodes = tree_.nodes();
+    const detail::KvNodeStore& nodes = state_.tree.nodes();
     // While every slot is below 64 a holder word is the set's bitset. Then
     // `out` is sized once, at the first level: every match is a holder of
     // that node, once (see start_matches).
@@ -531,7 +534,7 @@ class KvIndex {
     // issued one chunk ahead: their misses overlap the walk of the previous one.
     // The prefetcher keeps the edge table's address and size in registers (the
     // table itself would be re-read after each store of a path hash).
-    const auto prefetch_edge = tree_.edge_prefetcher();
+    const auto prefetch_edge = state_.tree.edge_prefetcher();
     const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
       const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
       // A query's hashes are usually cold: the next chunk's lines are
@@ -554,7 +557,7 @@ class KvIndex {
     detail::KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
     std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
     for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
-      const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);
+      const std::size_t got = state_.tree.walk_rows<true>(paths[k], m, cur, found, counts);
       bool stop = got < m;
       // The next chunk's probes go out before this chunk's holder accounting.
       if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
@@ -586,7 +589,7 @@ class KvIndex {
             nodes.holders(prev, had);
             nodes.holders(child, has);
             had.for_each_missing(has, [&](std::uint32_t slot) {
-              out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+              out.push_back(KvWorkerMatch{state_.workers[slot].worker, depth});
             });
           }
         } else if (word_form) {
@@ -614,7 +617,7 @@ class KvIndex {
     detail::KvHolderSets::View has;
     nodes.holders(prev, has);
     has.for_each([&](std::uint32_t slot) {
-      out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
+      out.push_back(KvWorkerMatch{state_.workers[slot].worker, depth});
     });
   }
 
@@ -640,11 +643,11 @@ class KvIndex {
                     std::span<const std::uint64_t> block_names, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
     find_matches(tokens_hashes, early_exit, out);
-    if (orphans_.empty()) return;
+    if (state_.orphans.empty()) return;
     const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
     for (std::size_t i = 0; i < n; ++i) {
       const auto hold = [&](std::uint32_t slot) {
-        const KvWorker& w = workers_[slot].worker;
+        const KvWorker& w = state_.workers[slot].worker;
         for (KvWorkerMatch& m : out)
           if (m.worker == w) {
             m.blocks = std::max(m.blocks, i + 1U);
@@ -652,10 +655,10 @@ class KvIndex {
           }
         out.push_back(KvWorkerMatch{w, i + 1U});
       };
-      orphans_.for_each_holder(block_names[i], hold);
+      state_.orphans.for_each_holder(block_names[i], hold);
       // The parent of an orphan is held too (an anchor is not an orphan).
-      orphans_.for_each_child_of(block_names[i],
-                                 [&](std::uint32_t slot, std::uint64_t) { hold(slot); });
+      state_.orphans.for_each_child_of(block_names[i],
+                                       [&](std::uint32_t slot, std::uint64_t) { hold(slot); });
     }
   }
 
@@ -668,7 +671,7 @@ class KvIndex {
   /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
   std::size_t graft_along(std::span<const std::uint64_t> tokens_hashes,
                           std::span<const std::uint64_t> block_names) noexcept {
-    if (orphans_.empty()) return 0;
+    if (state_.orphans.empty()) return 0;
     KvEventResult r;
     const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
     std::vector<KvBlock> path;
@@ -676,11 +679,12 @@ class KvIndex {
     std::vector<std::uint64_t> work;
     try {
       path.reserve(n);
-      for (std::size_t i = 0; i < n && !orphans_.empty(); ++i) {
+      for (std::size_t i = 0; i < n && !state_.orphans.empty(); ++i) {
         path.push_back(KvBlock{block_names[i], tokens_hashes[i]});
         slots.clear();
-        orphans_.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) && orphans_.find(s, block_names[i]) == nullptr)
+        state_.orphans.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) &&
+              state_.orphans.find(s, block_names[i]) == nullptr)
             slots.push_back(s);
         });
         for (const std::uint32_t s : slots)
@@ -696,56 +700,56 @@ class KvIndex {
   /// placed, not counted by block_count (0 for an unknown worker).
   /// O(its orphans + log orphans).
   [[nodiscard]] std::size_t orphan_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
-    return slot == detail::kv_npos ? 0U : orphans_.count(slot);
+    const std::uint32_t slot = state_.workers.find(worker);
+    return slot == detail::kv_npos ? 0U : state_.orphans.count(slot);
   }
 
   /// Orphan blocks over all workers. O(1).
-  [[nodiscard]] std::size_t total_orphans() const noexcept { return orphans_.size(); }
+  [[nodiscard]] std::size_t total_orphans() const noexcept { return state_.orphans.size(); }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
   [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return std::nullopt;
-    return workers_[slot].cursor;
+    return state_.workers[slot].cursor;
   }
 
   /// Blocks `worker` holds (0 for an unknown worker). O(1).
   [[nodiscard]] std::size_t block_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
-    return slot == detail::kv_npos ? 0U : workers_[slot].blocks;
+    const std::uint32_t slot = state_.workers.find(worker);
+    return slot == detail::kv_npos ? 0U : state_.workers[slot].blocks;
   }
 
   /// True when `worker` is known (has sent an event or been replaced). O(1).
   [[nodiscard]] bool contains(const KvWorker& worker) const noexcept {
-    return workers_.find(worker) != detail::kv_npos;
+    return state_.workers.find(worker) != detail::kv_npos;
   }
 
   /// Known worker ranks, in unspecified order. O(slots).
   [[nodiscard]] std::vector<KvWorker> workers() const {
     std::vector<KvWorker> out;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
-      if (workers_[s].live) out.push_back(workers_[s].worker);
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s)
+      if (state_.workers[s].live) out.push_back(state_.workers[s].worker);
     return out;
   }
 
   /// Number of known worker ranks. O(1).
-  [[nodiscard]] std::size_t worker_count() const noexcept { return workers_.workers(); }
+  [[nodiscard]] std::size_t worker_count() const noexcept { return state_.workers.workers(); }
   /// Tree nodes other than the root; 0 means the tree is back to its root. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return tree_.nodes().live(); }
+  [[nodiscard]] std::size_t node_count() const noexcept { return state_.tree.nodes().live(); }
   /// (worker, block) pairs held over all workers. O(1).
   [[nodiscard]] std::size_t total_blocks() const noexcept {
-    return holds_.live() - workers_.workers();  // minus one sentinel per worker
+    return state_.holds.live() - state_.workers.workers();  // minus one sentinel per worker
   }
   /// Event counters since construction. O(1).
-  [[nodiscard]] const KvIndexCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] const KvIndexCounters& counters() const noexcept { return state_.counters; }
   /// The options given at construction. O(1).
   [[nodiscard]] const KvIndexOptions& options() const noexcept { return options_; }
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes() +
-           orphans_.memory_bytes();
+    return state_.tree.memory_bytes() + state_.holds.memory_bytes() +
+           state_.workers.memory_bytes() + state_.orphans.memory_bytes();
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -753,24 +757,25 @@ class KvIndex {
   /// O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
-    std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
-      const Slot& s = workers_[slot];
+    std::vector<std::uint32_t> seen_count(state_.tree.nodes().rows(), 0U);
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot) {
+      const Slot& s = state_.workers[slot];
       if (!s.live) continue;
-      if (workers_.find(s.worker) != slot) return false;
+      if (state_.workers.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
       std::vector<std::pair<std::uint32_t, std::uint32_t>> stack{{s.sentinel, detail::kv_npos}};
       while (!stack.empty()) {
         const auto [h, up] = stack.back();  // a hold and its parent hold
         stack.pop_back();
         ++holds_seen;
-        const detail::KvHold& x = holds_[h];
-        if (holds_.is_free(h)) return false;
+        const detail::KvHold& x = state_.holds[h];
+        if (state_.holds.is_free(h)) return false;
         if (h != s.sentinel) {
           ++blocks;
-          if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
-          if (tree_.nodes().parent(x.node) != holds_[up].node) return false;
-          if (find_name(s, x.block_hash) != h) return false;
+          if (!state_.tree.nodes().is_live(x.node) || !state_.tree.nodes().test(x.node, slot))
+            return false;
+          if (state_.tree.nodes().parent(x.node) != state_.holds[up].node) return false;
+          if (state_.find_name(s, x.block_hash) != h) return false;
           ++seen_count[x.node];
         } else if (x.node != 0U || x.link != detail::kv_npos) {
           return false;
@@ -778,67 +783,83 @@ class KvIndex {
         // The first child links to its parent, every later one to its
         // previous sibling.
         std::uint32_t expect = h | detail::kv_hold_parent_bit;
-        for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
-          if (holds_[c].link != expect) return false;
+        for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = state_.holds[c].next) {
+          if (state_.holds[c].link != expect) return false;
           expect = c;
           stack.emplace_back(c, h);
         }
       }
       if (blocks != s.blocks) return false;
     }
-    if (holds_seen != holds_.live() || !holds_.check_pool()) return false;
+    if (holds_seen != state_.holds.live() || !state_.holds.check_pool()) return false;
     std::size_t names = 0;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s) {
-      names += workers_[s].names.size();
-      if (!workers_[s].names.check()) return false;
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s) {
+      names += state_.workers[s].names.size();
+      if (!state_.workers[s].names.check()) return false;
     }
-    if (names + workers_.workers() != holds_.live()) return false;
+    if (names + state_.workers.workers() != state_.holds.live()) return false;
     std::size_t live_nodes = 0;
-    for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
-      if (tree_.nodes().count(n) == 0U) continue;
+    for (std::uint32_t n = 1; n < state_.tree.nodes().rows(); ++n) {
+      if (state_.tree.nodes().count(n) == 0U) continue;
       ++live_nodes;
       std::uint32_t bits = 0;
       bool subset = true;
       std::uint32_t last = 0;
       bool ascending = true;
       detail::KvHolderSets::View has;
-      tree_.nodes().holders(n, has);
-      const std::uint32_t p = tree_.nodes().parent(n);
+      state_.tree.nodes().holders(n, has);
+      const std::uint32_t p = state_.tree.nodes().parent(n);
       has.for_each([&](std::uint32_t slot) {
         ascending = ascending && (bits == 0U || slot > last);
         last = slot;
         ++bits;
-        if (slot >= workers_.size() || !workers_[slot].live || !tree_.nodes().test(n, slot))
+        if (slot >= state_.workers.size() || !state_.workers[slot].live ||
+            !state_.tree.nodes().test(n, slot))
           subset = false;
-        if (p != 0U && !tree_.nodes().test(p, slot)) subset = false;
+        if (p != 0U && !state_.tree.nodes().test(p, slot)) subset = false;
       });
       if (!subset || !ascending) return false;
-      if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
+      if (bits != state_.tree.nodes().count(n) || bits != seen_count[n]) return false;
     }
     // The word form is in use exactly while every live slot is below 64 (every
     // call that lowers the top slot narrows the sets, and narrowing to the word
     // form never fails).
-    if (tree_.nodes().word_form() != (workers_.top() <= detail::KvHolderSets::word_slots))
+    if (state_.tree.nodes().word_form() !=
+        (state_.workers.top() <= detail::KvHolderSets::word_slots))
       return false;
     // Orphans: the three indexes agree, their slots are live, and a worker
     // never has one name both placed and orphaned.
-    if (!orphans_.check()) return false;
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    if (!state_.orphans.check()) return false;
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot) {
       bool ok = true;
-      orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) {
-        ok = ok && workers_[slot].live && find_name(workers_[slot], name) == detail::kv_npos;
+      state_.orphans.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) {
+        ok = ok && state_.workers[slot].live &&
+             state_.find_name(state_.workers[slot], name) == detail::kv_npos;
       });
       if (!ok) return false;
     }
     std::size_t orphan_total = 0;
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot)
-      orphan_total += orphans_.count(slot);
-    if (orphan_total != orphans_.size()) return false;
-    return live_nodes == tree_.nodes().live() && tree_.check();
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot)
+      orphan_total += state_.orphans.count(slot);
+    if (orphan_total != state_.orphans.size()) return false;
+    return live_nodes == state_.tree.nodes().live() && state_.tree.check();
   }
 
  private:
-  using Slot = detail::KvWorkerSlot<KvWorker>;
+  // The public types the parts work with.
+  struct Types {
+    using Worker = KvWorker;
+    using Block = KvBlock;
+    using Result = KvEventResult;
+    using Status = KvEventStatus;
+    using Match = KvWorkerMatch;
+    using Counters = KvIndexCounters;
+    using Event = KvEvent;
+    using Stored = kv_event::Stored;
+  };
+  using State = detail::KvIndexState<Types>;
+  using Slot = State::Slot;
+  using Remove = detail::KvRemovePath<Types>;
 
   // Below this many (worker, block) pairs the edge and name tables run at
   // load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
@@ -863,14 +884,14 @@ class KvIndex {
   // one large event (or dump) grows it compact once it would cross the
   // threshold. Returns the policies before, for restore_table_load. O(1).
   TableLoads pick_table_load(std::uint32_t slot, std::size_t incoming = 0) noexcept {
-    const TableLoads before{workers_[slot].names.load(), tree_.edge_load()};
-    const std::size_t pairs = holds_.live() + incoming;
+    const TableLoads before{state_.workers[slot].names.load(), state_.tree.edge_load()};
+    const std::size_t pairs = state_.holds.live() + incoming;
     if (pairs >= compact_tables_from) {
-      workers_[slot].names.set_load(detail::KvTableLoad::compact);
-      tree_.set_edge_load(detail::KvTableLoad::compact);
+      state_.workers[slot].names.set_load(detail::KvTableLoad::compact);
+      state_.tree.set_edge_load(detail::KvTableLoad::compact);
     } else if (pairs < compact_tables_from / 2U) {
-      workers_[slot].names.set_load(detail::KvTableLoad::roomy);
-      tree_.set_edge_load(detail::KvTableLoad::roomy);
+      state_.workers[slot].names.set_load(detail::KvTableLoad::roomy);
+      state_.tree.set_edge_load(detail::KvTableLoad::roomy);
     }
     return before;
   }
@@ -878,8 +899,8 @@ class KvIndex {
   // Undoes pick_table_load when the event fails, so a failed event leaves
   // even the growth policy as it was. O(1).
   void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
-    workers_[slot].names.set_load(before.names);
-    tree_.set_edge_load(before.edges);
+    state_.workers[slot].names.set_load(before.names);
+    state_.tree.set_edge_load(before.edges);
   }
 
   // Sizes `out` for the matches of a word-form query whose first node has
@@ -905,7 +926,7 @@ class KvIndex {
     // The slots are contiguous: indexing from the first one's address keeps
     // the vector's data pointer out of the loop, and the KvWorker is copied
     // whole (one 16-byte load and store instead of a field each).
-    const Slot* const slots = &workers_[0];
+    const Slot* const slots = &state_.workers[0];
     KvWorkerMatch* at = next;
     do {
       const auto slot = static_cast<unsigned>(std::countr_zero(bits));
@@ -925,22 +946,22 @@ class KvIndex {
   void reserve_for_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                          std::span<const KvBlock> blocks, bool reset) {
     const std::size_t n = blocks.size();
-    const std::size_t freed = reset ? workers_[slot].blocks : 0U;
+    const std::size_t freed = reset ? state_.workers[slot].blocks : 0U;
     const std::size_t own = n > freed ? n - freed : 0U;
     // Room for every block as a new node, holder and hold is usually at
     // hand (free lists, the last page, table headroom): then nothing grows
     // and the tree need not be walked twice.
-    auto& names = workers_[slot].names;
-    if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
+    auto& names = state_.workers[slot].names;
+    if (state_.tree.fits(n) && state_.holds.fits_extra(own) && names.fits_extra(own)) return;
     // Otherwise the store reserves only what it can add, so an idempotent
     // re-store grows nothing (unless pick_table_load switched the tables to the
     // roomy load: it counts every block of the event) and new nodes take no
     // holder-set room.
     const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
-    tree_.reserve_exact(need.nodes, need.holder_units);
+    state_.tree.reserve_exact(need.nodes, need.holder_units);
     // After a reset a chained event finds no parent: it adds nothing.
     const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
-    holds_.reserve_extra(holds);
+    state_.holds.reserve_extra(holds);
     names.reserve_extra(holds);
   }
 
@@ -965,11 +986,12 @@ class KvIndex {
     std::uint32_t cur_node = 0;
     if (parent_hash) {
       // After a reset the slot holds nothing, so the parent is not found.
-      const std::uint32_t h = reset ? detail::kv_npos : find_name(workers_[slot], *parent_hash);
+      const std::uint32_t h =
+          reset ? detail::kv_npos : state_.find_name(state_.workers[slot], *parent_hash);
       if (h == detail::kv_npos) return need;  // parent_not_found: adds nothing
-      cur_node = holds_[h].node;
+      cur_node = state_.holds[h].node;
     }
-    const detail::KvNodeStore& nodes = tree_.nodes();
+    const detail::KvNodeStore& nodes = state_.tree.nodes();
     constexpr std::size_t chunk = 64;
     std::uint64_t paths[chunk];
     std::uint32_t found[chunk];
@@ -986,7 +1008,7 @@ class KvIndex {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
       }
-      const std::size_t walked = tree_.walk(paths, m, cur_node, found, counts);
+      const std::size_t walked = state_.tree.walk(paths, m, cur_node, found, counts);
       for (std::size_t j = 0; j < walked; ++j) {
         const bool mine = holding && nodes.test(found[j], slot);
         holding = mine;
@@ -1014,10 +1036,10 @@ class KvIndex {
   // The slot of `worker`, created (with an initial cursor) on first sight;
   // `created` says which. Strong guarantee.
   std::uint32_t slot_for(const KvWorker& worker, bool& created) {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
-    workers_.index(worker, fresh);
+    state_.workers.index(worker, fresh);
     created = true;
     return fresh;
   }
@@ -1025,55 +1047,55 @@ class KvIndex {
   // A live slot with a sentinel hold, not yet in the worker table (whose
   // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
-    workers_.reserve_index();
-    holds_.reserve_extra(1);
+    state_.workers.reserve_index();
+    state_.holds.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
-    const std::uint32_t slot = workers_.lowest_free();
+    const std::uint32_t slot = state_.workers.lowest_free();
     // Never reached in practice: the hold pool, one sentinel per slot, runs
     // out first (reserve_extra above, at 2^31 - 1 holds).
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
-    tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
+    state_.tree.nodes().ensure_slots(std::size_t{slot} + 1U);
     try {
-      workers_.make_room(slot);
+      state_.workers.make_room(slot);
     } catch (...) {
       trim_masks();  // back to the form and width of the live slots
       throw;
     }
-    workers_.open(slot, worker, holds_.allocate(0, 0, detail::kv_npos));
+    state_.workers.open(slot, worker, state_.holds.allocate(0, 0, detail::kv_npos));
     return slot;
   }
 
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
-    clear_slot(slot);
-    orphans_.erase_slot(slot);
-    holds_.release(workers_[slot].sentinel);
-    workers_.close(slot);
+    Remove::clear_slot(state_, slot);
+    state_.orphans.erase_slot(slot);
+    state_.holds.release(state_.workers[slot].sentinel);
+    state_.workers.close(slot);
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
   // replaced worker keeps its slot index and the bitsets need not grow for
   // good. O(blocks of the view).
   void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
-    Slot& dst = workers_[into];
-    Slot& src = workers_[tmp];
-    holds_.release(dst.sentinel);  // childless after clear_slot
+    Slot& dst = state_.workers[into];
+    Slot& src = state_.workers[tmp];
+    state_.holds.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
-    detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
-      tree_.nodes().move_bit(holds_[h].node, tmp, into);
+    detail::kv_for_each_hold_below(state_.holds, sentinel, [&](std::uint32_t h) {
+      state_.tree.nodes().move_bit(state_.holds[h].node, tmp, into);
     });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
     dst.blocks = src.blocks;
-    orphans_.move_slot(tmp, into);
-    workers_.close(tmp);
+    state_.orphans.move_slot(tmp, into);
+    state_.workers.close(tmp);
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
   // allocation just keeps the current width.
   void trim_masks() noexcept {
     try {
-      tree_.nodes().fit_slots(workers_.top());
+      state_.tree.nodes().fit_slots(state_.workers.top());
     } catch (...) {
     }
   }
@@ -1083,16 +1105,16 @@ class KvIndex {
   // nothing can fail any more. Changes nothing but the counters of rejected
   // events.
   bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
-    Slot& s = workers_[slot];
+    Slot& s = state_.workers[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
-      ++counters_.events_stale;
+      ++state_.counters.events_stale;
       r.status = KvEventStatus::stale;
       return false;
     }
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
       if (options_.on_gap == KvGapPolicy::report) {
-        ++counters_.gaps;
+        ++state_.counters.gaps;
         r.status = KvEventStatus::gap;
         return false;
       }
@@ -1102,21 +1124,21 @@ class KvIndex {
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
-    workers_[slot].cursor = workers_[slot].cursor.advance_to(event_id);
+    state_.workers[slot].cursor = state_.workers[slot].cursor.advance_to(event_id);
     if (r.view_reset) {
-      ++counters_.gaps;
-      ++counters_.views_reset;
+      ++state_.counters.gaps;
+      ++state_.counters.views_reset;
     }
     switch (r.status) {
       case KvEventStatus::applied:
-        ++counters_.events_applied;
-        if (r.blocks_orphaned != 0U) ++counters_.orphan_stores;
+        ++state_.counters.events_applied;
+        if (r.blocks_orphaned != 0U) ++state_.counters.orphan_stores;
         break;
       case KvEventStatus::parent_not_found:
-        ++counters_.parent_not_found;
+        ++state_.counters.parent_not_found;
         break;
       case KvEventStatus::block_conflict:
-        ++counters_.block_conflicts;
+        ++state_.counters.block_conflicts;
         break;
       case KvEventStatus::stale:
       case KvEventStatus::gap:
@@ -1128,14 +1150,14 @@ class KvIndex {
   // every hold it added is undone, so the tree is unchanged.
   KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
                              std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
-    auto& names = workers_[slot].names;
-    std::uint32_t cur_hold = workers_[slot].sentinel;
+    auto& names = state_.workers[slot].names;
+    std::uint32_t cur_hold = state_.workers[slot].sentinel;
     if (parent_hash) {
-      cur_hold = find_name(workers_[slot], *parent_hash);
+      cur_hold = state_.find_name(state_.workers[slot], *parent_hash);
       if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
     }
     // The chain's last hold, kept at hand: the next new hold links under it.
-    detail::KvHold* cur = &holds_[cur_hold];
+    detail::KvHold* cur = &state_.holds[cur_hold];
     std::uint32_t cur_node = cur->node;
     std::size_t added = 0;
     // Path hashes follow from the tokens hashes alone, so the probes of a whole
@@ -1144,19 +1166,19 @@ class KvIndex {
     std::uint64_t paths[chunk];
     std::uint32_t name_fps[chunk];
     std::uint32_t found[chunk];
-    std::uint64_t path = tree_.nodes().path_hash(cur_node);
+    std::uint64_t path = state_.tree.nodes().path_hash(cur_node);
     for (std::size_t base = 0; base < blocks.size(); base += chunk) {
       const std::size_t m = std::min(chunk, blocks.size() - base);
       for (std::size_t j = 0; j < m; ++j) {
         path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
         paths[j] = path;
-        tree_.prefetch_edge(path);
+        state_.tree.prefetch_edge(path);
         name_fps[j] = detail::kv_name_fingerprint(blocks[base + j].block_hash);
         names.prefetch(name_fps[j]);
       }
       // Nodes that already exist (a prefix other workers hold) are found in a
       // first pass so that their rows are on the way before they are written.
-      const std::size_t walked = tree_.walk(paths, m, cur_node, found);
+      const std::size_t walked = state_.tree.walk(paths, m, cur_node, found);
       for (std::size_t j = 0; j < m; ++j) {
         const KvBlock& b = blocks[base + j];
         // Past the walk the parent is new (or the walk's first miss), so the
@@ -1164,14 +1186,15 @@ class KvIndex {
         std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
         bool fresh_node = false;
         if (child == detail::kv_npos) {  // a new node, held by this slot from the start
-          child = tree_.add_held_child(paths[j], cur_node, slot);
+          child = state_.tree.add_held_child(paths[j], cur_node, slot);
           fresh_node = true;
         }
         // One probe serves both the lookup and the insert (room is reserved).
-        const auto name = names.probe(
-            name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
+        const auto name = names.probe(name_fps[j], [&](std::uint32_t h) {
+          return state_.holds[h].block_hash == b.block_hash;
+        });
         if (name.value != detail::kv_npos) {
-          detail::KvHold& held = holds_[name.value];
+          detail::KvHold& held = state_.holds[name.value];
           if (held.node == child) {  // re-store of a held block (never on a new node)
             ++r.blocks_already_held;
             cur_hold = name.value;
@@ -1179,8 +1202,8 @@ class KvIndex {
             cur_node = child;
             continue;
           }
-        } else if (fresh_node || tree_.nodes().add_holder(child, slot)) {
-          const auto h = holds_.allocate_child(b.block_hash, child, cur_hold, *cur);
+        } else if (fresh_node || state_.tree.nodes().add_holder(child, slot)) {
+          const auto h = state_.holds.allocate_child(b.block_hash, child, cur_hold, *cur);
           names.insert_at(name, name_fps[j], h.index);
           ++added;
           cur_hold = h.index;
@@ -1190,10 +1213,10 @@ class KvIndex {
         }
         // Conflict: the name is held elsewhere, or the position under another name.
         if (fresh_node) {
-          (void)tree_.nodes().reset_bit(child, slot);
-          free_node(child);
+          (void)state_.tree.nodes().reset_bit(child, slot);
+          Remove::free_node(state_, child);
         }
-        workers_[slot].blocks += added;  // undo_chain takes them off again
+        state_.workers[slot].blocks += added;  // undo_chain takes them off again
         undo_chain(slot, cur_hold, added);
         r.blocks_already_held = 0;
         return KvEventStatus::block_conflict;
@@ -1201,7 +1224,7 @@ class KvIndex {
     }
     // Counted once here: the per-block stores into holds and rows could alias
     // the worker's counter and would make the compiler reload it each block.
-    workers_[slot].blocks += added;
+    state_.workers[slot].blocks += added;
     r.blocks_stored = added;
     return KvEventStatus::applied;
   }
@@ -1213,7 +1236,7 @@ class KvIndex {
     if (options_.on_unknown_parent != KvUnknownParent::keep_orphan || !parent_hash ||
         blocks.empty())
       return false;
-    return reset || find_name(workers_[slot], *parent_hash) == detail::kv_npos;
+    return reset || state_.find_name(state_.workers[slot], *parent_hash) == detail::kv_npos;
   }
 
   // Keeps a chain under `parent` (not placed for `slot`) as orphans: it
@@ -1227,16 +1250,16 @@ class KvIndex {
                      KvEventResult& r, bool reset) {
     std::uint64_t anchor = parent;  // the chain's first parent that is not an orphan
     if (!reset)
-      while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
+      while (const detail::KvOrphanBlock* o = state_.orphans.find(slot, anchor))
         anchor = o->parent;
     detail::KvOrphans::Stage stage;
     bool conflict = false;
     std::size_t already = 0;
     std::uint64_t up = parent;
     for (const KvBlock& b : blocks) {
-      const detail::KvOrphanBlock* o = reset ? nullptr : orphans_.find(slot, b.block_hash);
+      const detail::KvOrphanBlock* o = reset ? nullptr : state_.orphans.find(slot, b.block_hash);
       if (b.block_hash == anchor ||
-          (!reset && find_name(workers_[slot], b.block_hash) != detail::kv_npos) ||
+          (!reset && state_.find_name(state_.workers[slot], b.block_hash) != detail::kv_npos) ||
           stage.blocks.count({slot, b.block_hash}) != 0U ||
           (o != nullptr && (o->parent != up || o->tokens_hash != b.tokens_hash))) {
         conflict = true;
@@ -1248,14 +1271,15 @@ class KvIndex {
         stage.add(slot, b.block_hash, detail::KvOrphanBlock{b.tokens_hash, up});
       up = b.block_hash;
     }
-    if (reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
+    if (reset)
+      r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
     if (conflict) {
       r.status = KvEventStatus::block_conflict;
       return;
     }
     r.blocks_orphaned = stage.blocks.size();
     r.blocks_already_held = already;
-    orphans_.commit(stage);
+    state_.orphans.commit(stage);
     r.status = KvEventStatus::applied;
   }
 
@@ -1264,7 +1288,7 @@ class KvIndex {
   // them (placed now), for settle to graft. Never allocates.
   void promote(std::uint32_t slot, std::span<const KvBlock> blocks) noexcept {
     for (const KvBlock& b : blocks)
-      (void)orphans_.erase_one(slot, b.block_hash);
+      (void)state_.orphans.erase_one(slot, b.block_hash);
   }
 
   // After an applied normal store of `slot`: promotes its placed orphans and
@@ -1287,7 +1311,7 @@ class KvIndex {
   // anchor is placed by some worker.
   void settle_anchor_of(std::uint32_t slot, std::uint64_t parent, KvEventResult& r) noexcept {
     std::uint64_t anchor = parent;
-    while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
+    while (const detail::KvOrphanBlock* o = state_.orphans.find(slot, anchor))
       anchor = o->parent;
     std::vector<std::uint64_t> names;
     try {
@@ -1307,10 +1331,10 @@ class KvIndex {
       for (const KvEvent& e : dump)
         if (const auto* s = std::get_if<kv_event::Stored>(&e.data))
           for (const KvBlock& b : s->blocks)
-            if (find_name(workers_[slot], b.block_hash) != detail::kv_npos)
+            if (state_.find_name(state_.workers[slot], b.block_hash) != detail::kv_npos)
               names.push_back(b.block_hash);
-      orphans_.for_each_of(slot, [&](std::uint64_t, const detail::KvOrphanBlock& b) {
-        if (orphans_.find(slot, b.parent) == nullptr) names.push_back(b.parent);
+      state_.orphans.for_each_of(slot, [&](std::uint64_t, const detail::KvOrphanBlock& b) {
+        if (state_.orphans.find(slot, b.parent) == nullptr) names.push_back(b.parent);
       });
     } catch (...) {
       return;
@@ -1326,13 +1350,13 @@ class KvIndex {
   // tried again when its anchor is next placed. Never throws.
   void settle(std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
     std::vector<std::uint32_t> slots;
-    while (!work.empty() && !orphans_.empty()) {
+    while (!work.empty() && !state_.orphans.empty()) {
       const std::uint64_t anchor = work.back();
       work.pop_back();
       slots.clear();
       try {
-        orphans_.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) && orphans_.find(s, anchor) == nullptr)
+        state_.orphans.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && state_.orphans.find(s, anchor) == nullptr)
             slots.push_back(s);
         });
       } catch (...) {
@@ -1342,9 +1366,9 @@ class KvIndex {
       // Any worker that placed the name: equal names mean equal prefixes.
       std::uint32_t donor = detail::kv_npos;
       std::uint32_t donor_hold = detail::kv_npos;
-      for (std::uint32_t d = 0; d < workers_.size() && donor == detail::kv_npos; ++d) {
-        if (!workers_[d].live) continue;
-        const std::uint32_t h = find_name(workers_[d], anchor);
+      for (std::uint32_t d = 0; d < state_.workers.size() && donor == detail::kv_npos; ++d) {
+        if (!state_.workers[d].live) continue;
+        const std::uint32_t h = state_.find_name(state_.workers[d], anchor);
         if (h != detail::kv_npos) {
           donor = d;
           donor_hold = h;
@@ -1365,9 +1389,11 @@ class KvIndex {
              KvEventResult& r) noexcept {
     std::vector<KvBlock> path;
     try {
-      if (find_name(workers_[slot], anchor) == detail::kv_npos) {
-        for (std::uint32_t h = donor_hold; h != workers_[donor].sentinel; h = holds_.parent(h))
-          path.push_back(KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+      if (state_.find_name(state_.workers[slot], anchor) == detail::kv_npos) {
+        for (std::uint32_t h = donor_hold; h != state_.workers[donor].sentinel;
+             h = state_.holds.parent(h))
+          path.push_back(KvBlock{state_.holds[h].block_hash,
+                                 state_.tree.nodes().tokens_hash(state_.holds[h].node)});
         std::reverse(path.begin(), path.end());
       }
     } catch (...) {
@@ -1384,14 +1410,14 @@ class KvIndex {
     try {
       // The orphans, parents before children.
       std::vector<std::pair<std::uint64_t, KvBlock>> order;  // (parent name, block)
-      std::vector<std::uint64_t> stack = orphans_.children(slot, anchor);
+      std::vector<std::uint64_t> stack = state_.orphans.children(slot, anchor);
       const std::vector<std::uint64_t> roots = stack;
       while (!stack.empty()) {
         const std::uint64_t name = stack.back();
         stack.pop_back();
-        const detail::KvOrphanBlock* o = orphans_.find(slot, name);
+        const detail::KvOrphanBlock* o = state_.orphans.find(slot, name);
         order.emplace_back(o->parent, KvBlock{name, o->tokens_hash});
-        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
+        const std::vector<std::uint64_t> kids = state_.orphans.children(slot, name);
         stack.insert(stack.end(), kids.begin(), kids.end());
       }
       added.reserve(path.size() + order.size());
@@ -1406,7 +1432,7 @@ class KvIndex {
           added.push_back(blocks[i].block_hash);
         return true;
       };
-      bool ok = find_name(workers_[slot], anchor) != detail::kv_npos ||
+      bool ok = state_.find_name(state_.workers[slot], anchor) != detail::kv_npos ||
                 (!path.empty() && place(std::nullopt, path));
       for (std::size_t i = 0; ok && i < order.size(); ++i)
         ok = place(order[i].first, std::span<const KvBlock>(&order[i].second, 1));
@@ -1415,14 +1441,14 @@ class KvIndex {
         return;
       }
       for (const std::uint64_t root : roots)
-        (void)orphans_.erase_subtree(slot, root);
+        (void)state_.orphans.erase_subtree(slot, root);
       // The implied path may pass orphans of other chains of the slot: they
       // are placed now (their children stay, anchored at them).
       for (const std::uint64_t name : added)
-        (void)orphans_.erase_one(slot, name);
+        (void)state_.orphans.erase_one(slot, name);
       work.insert(work.end(), added.begin(), added.end());  // capacity reserved
       r.blocks_grafted += added.size();
-      ++counters_.grafts;
+      ++state_.counters.grafts;
     } catch (...) {
       undo_graft(slot, added);
     }
@@ -1431,7 +1457,7 @@ class KvIndex {
   // Removes the holds a failed graft added (removal never allocates).
   void undo_graft(std::uint32_t slot, std::span<const std::uint64_t> added) noexcept {
     KvEventResult ignored;
-    remove_blocks(slot, added, ignored);
+    Remove::remove_blocks(state_, slot, added, ignored);
   }
 
   // The orphan part of a Removed event: a named orphan goes with its orphan
@@ -1440,7 +1466,7 @@ class KvIndex {
   void remove_orphans(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
                       KvEventResult& r) noexcept {
     for (const std::uint64_t name : block_hashes) {
-      const std::size_t n = orphans_.erase_subtree(slot, name);
+      const std::size_t n = state_.orphans.erase_subtree(slot, name);
       if (n == 0U) continue;
       --r.blocks_not_held;
       ++r.blocks_removed;
@@ -1453,139 +1479,14 @@ class KvIndex {
   // chain ending at `h`.
   void undo_chain(std::uint32_t slot, std::uint32_t h, std::size_t added) noexcept {
     for (std::size_t i = 0; i < added; ++i) {
-      const std::uint32_t parent = holds_.parent(h);  // O(1): a new hold is a first child
-      release_hold(slot, h, name_fp(holds_[h].block_hash));
+      const std::uint32_t parent = state_.holds.parent(h);  // O(1): a new hold is a first child
+      Remove::release_hold(state_, slot, h, State::name_fp(state_.holds[h].block_hash));
       h = parent;
     }
   }
 
-  void remove_blocks(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
-                     KvEventResult& r) noexcept {
-    // A software pipeline over chunks: each stage prefetches what the next
-    // one reads (name slot, hold, node row, edge slot), so the misses overlap.
-    auto& names = workers_[slot].names;
-    constexpr std::size_t chunk = 64;
-    std::uint32_t hs[chunk];
-    detail::KvHold* hp[chunk];      // the elements of hs[j], found once for all stages
-    std::uint32_t fps[2][chunk];    // this chunk's name fingerprints and the next one's
-    std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
-    // The name slots are prefetched a chunk ahead: they are the first miss of
-    // each block, and the other stages depend on them.
-    const auto issue_names = [&](std::size_t from, std::uint32_t* dst) {
-      const std::size_t k = std::min(chunk, block_hashes.size() - from);
-      for (std::size_t j = 0; j < k; ++j) {
-        dst[j] = detail::kv_name_fingerprint(block_hashes[from + j]);
-        names.prefetch(dst[j]);
-      }
-    };
-    if (!block_hashes.empty()) issue_names(0, fps[0]);
-    for (std::size_t base = 0, cur = 0; base < block_hashes.size(); base += chunk, cur ^= 1U) {
-      const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      const std::uint32_t* name_fps = fps[cur];
-      if (base + chunk < block_hashes.size()) issue_names(base + chunk, fps[cur ^ 1U]);
-      // Candidates by fingerprint first, so the holds that confirm them load
-      // together.
-      for (std::size_t j = 0; j < m; ++j) {
-        const auto first = names.first_slot(name_fps[j]);
-        hs[j] = first.value;
-        name_slots[j] = first.pos;
-        if (hs[j] != detail::kv_npos) {
-          hp[j] = &holds_[hs[j]];
-          detail::KvHoldStore::prefetch(*hp[j]);
-        }
-      }
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos && hp[j]->block_hash != block_hashes[base + j]) {
-          hs[j] = find_name(workers_[slot], block_hashes[base + j]);
-          if (hs[j] != detail::kv_npos) hp[j] = &holds_[hs[j]];
-        }
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(hp[j]->node);
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.prefetch_edge(tree_.nodes().path_hash(hp[j]->node));
-      for (std::size_t j = 0; j < m; ++j) {
-        // An earlier name of this event may have cascaded it away. A removal
-        // allocates nothing, so a freed hold is not reused meanwhile (and its
-        // element stays where hp[j] points).
-        const std::uint32_t h = hs[j];
-        if (h == detail::kv_npos || detail::KvHoldStore::is_free(*hp[j])) {
-          ++r.blocks_not_held;
-          continue;
-        }
-        ++r.blocks_removed;
-        if (hp[j]->first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, *hp[j], name_fps[j], true, name_slots[j]);
-        else
-          r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
-      }
-    }
-  }
-
-  // Drops every block of `slot`; returns how many. With shrink false the
-  // tables and pools keep their capacity (reservations stay valid).
-  std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
-    const std::uint32_t sentinel = workers_[slot].sentinel;
-    std::size_t n = 0;
-    while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(slot, holds_[sentinel].first_child, shrink);
-    return n;
-  }
-
-  // Releases hold `top` and all its descendants, leaves first, without
-  // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t slot, std::uint32_t top, bool shrink = true) noexcept {
-    return remove_subtree_fp(slot, top, name_fp(holds_[top].block_hash), shrink);
-  }
-
-  // As above, with `top_fp` the name fingerprint of `top`'s block hash (a
-  // removal has it from its lookup).
-  std::size_t remove_subtree_fp(std::uint32_t slot, std::uint32_t top, std::uint32_t top_fp,
-                                bool shrink = true) noexcept {
-    return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
-      release_hold(slot, h, is_top ? top_fp : name_fp(holds_[h].block_hash), shrink);
-    });
-  }
-
-  [[nodiscard]] static constexpr std::uint32_t name_fp(std::uint64_t block_hash) noexcept {
-    return detail::kv_name_fingerprint(block_hash);
-  }
-
-  // The hold of `s` named `block_hash`, or kv_npos.
-  [[nodiscard]] std::uint32_t find_name(const Slot& s, std::uint64_t block_hash) const noexcept {
-    return s.names.find(name_fp(block_hash),
-                        [&](std::uint32_t h) { return holds_[h].block_hash == block_hash; });
-  }
-
-  // Releases a childless hold of `slot`: its name, its holder bit, and the
-  // node when no worker holds it any more. `fp`: name_fp of its block hash.
-  // Always inlined: it runs once per removed block. `name_slot`: where the
-  // name table had the name (a hint, checked; out of range when unknown).
-  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
-                                           bool shrink = true,
-                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
-    release_hold(slot, h, holds_[h], fp, shrink, name_slot);
-  }
-
-  // As above, with `x` the element of hold `h` (a caller that has it saves
-  // the page-table step).
-  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, detail::KvHold& x,
-                                           std::uint32_t fp, bool shrink = true,
-                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
-    Slot& s = workers_[slot];
-    s.names.erase_hint(name_slot, fp, h, shrink);
-    --s.blocks;
-    if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
-    holds_.release(h, x);
-  }
-
-  void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }
-
   KvIndexOptions options_;
-  detail::KvTree tree_;                      // nodes, holder sets, edges
-  detail::KvHoldStore holds_;                // (worker, block) pairs, as per-worker trees
-  detail::KvWorkerSlots<KvWorker> workers_;  // cursors, names, hold roots
-  KvIndexCounters counters_;
-  detail::KvOrphans orphans_;  // blocks stored under parents unknown to their worker
+  State state_;
 };
 
 }  // namespace promptcache
