@@ -47,6 +47,7 @@
 #include "promptcache/detail/kv_index_orphans.hpp"
 #include "promptcache/detail/kv_index_remove.hpp"
 #include "promptcache/detail/kv_index_state.hpp"
+#include "promptcache/detail/kv_index_store.hpp"
 #include "promptcache/detail/kv_index_table.hpp"
 #include "promptcache/detail/kv_index_tree.hpp"
 #include "promptcache/detail/kv_index_workers.hpp"
@@ -310,13 +311,13 @@ class KvIndex {
       finish(slot, event_id, r);
       return r;
     }
-    const TableLoads before = pick_table_load(slot, blocks.size());
+    const Store::TableLoads before = Store::pick_table_load(state_, slot, blocks.size());
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, parent_hash, blocks, r.view_reset);
+      Store::reserve_for_store(state_, slot, parent_hash, blocks, r.view_reset);
     } catch (...) {
-      restore_table_load(slot, before);
+      Store::restore_table_load(state_, slot, before);
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
     }
@@ -325,7 +326,7 @@ class KvIndex {
     if (r.view_reset)
       r.blocks_cascaded +=
           Remove::clear_slot(state_, slot, false) + state_.orphans.erase_slot(slot);
-    r.status = store_blocks(slot, parent_hash, blocks, r);
+    r.status = Store::store_blocks(state_, slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
       state_.tree.shrink_to_fit_live();
       state_.workers[slot].names.shrink_to_load();
@@ -343,7 +344,7 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    pick_table_load(slot);
+    Store::pick_table_load(state_, slot);
     if (r.view_reset)
       r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
     Remove::remove_blocks(state_, slot, block_hashes, r);
@@ -374,7 +375,7 @@ class KvIndex {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
     const detail::KvTableLoad edges_before = state_.tree.edge_load();
-    pick_table_load(tmp);
+    Store::pick_table_load(state_, tmp);
     // A failed dump leaves the index as it was: the view built aside, the edge
     // table's load policy and the holder sets' width.
     const auto abandon = [&]() noexcept {
@@ -391,9 +392,9 @@ class KvIndex {
             store_orphans(tmp, *s->parent_hash, s->blocks, r, false);
             st = r.status;
           } else {
-            pick_table_load(tmp, s->blocks.size());
-            reserve_for_store(tmp, s->parent_hash, s->blocks, false);
-            st = store_blocks(tmp, s->parent_hash, s->blocks, r);
+            Store::pick_table_load(state_, tmp, s->blocks.size());
+            Store::reserve_for_store(state_, tmp, s->parent_hash, s->blocks, false);
+            st = Store::store_blocks(state_, tmp, s->parent_hash, s->blocks, r);
             if (st == KvEventStatus::applied) promote(tmp, s->blocks);
           }
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
@@ -860,48 +861,7 @@ class KvIndex {
   using State = detail::KvIndexState<Types>;
   using Slot = State::Slot;
   using Remove = detail::KvRemovePath<Types>;
-
-  // Below this many (worker, block) pairs the edge and name tables run at
-  // load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
-  // shorter runs, and most probes end at their home slot (fewer mispredicted
-  // loop exits), while the extra bytes are few (a table keeps roomy slots
-  // only until its next resize, at most 16 per entry it then held). The
-  // threshold bounds a roomy table at about 32 MiB (8 slots of 8 bytes per
-  // entry after its last doubling).
-  // From this many on they run compact, so large indexes keep their size;
-  // between half of it and it each table keeps the policy it has, so an
-  // index hovering at the threshold does not resize back and forth.
-  static constexpr std::size_t compact_tables_from = std::size_t{1} << 19U;
-
-  struct TableLoads {
-    detail::KvTableLoad names;
-    detail::KvTableLoad edges;
-  };
-
-  // Sets the load policy of `slot`'s name table and of the edge table from
-  // the number of live pairs plus the `incoming` blocks the event may add (see
-  // compact_tables_from): a table grows only while reserving for an event, so
-  // one large event (or dump) grows it compact once it would cross the
-  // threshold. Returns the policies before, for restore_table_load. O(1).
-  TableLoads pick_table_load(std::uint32_t slot, std::size_t incoming = 0) noexcept {
-    const TableLoads before{state_.workers[slot].names.load(), state_.tree.edge_load()};
-    const std::size_t pairs = state_.holds.live() + incoming;
-    if (pairs >= compact_tables_from) {
-      state_.workers[slot].names.set_load(detail::KvTableLoad::compact);
-      state_.tree.set_edge_load(detail::KvTableLoad::compact);
-    } else if (pairs < compact_tables_from / 2U) {
-      state_.workers[slot].names.set_load(detail::KvTableLoad::roomy);
-      state_.tree.set_edge_load(detail::KvTableLoad::roomy);
-    }
-    return before;
-  }
-
-  // Undoes pick_table_load when the event fails, so a failed event leaves
-  // even the growth policy as it was. O(1).
-  void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
-    state_.workers[slot].names.set_load(before.names);
-    state_.tree.set_edge_load(before.edges);
-  }
+  using Store = detail::KvStorePath<Types>;
 
   // Sizes `out` for the matches of a word-form query whose first node has
   // the holder word `first` and returns where they start. By the subset rule
@@ -936,101 +896,6 @@ class KvIndex {
       bits &= bits - 1U;
     } while (bits != 0U);
     next = at;
-  }
-
-  // Makes the mutation phase of a store allocation-free, so std::bad_alloc
-  // (or std::length_error) can only come before anything changed, without
-  // growing anything for blocks the store will not add. `reset`: a gap's
-  // reset drops the slot's view first (a no-shrink clear_slot, so what it
-  // frees stays as capacity).
-  void reserve_for_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                         std::span<const KvBlock> blocks, bool reset) {
-    const std::size_t n = blocks.size();
-    const std::size_t freed = reset ? state_.workers[slot].blocks : 0U;
-    const std::size_t own = n > freed ? n - freed : 0U;
-    // Room for every block as a new node, holder and hold is usually at
-    // hand (free lists, the last page, table headroom): then nothing grows
-    // and the tree need not be walked twice.
-    auto& names = state_.workers[slot].names;
-    if (state_.tree.fits(n) && state_.holds.fits_extra(own) && names.fits_extra(own)) return;
-    // Otherwise the store reserves only what it can add, so an idempotent
-    // re-store grows nothing (unless pick_table_load switched the tables to the
-    // roomy load: it counts every block of the event) and new nodes take no
-    // holder-set room.
-    const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
-    state_.tree.reserve_exact(need.nodes, need.holder_units);
-    // After a reset a chained event finds no parent: it adds nothing.
-    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
-    state_.holds.reserve_extra(holds);
-    names.reserve_extra(holds);
-  }
-
-  // What a store can add: new nodes, new holds (and names), and the
-  // holder-set room of the existing nodes that gain a holder.
-  struct StoreNeed {
-    std::size_t nodes = 0;
-    std::size_t holds = 0;
-    std::size_t holder_units = 0;
-  };
-
-  // The read-only walk of a store (see reserve_for_store): the chain's levels
-  // that exist already need no node, those `slot` holds no hold either, and
-  // a holder joining an existing node's set may need the block that set
-  // moves to (none while it fits in the holder word).
-  // With `reset` the slot's view is counted as dropped: its holds, and the
-  // nodes only it holds, are gone. Upper bounds: a conflict adds less.
-  // O(blocks) expected.
-  [[nodiscard]] StoreNeed store_need(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                                     std::span<const KvBlock> blocks, bool reset) const noexcept {
-    StoreNeed need;
-    std::uint32_t cur_node = 0;
-    if (parent_hash) {
-      // After a reset the slot holds nothing, so the parent is not found.
-      const std::uint32_t h =
-          reset ? detail::kv_npos : state_.find_name(state_.workers[slot], *parent_hash);
-      if (h == detail::kv_npos) return need;  // parent_not_found: adds nothing
-      cur_node = state_.holds[h].node;
-    }
-    const detail::KvNodeStore& nodes = state_.tree.nodes();
-    constexpr std::size_t chunk = 64;
-    std::uint64_t paths[chunk];
-    std::uint32_t found[chunk];
-    std::uint32_t counts[chunk];
-    std::uint64_t path = nodes.path_hash(cur_node);
-    std::size_t existing = 0;  // leading levels whose node exists (after a reset)
-    std::size_t held = 0;      // leading levels the slot holds (a holder holds the parent)
-    bool holding = true;       // no level the slot does not hold seen yet
-    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, blocks.size() - base);
-      // No edge prefetches: a chain stored in order is followed row by row,
-      // and the walk batches its table probes after a miss.
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
-        paths[j] = path;
-      }
-      const std::size_t walked = state_.tree.walk(paths, m, cur_node, found, counts);
-      for (std::size_t j = 0; j < walked; ++j) {
-        const bool mine = holding && nodes.test(found[j], slot);
-        holding = mine;
-        const std::uint32_t others = counts[j] - (mine ? 1U : 0U);
-        if (reset) {
-          // Only the slot holds it: the reset frees it, and every node below.
-          if (others == 0U) {
-            need.nodes = blocks.size() - existing;
-            return need;
-          }
-        } else if (mine) {
-          ++held;
-        }
-        ++existing;
-        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
-      }
-      if (walked < m) break;
-      cur_node = found[m - 1U];
-    }
-    need.nodes = blocks.size() - existing;
-    need.holds = blocks.size() - held;
-    return need;
   }
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
@@ -1144,89 +1009,6 @@ class KvIndex {
       case KvEventStatus::gap:
         break;
     }
-  }
-
-  // Stores the chain (capacity reserved by reserve_for_store). On a conflict
-  // every hold it added is undone, so the tree is unchanged.
-  KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                             std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
-    auto& names = state_.workers[slot].names;
-    std::uint32_t cur_hold = state_.workers[slot].sentinel;
-    if (parent_hash) {
-      cur_hold = state_.find_name(state_.workers[slot], *parent_hash);
-      if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
-    }
-    // The chain's last hold, kept at hand: the next new hold links under it.
-    detail::KvHold* cur = &state_.holds[cur_hold];
-    std::uint32_t cur_node = cur->node;
-    std::size_t added = 0;
-    // Path hashes follow from the tokens hashes alone, so the probes of a whole
-    // chunk are issued up front and their cache misses overlap.
-    constexpr std::size_t chunk = 64;
-    std::uint64_t paths[chunk];
-    std::uint32_t name_fps[chunk];
-    std::uint32_t found[chunk];
-    std::uint64_t path = state_.tree.nodes().path_hash(cur_node);
-    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, blocks.size() - base);
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
-        paths[j] = path;
-        state_.tree.prefetch_edge(path);
-        name_fps[j] = detail::kv_name_fingerprint(blocks[base + j].block_hash);
-        names.prefetch(name_fps[j]);
-      }
-      // Nodes that already exist (a prefix other workers hold) are found in a
-      // first pass so that their rows are on the way before they are written.
-      const std::size_t walked = state_.tree.walk(paths, m, cur_node, found);
-      for (std::size_t j = 0; j < m; ++j) {
-        const KvBlock& b = blocks[base + j];
-        // Past the walk the parent is new (or the walk's first miss), so the
-        // node cannot exist yet.
-        std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
-        bool fresh_node = false;
-        if (child == detail::kv_npos) {  // a new node, held by this slot from the start
-          child = state_.tree.add_held_child(paths[j], cur_node, slot);
-          fresh_node = true;
-        }
-        // One probe serves both the lookup and the insert (room is reserved).
-        const auto name = names.probe(name_fps[j], [&](std::uint32_t h) {
-          return state_.holds[h].block_hash == b.block_hash;
-        });
-        if (name.value != detail::kv_npos) {
-          detail::KvHold& held = state_.holds[name.value];
-          if (held.node == child) {  // re-store of a held block (never on a new node)
-            ++r.blocks_already_held;
-            cur_hold = name.value;
-            cur = &held;
-            cur_node = child;
-            continue;
-          }
-        } else if (fresh_node || state_.tree.nodes().add_holder(child, slot)) {
-          const auto h = state_.holds.allocate_child(b.block_hash, child, cur_hold, *cur);
-          names.insert_at(name, name_fps[j], h.index);
-          ++added;
-          cur_hold = h.index;
-          cur = h.hold;
-          cur_node = child;
-          continue;
-        }
-        // Conflict: the name is held elsewhere, or the position under another name.
-        if (fresh_node) {
-          (void)state_.tree.nodes().reset_bit(child, slot);
-          Remove::free_node(state_, child);
-        }
-        state_.workers[slot].blocks += added;  // undo_chain takes them off again
-        undo_chain(slot, cur_hold, added);
-        r.blocks_already_held = 0;
-        return KvEventStatus::block_conflict;
-      }
-    }
-    // Counted once here: the per-block stores into holds and rows could alias
-    // the worker's counter and would make the compiler reload it each block.
-    state_.workers[slot].blocks += added;
-    r.blocks_stored = added;
-    return KvEventStatus::applied;
   }
 
   // True when a Stored event takes the orphan path: orphans are kept, it has
@@ -1424,9 +1206,10 @@ class KvIndex {
       work.reserve(work.size() + path.size() + order.size());
       const auto place = [&](std::optional<std::uint64_t> parent, std::span<const KvBlock> blocks) {
         KvEventResult one;
-        pick_table_load(slot, blocks.size());
-        reserve_for_store(slot, parent, blocks, false);
-        if (store_blocks(slot, parent, blocks, one) != KvEventStatus::applied) return false;
+        Store::pick_table_load(state_, slot, blocks.size());
+        Store::reserve_for_store(state_, slot, parent, blocks, false);
+        if (Store::store_blocks(state_, slot, parent, blocks, one) != KvEventStatus::applied)
+          return false;
         // The new holds are the chain's last ones (a holder holds the parent).
         for (std::size_t i = blocks.size() - one.blocks_stored; i < blocks.size(); ++i)
           added.push_back(blocks[i].block_hash);
@@ -1471,17 +1254,6 @@ class KvIndex {
       --r.blocks_not_held;
       ++r.blocks_removed;
       r.blocks_cascaded += n - 1U;
-    }
-  }
-
-  // Undoes the `added` holds of a store. After the first new hold every later
-  // one is new too (a worker holding a node holds its parent), so they form a
-  // chain ending at `h`.
-  void undo_chain(std::uint32_t slot, std::uint32_t h, std::size_t added) noexcept {
-    for (std::size_t i = 0; i < added; ++i) {
-      const std::uint32_t parent = state_.holds.parent(h);  // O(1): a new hold is a first child
-      Remove::release_hold(state_, slot, h, State::name_fp(state_.holds[h].block_hash));
-      h = parent;
     }
   }
 
