@@ -19,6 +19,17 @@
 //
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
+//
+// The class below is the policy (admission and cursors, which path an event
+// takes, the exception-safety steps, replace_worker / dump, invariants); the
+// mechanisms are named parts in detail/, over one shared state:
+//   kv_index_state.hpp   the state: tree, holds, worker slots, counters, orphans
+//   kv_index_store.hpp   the store path: table loads, reservation, storing a chain
+//   kv_index_remove.hpp  the remove path: removed blocks, cascades, a worker's view
+//   kv_index_match.hpp   the match path: find_matches' walk and its matches
+//   kv_index_grafts.hpp  orphan chains: orphan stores and removals, settling, grafts
+// and the structures under them (kv_index_tree.hpp, kv_index_holds.hpp,
+// kv_index_workers.hpp, kv_index_orphans.hpp and the tables they use).
 #pragma once
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
@@ -28,11 +39,8 @@
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
-#include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -42,6 +50,7 @@
 #include <vector>
 
 #include "promptcache/cursor.hpp"
+#include "promptcache/detail/kv_index_grafts.hpp"
 #include "promptcache/detail/kv_index_holders.hpp"
 #include "promptcache/detail/kv_index_holds.hpp"
 #include "promptcache/detail/kv_index_match.hpp"
@@ -303,12 +312,13 @@ class KvIndex {
     if (!admit(slot, event_id, r)) return r;
     if (orphan_store(slot, parent_hash, blocks, r.view_reset)) {
       try {
-        store_orphans(slot, *parent_hash, blocks, r, r.view_reset);
+        Grafts::store_orphans(state_, slot, *parent_hash, blocks, r, r.view_reset);
       } catch (...) {
         if (created) remove_worker(worker);  // a new worker's first event did not apply
         throw;
       }
-      if (r.status == KvEventStatus::applied) settle_anchor_of(slot, *parent_hash, r);
+      if (r.status == KvEventStatus::applied)
+        Grafts::settle_anchor_of(state_, slot, *parent_hash, r);
       finish(slot, event_id, r);
       return r;
     }
@@ -333,7 +343,7 @@ class KvIndex {
       state_.workers[slot].names.shrink_to_load();
     }
     if (r.status == KvEventStatus::applied && !state_.orphans.empty())
-      settle_stored(slot, blocks, r);
+      Grafts::settle_stored(state_, slot, blocks, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -349,7 +359,7 @@ class KvIndex {
     if (r.view_reset)
       r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
     Remove::remove_blocks(state_, slot, block_hashes, r);
-    if (!state_.orphans.empty()) remove_orphans(slot, block_hashes, r);
+    if (!state_.orphans.empty()) Grafts::remove_orphans(state_, slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -390,17 +400,17 @@ class KvIndex {
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
           if (orphan_store(tmp, s->parent_hash, s->blocks, false)) {
-            store_orphans(tmp, *s->parent_hash, s->blocks, r, false);
+            Grafts::store_orphans(state_, tmp, *s->parent_hash, s->blocks, r, false);
             st = r.status;
           } else {
             Store::pick_table_load(state_, tmp, s->blocks.size());
             Store::reserve_for_store(state_, tmp, s->parent_hash, s->blocks, false);
             st = Store::store_blocks(state_, tmp, s->parent_hash, s->blocks, r);
-            if (st == KvEventStatus::applied) promote(tmp, s->blocks);
+            if (st == KvEventStatus::applied) Grafts::promote(state_, tmp, s->blocks);
           }
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
           Remove::remove_blocks(state_, tmp, rm->block_hashes, r);
-          remove_orphans(tmp, rm->block_hashes, r);
+          Grafts::remove_orphans(state_, tmp, rm->block_hashes, r);
         } else {
           Remove::clear_slot(state_, tmp);
           state_.orphans.erase_slot(tmp);
@@ -430,7 +440,7 @@ class KvIndex {
     trim_masks();
     // Grafts wait until the view is in place: a failed dump must not have
     // changed other workers. They are best effort (see settle).
-    if (!state_.orphans.empty()) settle_replaced(slot, dump);
+    if (!state_.orphans.empty()) Grafts::settle_replaced(state_, slot, dump);
     res.ok = true;
     res.blocks = state_.workers[slot].blocks;
     return res;
@@ -557,29 +567,7 @@ class KvIndex {
   /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
   std::size_t graft_along(std::span<const std::uint64_t> tokens_hashes,
                           std::span<const std::uint64_t> block_names) noexcept {
-    if (state_.orphans.empty()) return 0;
-    KvEventResult r;
-    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
-    std::vector<KvBlock> path;
-    std::vector<std::uint32_t> slots;
-    std::vector<std::uint64_t> work;
-    try {
-      path.reserve(n);
-      for (std::size_t i = 0; i < n && !state_.orphans.empty(); ++i) {
-        path.push_back(KvBlock{block_names[i], tokens_hashes[i]});
-        slots.clear();
-        state_.orphans.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) &&
-              state_.orphans.find(s, block_names[i]) == nullptr)
-            slots.push_back(s);
-        });
-        for (const std::uint32_t s : slots)
-          graft_path(s, block_names[i], path, work, r);
-      }
-    } catch (...) {
-    }
-    settle(work, r);  // chains anchored at what the grafts placed
-    return r.blocks_grafted;
+    return Grafts::graft_along(state_, tokens_hashes, block_names);
   }
 
   /// Orphan blocks of `worker`: blocks it stored under a parent not (yet)
@@ -748,6 +736,7 @@ class KvIndex {
   using Remove = detail::KvRemovePath<Types>;
   using Store = detail::KvStorePath<Types>;
   using Matches = detail::KvMatchPath<Types>;
+  using Grafts = detail::KvGraftPath<Types>;
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
   // `created` says which. Strong guarantee.
@@ -870,242 +859,6 @@ class KvIndex {
         blocks.empty())
       return false;
     return reset || state_.find_name(state_.workers[slot], *parent_hash) == detail::kv_npos;
-  }
-
-  // Keeps a chain under `parent` (not placed for `slot`) as orphans: it
-  // extends the orphan `parent`, or starts a chain anchored at it. Conflicts
-  // as in the tree: a name placed for the slot, an orphan name under another
-  // parent or with another tokens hash, a name twice, or the chain's anchor
-  // itself (a cycle). Everything that allocates happens before anything
-  // changes (the insertions are staged), so on std::bad_alloc nothing did;
-  // `reset` drops the slot's view once nothing can fail.
-  void store_orphans(std::uint32_t slot, std::uint64_t parent, std::span<const KvBlock> blocks,
-                     KvEventResult& r, bool reset) {
-    std::uint64_t anchor = parent;  // the chain's first parent that is not an orphan
-    if (!reset)
-      while (const detail::KvOrphanBlock* o = state_.orphans.find(slot, anchor))
-        anchor = o->parent;
-    detail::KvOrphans::Stage stage;
-    bool conflict = false;
-    std::size_t already = 0;
-    std::uint64_t up = parent;
-    for (const KvBlock& b : blocks) {
-      const detail::KvOrphanBlock* o = reset ? nullptr : state_.orphans.find(slot, b.block_hash);
-      if (b.block_hash == anchor ||
-          (!reset && state_.find_name(state_.workers[slot], b.block_hash) != detail::kv_npos) ||
-          stage.blocks.count({slot, b.block_hash}) != 0U ||
-          (o != nullptr && (o->parent != up || o->tokens_hash != b.tokens_hash))) {
-        conflict = true;
-        break;
-      }
-      if (o != nullptr)
-        ++already;
-      else
-        stage.add(slot, b.block_hash, detail::KvOrphanBlock{b.tokens_hash, up});
-      up = b.block_hash;
-    }
-    if (reset)
-      r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
-    if (conflict) {
-      r.status = KvEventStatus::block_conflict;
-      return;
-    }
-    r.blocks_orphaned = stage.blocks.size();
-    r.blocks_already_held = already;
-    state_.orphans.commit(stage);
-    r.status = KvEventStatus::applied;
-  }
-
-  // Orphans of `slot` that a normal store just placed become ordinary holds:
-  // their orphan entries go, and their orphan children are left anchored at
-  // them (placed now), for settle to graft. Never allocates.
-  void promote(std::uint32_t slot, std::span<const KvBlock> blocks) noexcept {
-    for (const KvBlock& b : blocks)
-      (void)state_.orphans.erase_one(slot, b.block_hash);
-  }
-
-  // After an applied normal store of `slot`: promotes its placed orphans and
-  // grafts every chain anchored at a name the store placed.
-  void settle_stored(std::uint32_t slot, std::span<const KvBlock> blocks,
-                     KvEventResult& r) noexcept {
-    promote(slot, blocks);
-    std::vector<std::uint64_t> names;
-    try {
-      names.reserve(blocks.size());
-      for (const KvBlock& b : blocks)
-        names.push_back(b.block_hash);
-    } catch (...) {
-      return;  // best effort, as every graft
-    }
-    settle(names, r);
-  }
-
-  // After an orphan store of `slot` under `parent`: grafts the chain if its
-  // anchor is placed by some worker.
-  void settle_anchor_of(std::uint32_t slot, std::uint64_t parent, KvEventResult& r) noexcept {
-    std::uint64_t anchor = parent;
-    while (const detail::KvOrphanBlock* o = state_.orphans.find(slot, anchor))
-      anchor = o->parent;
-    std::vector<std::uint64_t> names;
-    try {
-      names.push_back(anchor);
-    } catch (...) {
-      return;
-    }
-    settle(names, r);
-  }
-
-  // After a successful replace_worker of `slot`: grafts chains anchored at
-  // the dump's names (of other workers too), and the slot's own chains.
-  void settle_replaced(std::uint32_t slot, std::span<const KvEvent> dump) noexcept {
-    KvEventResult r;
-    std::vector<std::uint64_t> names;
-    try {
-      for (const KvEvent& e : dump)
-        if (const auto* s = std::get_if<kv_event::Stored>(&e.data))
-          for (const KvBlock& b : s->blocks)
-            if (state_.find_name(state_.workers[slot], b.block_hash) != detail::kv_npos)
-              names.push_back(b.block_hash);
-      state_.orphans.for_each_of(slot, [&](std::uint64_t, const detail::KvOrphanBlock& b) {
-        if (state_.orphans.find(slot, b.parent) == nullptr) names.push_back(b.parent);
-      });
-    } catch (...) {
-      return;
-    }
-    settle(names, r);
-  }
-
-  // Grafts, for every name in the worklist that some worker has placed, the
-  // orphan chains anchored at it (in slots that do not hold it as an orphan),
-  // and goes on with the names the grafts place. Best effort: a graft that
-  // fails (an allocation, or a conflict with the slot's holds) is undone
-  // whole and its chain stays an orphan chain, still routable by name; it is
-  // tried again when its anchor is next placed. Never throws.
-  void settle(std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
-    std::vector<std::uint32_t> slots;
-    while (!work.empty() && !state_.orphans.empty()) {
-      const std::uint64_t anchor = work.back();
-      work.pop_back();
-      slots.clear();
-      try {
-        state_.orphans.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) && state_.orphans.find(s, anchor) == nullptr)
-            slots.push_back(s);
-        });
-      } catch (...) {
-        continue;
-      }
-      if (slots.empty()) continue;
-      // Any worker that placed the name: equal names mean equal prefixes.
-      std::uint32_t donor = detail::kv_npos;
-      std::uint32_t donor_hold = detail::kv_npos;
-      for (std::uint32_t d = 0; d < state_.workers.size() && donor == detail::kv_npos; ++d) {
-        if (!state_.workers[d].live) continue;
-        const std::uint32_t h = state_.find_name(state_.workers[d], anchor);
-        if (h != detail::kv_npos) {
-          donor = d;
-          donor_hold = h;
-        }
-      }
-      if (donor == detail::kv_npos) continue;
-      for (const std::uint32_t s : slots)
-        graft(s, anchor, donor, donor_hold, work, r);
-    }
-  }
-
-  // Places the orphan chains of `slot` anchored at `anchor` under the node
-  // that `donor` holds as `donor_hold`: first the path from the root to that
-  // node (the blocks the chain implies, named as the donor names them), then
-  // the orphans in pre-order. Newly placed names join `work`.
-  void graft(std::uint32_t slot, std::uint64_t anchor, std::uint32_t donor,
-             std::uint32_t donor_hold, std::vector<std::uint64_t>& work,
-             KvEventResult& r) noexcept {
-    std::vector<KvBlock> path;
-    try {
-      if (state_.find_name(state_.workers[slot], anchor) == detail::kv_npos) {
-        for (std::uint32_t h = donor_hold; h != state_.workers[donor].sentinel;
-             h = state_.holds.parent(h))
-          path.push_back(KvBlock{state_.holds[h].block_hash,
-                                 state_.tree.nodes().tokens_hash(state_.holds[h].node)});
-        std::reverse(path.begin(), path.end());
-      }
-    } catch (...) {
-      return;
-    }
-    graft_path(slot, anchor, path, work, r);
-  }
-
-  // As graft, with `path` the blocks from the root to the anchor (its last
-  // block), or empty when the slot has the anchor in its tree.
-  void graft_path(std::uint32_t slot, std::uint64_t anchor, std::span<const KvBlock> path,
-                  std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
-    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
-    try {
-      // The orphans, parents before children.
-      std::vector<std::pair<std::uint64_t, KvBlock>> order;  // (parent name, block)
-      std::vector<std::uint64_t> stack = state_.orphans.children(slot, anchor);
-      const std::vector<std::uint64_t> roots = stack;
-      while (!stack.empty()) {
-        const std::uint64_t name = stack.back();
-        stack.pop_back();
-        const detail::KvOrphanBlock* o = state_.orphans.find(slot, name);
-        order.emplace_back(o->parent, KvBlock{name, o->tokens_hash});
-        const std::vector<std::uint64_t> kids = state_.orphans.children(slot, name);
-        stack.insert(stack.end(), kids.begin(), kids.end());
-      }
-      added.reserve(path.size() + order.size());
-      work.reserve(work.size() + path.size() + order.size());
-      const auto place = [&](std::optional<std::uint64_t> parent, std::span<const KvBlock> blocks) {
-        KvEventResult one;
-        Store::pick_table_load(state_, slot, blocks.size());
-        Store::reserve_for_store(state_, slot, parent, blocks, false);
-        if (Store::store_blocks(state_, slot, parent, blocks, one) != KvEventStatus::applied)
-          return false;
-        // The new holds are the chain's last ones (a holder holds the parent).
-        for (std::size_t i = blocks.size() - one.blocks_stored; i < blocks.size(); ++i)
-          added.push_back(blocks[i].block_hash);
-        return true;
-      };
-      bool ok = state_.find_name(state_.workers[slot], anchor) != detail::kv_npos ||
-                (!path.empty() && place(std::nullopt, path));
-      for (std::size_t i = 0; ok && i < order.size(); ++i)
-        ok = place(order[i].first, std::span<const KvBlock>(&order[i].second, 1));
-      if (!ok) {
-        undo_graft(slot, added);
-        return;
-      }
-      for (const std::uint64_t root : roots)
-        (void)state_.orphans.erase_subtree(slot, root);
-      // The implied path may pass orphans of other chains of the slot: they
-      // are placed now (their children stay, anchored at them).
-      for (const std::uint64_t name : added)
-        (void)state_.orphans.erase_one(slot, name);
-      work.insert(work.end(), added.begin(), added.end());  // capacity reserved
-      r.blocks_grafted += added.size();
-      ++state_.counters.grafts;
-    } catch (...) {
-      undo_graft(slot, added);
-    }
-  }
-
-  // Removes the holds a failed graft added (removal never allocates).
-  void undo_graft(std::uint32_t slot, std::span<const std::uint64_t> added) noexcept {
-    KvEventResult ignored;
-    Remove::remove_blocks(state_, slot, added, ignored);
-  }
-
-  // The orphan part of a Removed event: a named orphan goes with its orphan
-  // descendants (as a tree removal cascades), and is counted as removed
-  // rather than not held.
-  void remove_orphans(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
-                      KvEventResult& r) noexcept {
-    for (const std::uint64_t name : block_hashes) {
-      const std::size_t n = state_.orphans.erase_subtree(slot, name);
-      if (n == 0U) continue;
-      --r.blocks_not_held;
-      ++r.blocks_removed;
-      r.blocks_cascaded += n - 1U;
-    }
   }
 
   KvIndexOptions options_;
