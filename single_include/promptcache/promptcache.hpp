@@ -243,6 +243,17 @@ class CursorState {
 //
 // Not thread-safe for writers; const member functions may run concurrently
 // with each other (find_matches keeps its scratch space on the stack).
+//
+// The class below is the policy (admission and cursors, which path an event
+// takes, the exception-safety steps, replace_worker / dump, invariants); the
+// mechanisms are named parts in detail/, over one shared state:
+//   kv_index_state.hpp   the state: tree, holds, worker slots, counters, orphans
+//   kv_index_store.hpp   the store path: table loads, reservation, storing a chain
+//   kv_index_remove.hpp  the remove path: removed blocks, cascades, a worker's view
+//   kv_index_match.hpp   the match path: find_matches' walk and its matches
+//   kv_index_grafts.hpp  orphan chains: orphan stores and removals, settling, grafts
+// and the structures under them (kv_index_tree.hpp, kv_index_holds.hpp,
+// kv_index_workers.hpp, kv_index_orphans.hpp and the tables they use).
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
@@ -251,11 +262,8 @@ class CursorState {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
-#include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -264,30 +272,225 @@ class CursorState {
 #include <variant>
 #include <vector>
 
-// ---- begin promptcache/detail/kv_index_holders.hpp ----
-#ifndef PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
-#define PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
-// promptcache: detail/kv_index_holders.hpp
+// ---- begin promptcache/detail/kv_index_grafts.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_GRAFTS_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_GRAFTS_HPP
+// promptcache: detail/kv_index_grafts.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// The holder sets of kv_index.hpp: which worker slots hold a tree node. While
-// every slot is below 64, a node's 64-bit holder word is simply the bitset of
-// its holders (the word form): adding or dropping a holder is one bit, a set
-// difference one and-not. With more slots most blocks are still held by one
-// or two of them, so a set costs what it holds, not one bit per rank (the
-// sparse form): up to two holders live in the holder word; larger sets move to
-// an arena, as a sorted array of slot indices while that is smaller than a
-// bitset over every slot, else as that bitset (the sets of widely shared
-// prefixes, such as system prompts).
+// The orphan path of KvIndex: keeping a Stored event's chain as orphans of
+// its worker (under KvUnknownParent::keep_orphan), the orphan part of a
+// Removed event, and settling: grafting orphan chains into the tree once
+// their anchor (the parent name of a chain's first block) is placed by some
+// worker, after a store, an orphan store, a replace_worker, or along a
+// request's path (graft_along).
+//
+// Invariants: a worker never has one name both placed and orphaned (a store
+// that places an orphan promotes it; a graft erases what it placed). An
+// orphan store changes nothing until everything it allocates is staged, so it
+// gives the strong guarantee. A graft is best effort and never throws: it
+// places the implied path (the donor's names from the root to the anchor),
+// then the chain parents first, and one that fails (an allocation, or a
+// conflict with the worker's holds) is undone whole, its chain left an
+// orphan chain; removal never allocates, so the undo cannot fail.
 
 #include <algorithm>
-#include <array>
-#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin promptcache/detail/kv_index_remove.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_REMOVE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_REMOVE_HPP
+// promptcache: detail/kv_index_remove.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The remove path of KvIndex: a Removed event's blocks (a software pipeline
+// over chunks of names), cascading removal of a hold's subtree, dropping a
+// worker's whole view, and releasing one hold (its name, its holder bit, and
+// the node once no worker holds it).
+//
+// Invariants: removal never allocates, so it never throws and a freed hold is
+// not reused while an event is being removed (a name that an earlier name of
+// the same event cascaded away is seen as not held). Holds are released
+// leaves first, so a worker holding a node always holds its parent; with
+// `shrink` false the tables and pools keep their capacity, so room reserved
+// for a store that follows stays reserved.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+// ---- begin promptcache/detail/kv_index_state.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_STATE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_STATE_HPP
+// promptcache: detail/kv_index_state.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The state of one KvIndex, which every part of it (the store, remove and
+// match paths, orphan grafting) works on: the tree (nodes, holder sets,
+// edges), every worker's holds, the worker slots, the event counters and the
+// orphan blocks. The parts are stateless: they take the state by reference,
+// so a call through a part costs what a member function of the index did.
+//
+// Invariants (checked by KvIndex::check_invariants): a worker holding a node
+// holds its parent; a node's holder set is exactly the slots with a hold on
+// it; every hold but a slot's sentinel has its name in the slot's name table;
+// a slot never has one name both placed (held) and orphaned.
+
+#include <cstdint>
+#include <utility>
+
+// ---- begin promptcache/detail/kv_index_holds.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
+// promptcache: detail/kv_index_holds.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The holds of kv_index.hpp: one per (worker slot, node) pair, named by the
+// worker's block hash. A slot's holds form a tree of their own that mirrors
+// the part of the node tree the slot holds, so the work of a removal or a
+// clear is proportional to that worker's blocks, not to every block below a
+// shared node. Held in an index-addressed pool with a free list.
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+// ---- begin promptcache/detail/kv_index_pages.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+// promptcache: detail/kv_index_pages.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The paged arrays behind the node and hold pools of kv_index.hpp. A vector
+// that doubles its capacity leaves up to half of its bytes unused (and needs
+// old + new during each reallocation); with millions of rows that headroom
+// was a large part of the index's memory. Pages of a fixed number of elements
+// bound the unused part to one page, never move elements (so growing copies
+// nothing), and cost one extra load from a small, cache-resident page table
+// per access.
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// An append-only array of trivially copyable `T` in pages of 2^PageBits
+/// elements. Elements never move; capacity grows one page at a time.
+template <class T, unsigned PageBits = 12>
+class KvPagedArray {
+ public:
+  /// Elements per page.
+  static constexpr std::size_t page_size = std::size_t{1} << PageBits;
+
+  /// An empty array; owns no memory. O(1).
+  KvPagedArray() noexcept = default;
+  /// A deep copy (same capacity). O(size).
+  KvPagedArray(const KvPagedArray& other) : size_(0) {
+    pages_.reserve(other.pages_.size());
+    // Only the elements appended are copied: the rest of a page was never
+    // written (reading it would copy indeterminate values).
+    std::size_t left = other.size_;
+    for (const auto& p : other.pages_) {
+      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
+      const std::size_t n = std::min(left, page_size);
+      std::copy_n(p.get(), n, pages_.back().get());
+      left -= n;
+    }
+    size_ = other.size_;
+  }
+  /// Takes over `other`'s pages; `other` is left empty. O(1).
+  KvPagedArray(KvPagedArray&& other) noexcept
+      : pages_(std::move(other.pages_)), size_(std::exchange(other.size_, 0U)) {}
+  /// Copy-and-swap assignment (strong guarantee). O(size of both).
+  KvPagedArray& operator=(const KvPagedArray& other) {
+    if (this != &other) {
+      KvPagedArray copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  /// Takes over `other`'s pages; `other` is left empty. O(pages of this).
+  KvPagedArray& operator=(KvPagedArray&& other) noexcept {
+    if (this != &other) {
+      KvPagedArray taken(std::move(other));
+      swap(taken);
+    }
+    return *this;
+  }
+  ~KvPagedArray() = default;
+
+  /// Element `i` (below size()). O(1).
+  [[nodiscard]] T& operator[](std::size_t i) noexcept {
+    return pages_[i >> PageBits][i & (page_size - 1U)];
+  }
+  /// Element `i` (below size()). O(1).
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept {
+    return pages_[i >> PageBits][i & (page_size - 1U)];
+  }
+
+  /// Elements appended. O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True when nothing was appended. O(1).
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0U; }
+  /// Elements that fit without allocating (whole pages). O(1).
+  [[nodiscard]] std::size_t capacity() const noexcept { return pages_.size() * page_size; }
+
+  /// Allocates pages until `n` elements fit, so the next push_back calls up
+  /// to that size cannot throw. On std::bad_alloc the contents are unchanged
+  /// (pages already added stay as capacity). O(new pages).
+  void reserve(std::size_t n) {
+    if (n <= capacity()) return;
+    const std::size_t pages = (n + page_size - 1U) >> PageBits;
+    pages_.reserve(pages);
+    while (pages_.size() < pages)
+      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
+  }
+
+  /// Appends `v`; allocates a page when the last one is full. Amortized O(1).
+  void push_back(const T& v) {
+    if (size_ == capacity()) reserve(size_ + 1U);
+    (*this)[size_] = v;
+    ++size_;
+  }
+
+  /// Drops every element and releases every page. O(pages).
+  void clear() noexcept {
+    std::vector<std::unique_ptr<T[]>>().swap(pages_);
+    size_ = 0;
+  }
+
+  /// Bytes held: the pages and the page table. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return pages_.size() * page_size * sizeof(T) + pages_.capacity() * sizeof(std::unique_ptr<T[]>);
+  }
+
+  /// Exchanges the contents with `other`. O(1).
+  void swap(KvPagedArray& other) noexcept {
+    pages_.swap(other.pages_);
+    std::swap(size_, other.size_);
+  }
+
+ private:
+  std::vector<std::unique_ptr<T[]>> pages_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
+// ---- end promptcache/detail/kv_index_pages.hpp ----
 // ---- begin promptcache/detail/kv_index_table.hpp ----
 #ifndef PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 #define PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
@@ -561,756 +764,6 @@ class KvPackedTable {
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_DETAIL_KV_INDEX_TABLE_HPP
 // ---- end promptcache/detail/kv_index_table.hpp ----
-
-namespace promptcache::detail {
-
-/// Arena of spilled holder sets, and the operations on a node's holder word.
-/// In the word form (every slot below 64; how a set starts) the word is the
-/// bitset of the holders and there is no arena. In the sparse form the caller
-/// keeps each set's size (the node's holder count): it selects the encoding
-/// of the word.
-///   count <= 2: the word holds the slots, smaller one in the low 32 bits
-///               (kv_npos for an absent one);
-///   count >= 3: the word is bits 0..39 offset of a block in the arena (in
-///               32-bit units), bits 40..47 its size class k (4 << k units),
-///               bit 48 set for a bitset (else a sorted array of `count` slots).
-/// Every bitset has the same width, a multiple of 128 slots covering every slot
-/// in use (set_width), so any slot can join a bitset without reallocating it.
-/// Freed blocks go to one free list per size class; the arena is released when
-/// no set is spilled (unless a caller asks to keep capacity).
-/// The form belongs to all sets at once: the owner of the words switches every
-/// one of them (begin_sparse + to_sparse, or to_word + end_word_form) when a
-/// slot of 64 or more appears or the last one goes.
-class KvHolderSets {
- public:
-  /// The holder word of a set with no holder (in either form).
-  static constexpr std::uint64_t empty_word = 0;
-  /// Largest set kept in the holder word itself in the sparse form.
-  static constexpr std::uint32_t inline_max = 2;
-  /// Slots the word form covers.
-  static constexpr std::uint32_t word_slots = 64;
-
-  /// A read-only view of one set, for iteration in ascending slot order.
-  /// Points into the arena: invalidated by any change to the sets.
-  class View {
-   public:
-    /// Calls f(slot) for every holder, ascending. O(size + bitset words).
-    template <class F>
-    void for_each(F&& f) const {
-      if (bits_ == nullptr) {
-        for (std::uint32_t i = 0; i < n_; ++i)
-          f(list_[i]);
-        return;
-      }
-      for (std::uint32_t w = 0; w < n_; ++w)
-        for (std::uint32_t b = bits_[w]; b != 0U; b &= b - 1U)
-          f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
-    }
-
-    /// True when `slot` is in the set. O(log size) or O(1) for a bitset.
-    [[nodiscard]] bool contains(std::uint32_t slot) const noexcept {
-      if (bits_ != nullptr)
-        return slot / 32U < n_ && ((bits_[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
-      return std::binary_search(list_, list_ + n_, slot);
-    }
-
-    /// Calls f(slot) for every holder of this set that `sub` lacks, ascending.
-    /// O(size of both + bitset words).
-    template <class F>
-    void for_each_missing(const View& sub, F&& f) const {
-      if (bits_ != nullptr && sub.bits_ != nullptr) {
-        for (std::uint32_t w = 0; w < n_; ++w) {
-          const std::uint32_t other = w < sub.n_ ? sub.bits_[w] : 0U;
-          for (std::uint32_t b = bits_[w] & ~other; b != 0U; b &= b - 1U)
-            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
-        }
-        return;
-      }
-      if (sub.bits_ != nullptr) {
-        for_each([&](std::uint32_t s) {
-          if (!sub.contains(s)) f(s);
-        });
-        return;
-      }
-      if (bits_ != nullptr) {  // a bitset less a sorted list: mask word by word
-        std::uint32_t j = 0;
-        for (std::uint32_t w = 0; w < n_; ++w) {
-          std::uint32_t b = bits_[w];
-          for (; j < sub.n_ && sub.list_[j] / 32U == w; ++j)
-            b &= ~(std::uint32_t{1} << (sub.list_[j] % 32U));
-          for (; b != 0U; b &= b - 1U)
-            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
-        }
-        return;
-      }
-      // `sub` is a sorted list: merge against it.
-      std::uint32_t j = 0;
-      for_each([&](std::uint32_t s) {
-        while (j < sub.n_ && sub.list_[j] < s)
-          ++j;
-        if (j == sub.n_ || sub.list_[j] != s) f(s);
-      });
-    }
-
-   private:
-    friend class KvHolderSets;
-    const std::uint32_t* list_ = nullptr;  // sorted slots (inline_ or an arena array)
-    const std::uint32_t* bits_ = nullptr;  // or the bitset words
-    std::uint32_t n_ = 0;                  // slots in list_, or words in bits_
-    std::uint32_t inline_[inline_max] = {};
-  };
-
-  /// Fills `v` with a view of the set (word, count). `v` must not be copied
-  /// while in use (it may point into itself). O(1).
-  void view(std::uint64_t word, std::uint32_t count, View& v) const noexcept {
-    if (word_form_) {  // the word as two 32-bit bitset words
-      v.inline_[0] = lo(word);
-      v.inline_[1] = hi(word);
-      v.list_ = nullptr;
-      v.bits_ = v.inline_;
-      v.n_ = 2;
-      return;
-    }
-    if (count <= inline_max) {
-      v.inline_[0] = lo(word);
-      v.inline_[1] = hi(word);
-      v.list_ = v.inline_;
-      v.bits_ = nullptr;
-      v.n_ = count;
-      return;
-    }
-    const std::uint32_t* p = block(word);
-    if (is_bitset(word)) {
-      v.list_ = nullptr;
-      v.bits_ = p;
-      v.n_ = bitset_units_;
-    } else {
-      v.list_ = p;
-      v.bits_ = nullptr;
-      v.n_ = count;
-    }
-  }
-
-  /// True when `slot` is in the set (word, count). O(log count).
-  [[nodiscard]] bool contains(std::uint64_t word, std::uint32_t count,
-                              std::uint32_t slot) const noexcept {
-    if (word_form_) return slot < word_slots && ((word >> slot) & 1U) != 0U;
-    if (count <= inline_max)
-      return (count > 0U && lo(word) == slot) || (count > 1U && hi(word) == slot);
-    const std::uint32_t* p = block(word);
-    if (is_bitset(word))
-      return slot / 32U < bitset_units_ && ((p[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
-    return std::binary_search(p, p + count, slot);
-  }
-
-  /// Adds `slot` (absent, below the width) to the set (word, count). Cannot
-  /// throw after reserve(n) for n such calls. O(count) for an array, else O(1).
-  void insert(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
-    if (word_form_) {
-      word |= std::uint64_t{1} << slot;
-      return;
-    }
-    if (count < inline_max) {
-      if (count == 0U)
-        word = pack(slot, kv_npos);
-      else
-        word = lo(word) < slot ? pack(lo(word), slot) : pack(slot, lo(word));
-      return;
-    }
-    if (count > inline_max && is_bitset(word)) {
-      block(word)[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
-      return;
-    }
-    insert_spilled(word, count, slot);
-  }
-
- private:
-  // insert() into a sorted array, or the spill of a full holder word.
-  void insert_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
-    if (count == inline_max) {
-      std::uint32_t three[3] = {lo(word), hi(word), slot};
-      std::sort(three, three + 3);
-      word = make_block(three, 3);
-      return;
-    }
-    std::uint32_t* p = block(word);
-    const std::uint32_t cap = units_of(word);
-    if (count < cap && !prefer_bitset(count + 1U)) {
-      std::uint32_t* at = std::upper_bound(p, p + count, slot);
-      std::copy_backward(at, p + count, p + count + 1);
-      *at = slot;
-      return;
-    }
-    // Full (or now denser than a bitset): move to the right block for count + 1.
-    const std::uint64_t old = word;
-    word = alloc_for(count + 1U);
-    std::uint32_t* q = block(word);
-    const std::uint32_t* src = block(old);  // the arena did not move (reserved)
-    if (is_bitset(word)) {
-      std::fill_n(q, bitset_units_, 0U);
-      for (std::uint32_t i = 0; i < count; ++i)
-        q[src[i] / 32U] |= std::uint32_t{1} << (src[i] % 32U);
-      q[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
-    } else {
-      const std::uint32_t* at = std::upper_bound(src, src + count, slot);
-      const auto before = static_cast<std::size_t>(at - src);
-      std::copy_n(src, before, q);
-      q[before] = slot;
-      std::copy(at, src + count, q + before + 1);
-    }
-    free_block(old);
-  }
-
- public:
-  /// Removes `slot` (present) from the set (word, count). Never allocates;
-  /// with `shrink` a set much smaller than its block moves to a smaller free
-  /// block when one is at hand, and an arena left without sets is released.
-  /// O(count + bitset words).
-  void erase(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
-             bool shrink = true) noexcept {
-    if (word_form_) {
-      word &= ~(std::uint64_t{1} << slot);
-      return;
-    }
-    if (count <= inline_max) {
-      word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
-      return;
-    }
-    // A bitset of the smallest class stays one whatever its size.
-    if (count > inline_max + 1U && is_bitset(word) && class_of(word) == 0U) {
-      block(word)[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
-      return;
-    }
-    erase_spilled(word, count, slot, shrink);
-  }
-
- private:
-  // erase() from a sorted array or a wide bitset, or back into the word.
-  void erase_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
-                     bool shrink) noexcept {
-    std::uint32_t* p = block(word);
-    if (count == inline_max + 1U) {  // back into the word
-      std::uint32_t keep[inline_max];
-      std::uint32_t k = 0;
-      View v;
-      view(word, count, v);
-      v.for_each([&](std::uint32_t s) {
-        if (s != slot && k < inline_max) keep[k++] = s;
-      });
-      free_block(word);
-      word = pack(keep[0], keep[1]);
-      if (shrink) release_if_empty();
-      return;
-    }
-    if (is_bitset(word)) {
-      p[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
-      // A bitset kept for a set that became sparse would cost per rank again.
-      if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
-      return;
-    }
-    std::uint32_t* at = std::lower_bound(p, p + count, slot);
-    std::copy(at + 1, p + count, at);
-    if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
-  }
-
- public:
-  /// Replaces holder `from` (present) with `to` (absent, below the width);
-  /// the size is unchanged. Never allocates. O(count + bitset words).
-  void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,
-               std::uint32_t to) noexcept {
-    if (word_form_) {
-      word = (word & ~(std::uint64_t{1} << from)) | (std::uint64_t{1} << to);
-      return;
-    }
-    if (count <= inline_max) {
-      const std::uint32_t other = lo(word) == from ? hi(word) : lo(word);
-      word = count == 1U ? pack(to, kv_npos) : (other < to ? pack(other, to) : pack(to, other));
-      return;
-    }
-    std::uint32_t* p = block(word);
-    if (is_bitset(word)) {
-      p[from / 32U] &= ~(std::uint32_t{1} << (from % 32U));
-      p[to / 32U] |= std::uint32_t{1} << (to % 32U);
-      return;
-    }
-    std::uint32_t* at = std::lower_bound(p, p + count, from);
-    *at = to;
-    std::sort(p, p + count);
-  }
-
-  /// Makes the next `inserts` insert() calls allocation-free (so they cannot
-  /// throw). Strong guarantee; std::length_error past 2^40 arena units.
-  void reserve(std::size_t inserts) {
-    if (word_form_) return;  // inserts only set bits
-    // No block is larger than a bitset: an array is used only when smaller.
-    const std::size_t most = std::size_t{4} << bitset_class_;
-    if (inserts > (max_units - units_.size()) / most)
-      throw std::length_error("kv index: holder sets too large");
-    reserve_room(inserts * most);
-  }
-
-  /// Arena units an insert() into a set of `count` holders may take from the
-  /// arena's end: the block a set of count + 1 gets (0 while it stays in the
-  /// holder word). O(log count).
-  [[nodiscard]] std::size_t insert_units(std::uint32_t count) const noexcept {
-    if (word_form_ || count < inline_max) return 0;
-    return std::size_t{4} << (prefer_bitset(count + 1U) ? bitset_class_ : array_class(count + 1U));
-  }
-
-  /// Makes inserts whose insert_units() add up to `units` allocation-free.
-  /// Grows the arena at least twofold when it must grow, so stores that each
-  /// reserve a little do not copy it each time. Strong guarantee;
-  /// std::length_error past 2^40 units.
-  void reserve_room(std::size_t units) {
-    if (word_form_) return;
-    if (units > max_units - units_.size())
-      throw std::length_error("kv index: holder sets too large");
-    const std::size_t need = units_.size() + units;
-    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
-  }
-
-  /// True when reserve(inserts) would allocate nothing (and not throw). O(1).
-  [[nodiscard]] bool fits(std::size_t inserts) const noexcept {
-    if (word_form_) return true;
-    const std::size_t most = std::size_t{4} << bitset_class_;
-    return inserts <= (units_.capacity() - units_.size()) / most;
-  }
-
-  /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
-  [[nodiscard]] static std::size_t bitset_class_for(std::size_t slots) noexcept {
-    std::size_t k = 0;
-    while ((std::size_t{128} << k) < slots)
-      ++k;
-    return k;
-  }
-  /// Size class of every bitset. O(1).
-  [[nodiscard]] std::size_t bitset_class() const noexcept { return bitset_class_; }
-
-  /// Changing the bitset width to class `k` takes reserve_rewidth(number of
-  /// bitsets, k), then rewidth() on every holder word, then end_rewidth(k).
-  /// This is the first step. Strong guarantee.
-  void reserve_rewidth(std::size_t bitsets, std::size_t k) {
-    const std::size_t each = std::size_t{4} << k;
-    if (bitsets > (max_units - units_.size()) / each)
-      throw std::length_error("kv index: holder sets too large");
-    const std::size_t need = units_.size() + bitsets * each;
-    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
-  }
-  /// Moves one bitset (word, count) to a block of class `k`, keeping its bits
-  /// below the new width (the caller guarantees none is set above). Never
-  /// allocates after reserve_rewidth.
-  void rewidth(std::uint64_t& word, std::uint32_t count, std::size_t k) noexcept {
-    if (count <= inline_max || !is_bitset(word)) return;
-    const std::uint64_t old = word;
-    word = alloc_class(static_cast<std::uint32_t>(k), true);
-    const std::uint32_t units = std::uint32_t{4} << k;
-    std::uint32_t* q = block(word);
-    const std::uint32_t keep = std::min(units, units_of(old));
-    std::copy_n(block(old), keep, q);
-    std::fill(q + keep, q + units, 0U);
-    free_block(old);
-  }
-  /// Ends a width change: bitsets made from now on have class `k`.
-  void end_rewidth(std::size_t k) noexcept {
-    bitset_class_ = static_cast<std::uint32_t>(k);
-    bitset_units_ = std::uint32_t{4} << k;
-  }
-
-  /// True for a spilled bitset set of the sparse form. O(1).
-  [[nodiscard]] static bool is_bitset_set(std::uint64_t word, std::uint32_t count) noexcept {
-    return count > inline_max && is_bitset(word);
-  }
-
-  /// True in the word form (each set is the bitset of its holders, all below
-  /// 64). O(1).
-  [[nodiscard]] bool word_form() const noexcept { return word_form_; }
-
-  /// Arena units a set of `count` holders takes in the sparse form with bitset
-  /// class `k` (0 while it fits in the holder word). Switching to the sparse
-  /// form reserves their sum over all sets first. O(log count).
-  [[nodiscard]] static std::size_t sparse_units(std::uint32_t count, std::size_t k) noexcept {
-    if (count <= inline_max) return 0;
-    return std::size_t{4} << std::min<std::size_t>(k, array_class(count));
-  }
-  /// Switching to the sparse form takes reserve_units(sum of sparse_units),
-  /// then begin_sparse(k), then to_sparse() on every holder word. This is the
-  /// first step. Strong guarantee; std::length_error past 2^40 units.
-  void reserve_units(std::size_t units) {
-    if (units > max_units - units_.size())
-      throw std::length_error("kv index: holder sets too large");
-    if (units_.size() + units > units_.capacity()) units_.reserve(units_.size() + units);
-  }
-  /// Leaves the word form: sets made from now on are sparse, bitsets of class
-  /// `k`. Every word must then go through to_sparse(). O(1).
-  void begin_sparse(std::size_t k) noexcept {
-    word_form_ = false;
-    end_rewidth(k);
-  }
-  /// Re-encodes one word-form set (word, count) in the sparse form. Never
-  /// allocates after reserve_units. O(count).
-  void to_sparse(std::uint64_t& word, std::uint32_t count) noexcept {
-    std::uint32_t slots[word_slots];
-    std::uint32_t n = 0;
-    for (std::uint64_t b = word; b != 0U; b &= b - 1U)
-      slots[n++] = static_cast<std::uint32_t>(std::countr_zero(b));
-    if (count <= inline_max)
-      word = count == 0U ? empty_word : pack(slots[0], count == 2U ? slots[1] : kv_npos);
-    else
-      word = make_block(slots, count);  // within the reserved capacity
-  }
-  /// Switching to the word form takes to_word() on every holder word (no
-  /// holder may be 64 or more), then end_word_form(). This is the first step:
-  /// it re-encodes one sparse set (word, count) as its bitset and frees its
-  /// block. Never allocates. O(count + bitset words).
-  void to_word(std::uint64_t& word, std::uint32_t count) noexcept {
-    if (count == 0U) {
-      word = empty_word;
-      return;
-    }
-    std::uint64_t bits = 0;
-    View v;
-    view(word, count, v);
-    v.for_each([&](std::uint32_t s) { bits |= std::uint64_t{1} << s; });
-    if (count > inline_max) free_block(word);
-    word = bits;
-  }
-  /// Ends a switch to the word form; releases the arena (no set is spilled).
-  /// O(1).
-  void end_word_form() noexcept {
-    word_form_ = true;
-    end_rewidth(0);
-    release_if_empty();
-  }
-
-  /// Releases the arena when no set is spilled. O(1).
-  void release_if_empty() noexcept {
-    // Called on every node release: with no arena (so no free blocks either)
-    // there is nothing to reset.
-    if (blocks_ != 0U || units_.capacity() == 0U) return;
-    std::vector<std::uint32_t>().swap(units_);
-    free_ = no_free_blocks();
-  }
-
-  /// Checks the arena against the sets: for_each_set(f) must call f(word,
-  /// count) for every set. Each spilled set's block lies in the arena, has
-  /// the bitset class (a bitset) or room for its holders (an array), and no
-  /// two blocks, live or on a free list, share a unit; live and free blocks
-  /// cover the arena exactly and blocks() counts the live ones. In the word
-  /// form there is no arena. O(arena units + sets); for tests.
-  template <class ForEachSet>
-  [[nodiscard]] bool check(ForEachSet&& for_each_set) const {
-    const bool no_free = free_ == no_free_blocks();
-    if (word_form_) return blocks_ == 0U && units_.empty() && no_free;
-    std::vector<bool> used(units_.size(), false);
-    bool ok = true;
-    const auto claim = [&](std::uint64_t off, std::uint32_t k) {
-      const std::size_t units = std::size_t{4} << k;
-      if (k >= free_.size() || off > units_.size() || units > units_.size() - off) {
-        ok = false;
-        return;
-      }
-      for (std::size_t i = 0; i < units; ++i) {
-        if (used[off + i]) ok = false;
-        used[off + i] = true;
-      }
-    };
-    std::size_t live = 0;
-    for_each_set([&](std::uint64_t word, std::uint32_t count) {
-      if (count <= inline_max) return;
-      ++live;
-      if (is_bitset(word) ? class_of(word) != bitset_class_ : units_of(word) < count) ok = false;
-      claim(offset_of(word), class_of(word));
-    });
-    if (live != blocks_) return false;
-    for (std::uint32_t k = 0; k < free_.size() && ok; ++k) {
-      std::size_t steps = 0;  // a cycle would claim some unit twice first
-      for (std::uint64_t off = free_[k]; off != none && ok; off = load_link(off)) {
-        claim(off, k);
-        if (++steps > units_.size()) return false;
-      }
-    }
-    return ok && std::find(used.begin(), used.end(), false) == used.end();
-  }
-
-  /// Bytes held. O(1).
-  [[nodiscard]] std::size_t memory_bytes() const noexcept { return units_.capacity() * 4U; }
-  /// Spilled sets. O(1).
-  [[nodiscard]] std::size_t blocks() const noexcept { return blocks_; }
-
- private:
-  static constexpr std::uint64_t none = ~std::uint64_t{0};
-  static constexpr std::size_t max_units = std::size_t{1} << 40U;
-  static constexpr std::uint64_t bitset_flag = std::uint64_t{1} << 48U;
-
-  [[nodiscard]] static constexpr std::array<std::uint64_t, 48> no_free_blocks() noexcept {
-    std::array<std::uint64_t, 48> a{};
-    for (auto& x : a)
-      x = none;
-    return a;
-  }
-
-  [[nodiscard]] static constexpr std::uint32_t lo(std::uint64_t w) noexcept {
-    return static_cast<std::uint32_t>(w & 0xffffffffULL);
-  }
-  [[nodiscard]] static constexpr std::uint32_t hi(std::uint64_t w) noexcept {
-    return static_cast<std::uint32_t>(w >> 32U);
-  }
-  [[nodiscard]] static constexpr std::uint64_t pack(std::uint32_t a, std::uint32_t b) noexcept {
-    return std::uint64_t{a} | (std::uint64_t{b} << 32U);
-  }
-  [[nodiscard]] static constexpr std::uint64_t offset_of(std::uint64_t w) noexcept {
-    return w & ((std::uint64_t{1} << 40U) - 1U);
-  }
-  [[nodiscard]] static constexpr std::uint32_t class_of(std::uint64_t w) noexcept {
-    return static_cast<std::uint32_t>((w >> 40U) & 0xffU);
-  }
-  [[nodiscard]] static constexpr std::uint32_t units_of(std::uint64_t w) noexcept {
-    return std::uint32_t{4} << class_of(w);
-  }
-  [[nodiscard]] static constexpr bool is_bitset(std::uint64_t w) noexcept {
-    return (w & bitset_flag) != 0U;
-  }
-
-  // Smallest class whose array holds n slots.
-  [[nodiscard]] static std::uint32_t array_class(std::uint32_t n) noexcept {
-    std::uint32_t k = 0;
-    while ((std::uint32_t{4} << k) < n)
-      ++k;
-    return k;
-  }
-  // A bitset when it is no larger than the array n slots need.
-  [[nodiscard]] bool prefer_bitset(std::uint32_t n) const noexcept {
-    return bitset_class_ <= array_class(n);
-  }
-
-  [[nodiscard]] const std::uint32_t* block(std::uint64_t w) const noexcept {
-    return units_.data() + offset_of(w);
-  }
-  [[nodiscard]] std::uint32_t* block(std::uint64_t w) noexcept {
-    return units_.data() + offset_of(w);
-  }
-
-  // A block (uninitialised) of the kind and class a set of n slots gets.
-  std::uint64_t alloc_for(std::uint32_t n) {
-    return prefer_bitset(n) ? alloc_class(bitset_class_, true) : alloc_class(array_class(n), false);
-  }
-
-  // A block from the free list of class k, else from the arena's tail (within
-  // the reserved capacity, so it does not throw after reserve()).
-  std::uint64_t alloc_class(std::uint32_t k, bool bitset) {
-    std::uint64_t off = free_[k];
-    if (off != none) {
-      free_[k] = load_link(off);
-    } else {
-      off = units_.size();
-      units_.resize(units_.size() + (std::size_t{4} << k));
-    }
-    ++blocks_;
-    return off | (std::uint64_t{k} << 40U) | (bitset ? bitset_flag : 0U);
-  }
-
-  // As alloc_class, but only without allocating; `none` when that is impossible.
-  std::uint64_t try_alloc_class(std::uint32_t k, bool bitset) noexcept {
-    if (free_[k] == none && units_.size() + (std::size_t{4} << k) > units_.capacity()) return none;
-    return alloc_class(k, bitset);  // cannot throw: free block or room in capacity
-  }
-
-  // Moves a set of n slots to an array block of its own class (smaller), if
-  // that needs no allocation.
-  void to_array(std::uint64_t& word, std::uint32_t n) noexcept {
-    const std::uint64_t fresh = try_alloc_class(array_class(n), false);
-    if (fresh == none) return;
-    std::uint32_t* q = block(fresh);
-    std::uint32_t i = 0;
-    View v;
-    view(word, n, v);
-    v.for_each([&](std::uint32_t s) { q[i++] = s; });
-    free_block(word);
-    word = fresh;
-  }
-
-  std::uint64_t make_block(const std::uint32_t* sorted, std::uint32_t n) {
-    const std::uint64_t w = alloc_for(n);
-    std::uint32_t* q = block(w);
-    if (is_bitset(w)) {
-      std::fill_n(q, bitset_units_, 0U);
-      for (std::uint32_t i = 0; i < n; ++i)
-        q[sorted[i] / 32U] |= std::uint32_t{1} << (sorted[i] % 32U);
-    } else {
-      std::copy_n(sorted, n, q);
-    }
-    return w;
-  }
-
-  [[nodiscard]] std::uint64_t load_link(std::uint64_t off) const noexcept {
-    return std::uint64_t{units_[off]} | (std::uint64_t{units_[off + 1U]} << 32U);
-  }
-
-  void free_block(std::uint64_t w) noexcept {
-    const std::uint64_t off = offset_of(w);
-    const std::uint32_t k = class_of(w);
-    units_[off] = lo(free_[k]);
-    units_[off + 1U] = hi(free_[k]);
-    free_[k] = off;
-    --blocks_;
-  }
-
-  std::vector<std::uint32_t> units_;
-  std::array<std::uint64_t, 48> free_ = no_free_blocks();  // head of each class's free list
-  std::size_t blocks_ = 0;
-  bool word_form_ = true;
-  std::uint32_t bitset_class_ = 0;  // 128 slots
-  std::uint32_t bitset_units_ = 4;
-};
-
-}  // namespace promptcache::detail
-#endif  // PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
-// ---- end promptcache/detail/kv_index_holders.hpp ----
-// ---- begin promptcache/detail/kv_index_holds.hpp ----
-#ifndef PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
-#define PROMPTCACHE_DETAIL_KV_INDEX_HOLDS_HPP
-// promptcache: detail/kv_index_holds.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// The holds of kv_index.hpp: one per (worker slot, node) pair, named by the
-// worker's block hash. A slot's holds form a tree of their own that mirrors
-// the part of the node tree the slot holds, so the work of a removal or a
-// clear is proportional to that worker's blocks, not to every block below a
-// shared node. Held in an index-addressed pool with a free list.
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <stdexcept>
-#include <utility>
-#include <vector>
-
-// ---- begin promptcache/detail/kv_index_pages.hpp ----
-#ifndef PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
-#define PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
-// promptcache: detail/kv_index_pages.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// The paged arrays behind the node and hold pools of kv_index.hpp. A vector
-// that doubles its capacity leaves up to half of its bytes unused (and needs
-// old + new during each reallocation); with millions of rows that headroom
-// was a large part of the index's memory. Pages of a fixed number of elements
-// bound the unused part to one page, never move elements (so growing copies
-// nothing), and cost one extra load from a small, cache-resident page table
-// per access.
-
-#include <algorithm>
-#include <cstddef>
-#include <memory>
-#include <utility>
-#include <vector>
-
-namespace promptcache::detail {
-
-/// An append-only array of trivially copyable `T` in pages of 2^PageBits
-/// elements. Elements never move; capacity grows one page at a time.
-template <class T, unsigned PageBits = 12>
-class KvPagedArray {
- public:
-  /// Elements per page.
-  static constexpr std::size_t page_size = std::size_t{1} << PageBits;
-
-  /// An empty array; owns no memory. O(1).
-  KvPagedArray() noexcept = default;
-  /// A deep copy (same capacity). O(size).
-  KvPagedArray(const KvPagedArray& other) : size_(0) {
-    pages_.reserve(other.pages_.size());
-    // Only the elements appended are copied: the rest of a page was never
-    // written (reading it would copy indeterminate values).
-    std::size_t left = other.size_;
-    for (const auto& p : other.pages_) {
-      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
-      const std::size_t n = std::min(left, page_size);
-      std::copy_n(p.get(), n, pages_.back().get());
-      left -= n;
-    }
-    size_ = other.size_;
-  }
-  /// Takes over `other`'s pages; `other` is left empty. O(1).
-  KvPagedArray(KvPagedArray&& other) noexcept
-      : pages_(std::move(other.pages_)), size_(std::exchange(other.size_, 0U)) {}
-  /// Copy-and-swap assignment (strong guarantee). O(size of both).
-  KvPagedArray& operator=(const KvPagedArray& other) {
-    if (this != &other) {
-      KvPagedArray copy(other);
-      swap(copy);
-    }
-    return *this;
-  }
-  /// Takes over `other`'s pages; `other` is left empty. O(pages of this).
-  KvPagedArray& operator=(KvPagedArray&& other) noexcept {
-    if (this != &other) {
-      KvPagedArray taken(std::move(other));
-      swap(taken);
-    }
-    return *this;
-  }
-  ~KvPagedArray() = default;
-
-  /// Element `i` (below size()). O(1).
-  [[nodiscard]] T& operator[](std::size_t i) noexcept {
-    return pages_[i >> PageBits][i & (page_size - 1U)];
-  }
-  /// Element `i` (below size()). O(1).
-  [[nodiscard]] const T& operator[](std::size_t i) const noexcept {
-    return pages_[i >> PageBits][i & (page_size - 1U)];
-  }
-
-  /// Elements appended. O(1).
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// True when nothing was appended. O(1).
-  [[nodiscard]] bool empty() const noexcept { return size_ == 0U; }
-  /// Elements that fit without allocating (whole pages). O(1).
-  [[nodiscard]] std::size_t capacity() const noexcept { return pages_.size() * page_size; }
-
-  /// Allocates pages until `n` elements fit, so the next push_back calls up
-  /// to that size cannot throw. On std::bad_alloc the contents are unchanged
-  /// (pages already added stay as capacity). O(new pages).
-  void reserve(std::size_t n) {
-    if (n <= capacity()) return;
-    const std::size_t pages = (n + page_size - 1U) >> PageBits;
-    pages_.reserve(pages);
-    while (pages_.size() < pages)
-      pages_.push_back(std::make_unique_for_overwrite<T[]>(page_size));
-  }
-
-  /// Appends `v`; allocates a page when the last one is full. Amortized O(1).
-  void push_back(const T& v) {
-    if (size_ == capacity()) reserve(size_ + 1U);
-    (*this)[size_] = v;
-    ++size_;
-  }
-
-  /// Drops every element and releases every page. O(pages).
-  void clear() noexcept {
-    std::vector<std::unique_ptr<T[]>>().swap(pages_);
-    size_ = 0;
-  }
-
-  /// Bytes held: the pages and the page table. O(1).
-  [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return pages_.size() * page_size * sizeof(T) + pages_.capacity() * sizeof(std::unique_ptr<T[]>);
-  }
-
-  /// Exchanges the contents with `other`. O(1).
-  void swap(KvPagedArray& other) noexcept {
-    pages_.swap(other.pages_);
-    std::swap(size_, other.size_);
-  }
-
- private:
-  std::vector<std::unique_ptr<T[]>> pages_;
-  std::size_t size_ = 0;
-};
-
-}  // namespace promptcache::detail
-#endif  // PROMPTCACHE_DETAIL_KV_INDEX_PAGES_HPP
-// ---- end promptcache/detail/kv_index_pages.hpp ----
 
 namespace promptcache::detail {
 
@@ -2351,6 +1804,634 @@ class KvFingerprintTable {
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_DETAIL_KV_INDEX_FINGERPRINTS_HPP
 // ---- end promptcache/detail/kv_index_fingerprints.hpp ----
+// ---- begin promptcache/detail/kv_index_holders.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+// promptcache: detail/kv_index_holders.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The holder sets of kv_index.hpp: which worker slots hold a tree node. While
+// every slot is below 64, a node's 64-bit holder word is simply the bitset of
+// its holders (the word form): adding or dropping a holder is one bit, a set
+// difference one and-not. With more slots most blocks are still held by one
+// or two of them, so a set costs what it holds, not one bit per rank (the
+// sparse form): up to two holders live in the holder word; larger sets move to
+// an arena, as a sorted array of slot indices while that is smaller than a
+// bitset over every slot, else as that bitset (the sets of widely shared
+// prefixes, such as system prompts).
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// Arena of spilled holder sets, and the operations on a node's holder word.
+/// In the word form (every slot below 64; how a set starts) the word is the
+/// bitset of the holders and there is no arena. In the sparse form the caller
+/// keeps each set's size (the node's holder count): it selects the encoding
+/// of the word.
+///   count <= 2: the word holds the slots, smaller one in the low 32 bits
+///               (kv_npos for an absent one);
+///   count >= 3: the word is bits 0..39 offset of a block in the arena (in
+///               32-bit units), bits 40..47 its size class k (4 << k units),
+///               bit 48 set for a bitset (else a sorted array of `count` slots).
+/// Every bitset has the same width, a multiple of 128 slots covering every slot
+/// in use (set_width), so any slot can join a bitset without reallocating it.
+/// Freed blocks go to one free list per size class; the arena is released when
+/// no set is spilled (unless a caller asks to keep capacity).
+/// The form belongs to all sets at once: the owner of the words switches every
+/// one of them (begin_sparse + to_sparse, or to_word + end_word_form) when a
+/// slot of 64 or more appears or the last one goes.
+class KvHolderSets {
+ public:
+  /// The holder word of a set with no holder (in either form).
+  static constexpr std::uint64_t empty_word = 0;
+  /// Largest set kept in the holder word itself in the sparse form.
+  static constexpr std::uint32_t inline_max = 2;
+  /// Slots the word form covers.
+  static constexpr std::uint32_t word_slots = 64;
+
+  /// A read-only view of one set, for iteration in ascending slot order.
+  /// Points into the arena: invalidated by any change to the sets.
+  class View {
+   public:
+    /// Calls f(slot) for every holder, ascending. O(size + bitset words).
+    template <class F>
+    void for_each(F&& f) const {
+      if (bits_ == nullptr) {
+        for (std::uint32_t i = 0; i < n_; ++i)
+          f(list_[i]);
+        return;
+      }
+      for (std::uint32_t w = 0; w < n_; ++w)
+        for (std::uint32_t b = bits_[w]; b != 0U; b &= b - 1U)
+          f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+    }
+
+    /// True when `slot` is in the set. O(log size) or O(1) for a bitset.
+    [[nodiscard]] bool contains(std::uint32_t slot) const noexcept {
+      if (bits_ != nullptr)
+        return slot / 32U < n_ && ((bits_[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
+      return std::binary_search(list_, list_ + n_, slot);
+    }
+
+    /// Calls f(slot) for every holder of this set that `sub` lacks, ascending.
+    /// O(size of both + bitset words).
+    template <class F>
+    void for_each_missing(const View& sub, F&& f) const {
+      if (bits_ != nullptr && sub.bits_ != nullptr) {
+        for (std::uint32_t w = 0; w < n_; ++w) {
+          const std::uint32_t other = w < sub.n_ ? sub.bits_[w] : 0U;
+          for (std::uint32_t b = bits_[w] & ~other; b != 0U; b &= b - 1U)
+            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+        }
+        return;
+      }
+      if (sub.bits_ != nullptr) {
+        for_each([&](std::uint32_t s) {
+          if (!sub.contains(s)) f(s);
+        });
+        return;
+      }
+      if (bits_ != nullptr) {  // a bitset less a sorted list: mask word by word
+        std::uint32_t j = 0;
+        for (std::uint32_t w = 0; w < n_; ++w) {
+          std::uint32_t b = bits_[w];
+          for (; j < sub.n_ && sub.list_[j] / 32U == w; ++j)
+            b &= ~(std::uint32_t{1} << (sub.list_[j] % 32U));
+          for (; b != 0U; b &= b - 1U)
+            f(w * 32U + static_cast<std::uint32_t>(std::countr_zero(b)));
+        }
+        return;
+      }
+      // `sub` is a sorted list: merge against it.
+      std::uint32_t j = 0;
+      for_each([&](std::uint32_t s) {
+        while (j < sub.n_ && sub.list_[j] < s)
+          ++j;
+        if (j == sub.n_ || sub.list_[j] != s) f(s);
+      });
+    }
+
+   private:
+    friend class KvHolderSets;
+    const std::uint32_t* list_ = nullptr;  // sorted slots (inline_ or an arena array)
+    const std::uint32_t* bits_ = nullptr;  // or the bitset words
+    std::uint32_t n_ = 0;                  // slots in list_, or words in bits_
+    std::uint32_t inline_[inline_max] = {};
+  };
+
+  /// Fills `v` with a view of the set (word, count). `v` must not be copied
+  /// while in use (it may point into itself). O(1).
+  void view(std::uint64_t word, std::uint32_t count, View& v) const noexcept {
+    if (word_form_) {  // the word as two 32-bit bitset words
+      v.inline_[0] = lo(word);
+      v.inline_[1] = hi(word);
+      v.list_ = nullptr;
+      v.bits_ = v.inline_;
+      v.n_ = 2;
+      return;
+    }
+    if (count <= inline_max) {
+      v.inline_[0] = lo(word);
+      v.inline_[1] = hi(word);
+      v.list_ = v.inline_;
+      v.bits_ = nullptr;
+      v.n_ = count;
+      return;
+    }
+    const std::uint32_t* p = block(word);
+    if (is_bitset(word)) {
+      v.list_ = nullptr;
+      v.bits_ = p;
+      v.n_ = bitset_units_;
+    } else {
+      v.list_ = p;
+      v.bits_ = nullptr;
+      v.n_ = count;
+    }
+  }
+
+  /// True when `slot` is in the set (word, count). O(log count).
+  [[nodiscard]] bool contains(std::uint64_t word, std::uint32_t count,
+                              std::uint32_t slot) const noexcept {
+    if (word_form_) return slot < word_slots && ((word >> slot) & 1U) != 0U;
+    if (count <= inline_max)
+      return (count > 0U && lo(word) == slot) || (count > 1U && hi(word) == slot);
+    const std::uint32_t* p = block(word);
+    if (is_bitset(word))
+      return slot / 32U < bitset_units_ && ((p[slot / 32U] >> (slot % 32U)) & 1U) != 0U;
+    return std::binary_search(p, p + count, slot);
+  }
+
+  /// Adds `slot` (absent, below the width) to the set (word, count). Cannot
+  /// throw after reserve(n) for n such calls. O(count) for an array, else O(1).
+  void insert(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (word_form_) {
+      word |= std::uint64_t{1} << slot;
+      return;
+    }
+    if (count < inline_max) {
+      if (count == 0U)
+        word = pack(slot, kv_npos);
+      else
+        word = lo(word) < slot ? pack(lo(word), slot) : pack(slot, lo(word));
+      return;
+    }
+    if (count > inline_max && is_bitset(word)) {
+      block(word)[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
+      return;
+    }
+    insert_spilled(word, count, slot);
+  }
+
+ private:
+  // insert() into a sorted array, or the spill of a full holder word.
+  void insert_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot) {
+    if (count == inline_max) {
+      std::uint32_t three[3] = {lo(word), hi(word), slot};
+      std::sort(three, three + 3);
+      word = make_block(three, 3);
+      return;
+    }
+    std::uint32_t* p = block(word);
+    const std::uint32_t cap = units_of(word);
+    if (count < cap && !prefer_bitset(count + 1U)) {
+      std::uint32_t* at = std::upper_bound(p, p + count, slot);
+      std::copy_backward(at, p + count, p + count + 1);
+      *at = slot;
+      return;
+    }
+    // Full (or now denser than a bitset): move to the right block for count + 1.
+    const std::uint64_t old = word;
+    word = alloc_for(count + 1U);
+    std::uint32_t* q = block(word);
+    const std::uint32_t* src = block(old);  // the arena did not move (reserved)
+    if (is_bitset(word)) {
+      std::fill_n(q, bitset_units_, 0U);
+      for (std::uint32_t i = 0; i < count; ++i)
+        q[src[i] / 32U] |= std::uint32_t{1} << (src[i] % 32U);
+      q[slot / 32U] |= std::uint32_t{1} << (slot % 32U);
+    } else {
+      const std::uint32_t* at = std::upper_bound(src, src + count, slot);
+      const auto before = static_cast<std::size_t>(at - src);
+      std::copy_n(src, before, q);
+      q[before] = slot;
+      std::copy(at, src + count, q + before + 1);
+    }
+    free_block(old);
+  }
+
+ public:
+  /// Removes `slot` (present) from the set (word, count). Never allocates;
+  /// with `shrink` a set much smaller than its block moves to a smaller free
+  /// block when one is at hand, and an arena left without sets is released.
+  /// O(count + bitset words).
+  void erase(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
+             bool shrink = true) noexcept {
+    if (word_form_) {
+      word &= ~(std::uint64_t{1} << slot);
+      return;
+    }
+    if (count <= inline_max) {
+      word = count == 1U ? empty_word : pack(lo(word) == slot ? hi(word) : lo(word), kv_npos);
+      return;
+    }
+    // A bitset of the smallest class stays one whatever its size.
+    if (count > inline_max + 1U && is_bitset(word) && class_of(word) == 0U) {
+      block(word)[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
+      return;
+    }
+    erase_spilled(word, count, slot, shrink);
+  }
+
+ private:
+  // erase() from a sorted array or a wide bitset, or back into the word.
+  void erase_spilled(std::uint64_t& word, std::uint32_t count, std::uint32_t slot,
+                     bool shrink) noexcept {
+    std::uint32_t* p = block(word);
+    if (count == inline_max + 1U) {  // back into the word
+      std::uint32_t keep[inline_max];
+      std::uint32_t k = 0;
+      View v;
+      view(word, count, v);
+      v.for_each([&](std::uint32_t s) {
+        if (s != slot && k < inline_max) keep[k++] = s;
+      });
+      free_block(word);
+      word = pack(keep[0], keep[1]);
+      if (shrink) release_if_empty();
+      return;
+    }
+    if (is_bitset(word)) {
+      p[slot / 32U] &= ~(std::uint32_t{1} << (slot % 32U));
+      // A bitset kept for a set that became sparse would cost per rank again.
+      if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
+      return;
+    }
+    std::uint32_t* at = std::lower_bound(p, p + count, slot);
+    std::copy(at + 1, p + count, at);
+    if (shrink && array_class(count - 1U) + 2U <= class_of(word)) to_array(word, count - 1U);
+  }
+
+ public:
+  /// Replaces holder `from` (present) with `to` (absent, below the width);
+  /// the size is unchanged. Never allocates. O(count + bitset words).
+  void replace(std::uint64_t& word, std::uint32_t count, std::uint32_t from,
+               std::uint32_t to) noexcept {
+    if (word_form_) {
+      word = (word & ~(std::uint64_t{1} << from)) | (std::uint64_t{1} << to);
+      return;
+    }
+    if (count <= inline_max) {
+      const std::uint32_t other = lo(word) == from ? hi(word) : lo(word);
+      word = count == 1U ? pack(to, kv_npos) : (other < to ? pack(other, to) : pack(to, other));
+      return;
+    }
+    std::uint32_t* p = block(word);
+    if (is_bitset(word)) {
+      p[from / 32U] &= ~(std::uint32_t{1} << (from % 32U));
+      p[to / 32U] |= std::uint32_t{1} << (to % 32U);
+      return;
+    }
+    std::uint32_t* at = std::lower_bound(p, p + count, from);
+    *at = to;
+    std::sort(p, p + count);
+  }
+
+  /// Makes the next `inserts` insert() calls allocation-free (so they cannot
+  /// throw). Strong guarantee; std::length_error past 2^40 arena units.
+  void reserve(std::size_t inserts) {
+    if (word_form_) return;  // inserts only set bits
+    // No block is larger than a bitset: an array is used only when smaller.
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    if (inserts > (max_units - units_.size()) / most)
+      throw std::length_error("kv index: holder sets too large");
+    reserve_room(inserts * most);
+  }
+
+  /// Arena units an insert() into a set of `count` holders may take from the
+  /// arena's end: the block a set of count + 1 gets (0 while it stays in the
+  /// holder word). O(log count).
+  [[nodiscard]] std::size_t insert_units(std::uint32_t count) const noexcept {
+    if (word_form_ || count < inline_max) return 0;
+    return std::size_t{4} << (prefer_bitset(count + 1U) ? bitset_class_ : array_class(count + 1U));
+  }
+
+  /// Makes inserts whose insert_units() add up to `units` allocation-free.
+  /// Grows the arena at least twofold when it must grow, so stores that each
+  /// reserve a little do not copy it each time. Strong guarantee;
+  /// std::length_error past 2^40 units.
+  void reserve_room(std::size_t units) {
+    if (word_form_) return;
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + units;
+    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+
+  /// True when reserve(inserts) would allocate nothing (and not throw). O(1).
+  [[nodiscard]] bool fits(std::size_t inserts) const noexcept {
+    if (word_form_) return true;
+    const std::size_t most = std::size_t{4} << bitset_class_;
+    return inserts <= (units_.capacity() - units_.size()) / most;
+  }
+
+  /// Bitset width (in 32-bit words) that covers slots below `slots`. O(1).
+  [[nodiscard]] static std::size_t bitset_class_for(std::size_t slots) noexcept {
+    std::size_t k = 0;
+    while ((std::size_t{128} << k) < slots)
+      ++k;
+    return k;
+  }
+  /// Size class of every bitset. O(1).
+  [[nodiscard]] std::size_t bitset_class() const noexcept { return bitset_class_; }
+
+  /// Changing the bitset width to class `k` takes reserve_rewidth(number of
+  /// bitsets, k), then rewidth() on every holder word, then end_rewidth(k).
+  /// This is the first step. Strong guarantee.
+  void reserve_rewidth(std::size_t bitsets, std::size_t k) {
+    const std::size_t each = std::size_t{4} << k;
+    if (bitsets > (max_units - units_.size()) / each)
+      throw std::length_error("kv index: holder sets too large");
+    const std::size_t need = units_.size() + bitsets * each;
+    if (need > units_.capacity()) units_.reserve(std::max(need, units_.capacity() * 2U));
+  }
+  /// Moves one bitset (word, count) to a block of class `k`, keeping its bits
+  /// below the new width (the caller guarantees none is set above). Never
+  /// allocates after reserve_rewidth.
+  void rewidth(std::uint64_t& word, std::uint32_t count, std::size_t k) noexcept {
+    if (count <= inline_max || !is_bitset(word)) return;
+    const std::uint64_t old = word;
+    word = alloc_class(static_cast<std::uint32_t>(k), true);
+    const std::uint32_t units = std::uint32_t{4} << k;
+    std::uint32_t* q = block(word);
+    const std::uint32_t keep = std::min(units, units_of(old));
+    std::copy_n(block(old), keep, q);
+    std::fill(q + keep, q + units, 0U);
+    free_block(old);
+  }
+  /// Ends a width change: bitsets made from now on have class `k`.
+  void end_rewidth(std::size_t k) noexcept {
+    bitset_class_ = static_cast<std::uint32_t>(k);
+    bitset_units_ = std::uint32_t{4} << k;
+  }
+
+  /// True for a spilled bitset set of the sparse form. O(1).
+  [[nodiscard]] static bool is_bitset_set(std::uint64_t word, std::uint32_t count) noexcept {
+    return count > inline_max && is_bitset(word);
+  }
+
+  /// True in the word form (each set is the bitset of its holders, all below
+  /// 64). O(1).
+  [[nodiscard]] bool word_form() const noexcept { return word_form_; }
+
+  /// Arena units a set of `count` holders takes in the sparse form with bitset
+  /// class `k` (0 while it fits in the holder word). Switching to the sparse
+  /// form reserves their sum over all sets first. O(log count).
+  [[nodiscard]] static std::size_t sparse_units(std::uint32_t count, std::size_t k) noexcept {
+    if (count <= inline_max) return 0;
+    return std::size_t{4} << std::min<std::size_t>(k, array_class(count));
+  }
+  /// Switching to the sparse form takes reserve_units(sum of sparse_units),
+  /// then begin_sparse(k), then to_sparse() on every holder word. This is the
+  /// first step. Strong guarantee; std::length_error past 2^40 units.
+  void reserve_units(std::size_t units) {
+    if (units > max_units - units_.size())
+      throw std::length_error("kv index: holder sets too large");
+    if (units_.size() + units > units_.capacity()) units_.reserve(units_.size() + units);
+  }
+  /// Leaves the word form: sets made from now on are sparse, bitsets of class
+  /// `k`. Every word must then go through to_sparse(). O(1).
+  void begin_sparse(std::size_t k) noexcept {
+    word_form_ = false;
+    end_rewidth(k);
+  }
+  /// Re-encodes one word-form set (word, count) in the sparse form. Never
+  /// allocates after reserve_units. O(count).
+  void to_sparse(std::uint64_t& word, std::uint32_t count) noexcept {
+    std::uint32_t slots[word_slots];
+    std::uint32_t n = 0;
+    for (std::uint64_t b = word; b != 0U; b &= b - 1U)
+      slots[n++] = static_cast<std::uint32_t>(std::countr_zero(b));
+    if (count <= inline_max)
+      word = count == 0U ? empty_word : pack(slots[0], count == 2U ? slots[1] : kv_npos);
+    else
+      word = make_block(slots, count);  // within the reserved capacity
+  }
+  /// Switching to the word form takes to_word() on every holder word (no
+  /// holder may be 64 or more), then end_word_form(). This is the first step:
+  /// it re-encodes one sparse set (word, count) as its bitset and frees its
+  /// block. Never allocates. O(count + bitset words).
+  void to_word(std::uint64_t& word, std::uint32_t count) noexcept {
+    if (count == 0U) {
+      word = empty_word;
+      return;
+    }
+    std::uint64_t bits = 0;
+    View v;
+    view(word, count, v);
+    v.for_each([&](std::uint32_t s) { bits |= std::uint64_t{1} << s; });
+    if (count > inline_max) free_block(word);
+    word = bits;
+  }
+  /// Ends a switch to the word form; releases the arena (no set is spilled).
+  /// O(1).
+  void end_word_form() noexcept {
+    word_form_ = true;
+    end_rewidth(0);
+    release_if_empty();
+  }
+
+  /// Releases the arena when no set is spilled. O(1).
+  void release_if_empty() noexcept {
+    // Called on every node release: with no arena (so no free blocks either)
+    // there is nothing to reset.
+    if (blocks_ != 0U || units_.capacity() == 0U) return;
+    std::vector<std::uint32_t>().swap(units_);
+    free_ = no_free_blocks();
+  }
+
+  /// Checks the arena against the sets: for_each_set(f) must call f(word,
+  /// count) for every set. Each spilled set's block lies in the arena, has
+  /// the bitset class (a bitset) or room for its holders (an array), and no
+  /// two blocks, live or on a free list, share a unit; live and free blocks
+  /// cover the arena exactly and blocks() counts the live ones. In the word
+  /// form there is no arena. O(arena units + sets); for tests.
+  template <class ForEachSet>
+  [[nodiscard]] bool check(ForEachSet&& for_each_set) const {
+    const bool no_free = free_ == no_free_blocks();
+    if (word_form_) return blocks_ == 0U && units_.empty() && no_free;
+    std::vector<bool> used(units_.size(), false);
+    bool ok = true;
+    const auto claim = [&](std::uint64_t off, std::uint32_t k) {
+      const std::size_t units = std::size_t{4} << k;
+      if (k >= free_.size() || off > units_.size() || units > units_.size() - off) {
+        ok = false;
+        return;
+      }
+      for (std::size_t i = 0; i < units; ++i) {
+        if (used[off + i]) ok = false;
+        used[off + i] = true;
+      }
+    };
+    std::size_t live = 0;
+    for_each_set([&](std::uint64_t word, std::uint32_t count) {
+      if (count <= inline_max) return;
+      ++live;
+      if (is_bitset(word) ? class_of(word) != bitset_class_ : units_of(word) < count) ok = false;
+      claim(offset_of(word), class_of(word));
+    });
+    if (live != blocks_) return false;
+    for (std::uint32_t k = 0; k < free_.size() && ok; ++k) {
+      std::size_t steps = 0;  // a cycle would claim some unit twice first
+      for (std::uint64_t off = free_[k]; off != none && ok; off = load_link(off)) {
+        claim(off, k);
+        if (++steps > units_.size()) return false;
+      }
+    }
+    return ok && std::find(used.begin(), used.end(), false) == used.end();
+  }
+
+  /// Bytes held. O(1).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return units_.capacity() * 4U; }
+  /// Spilled sets. O(1).
+  [[nodiscard]] std::size_t blocks() const noexcept { return blocks_; }
+
+ private:
+  static constexpr std::uint64_t none = ~std::uint64_t{0};
+  static constexpr std::size_t max_units = std::size_t{1} << 40U;
+  static constexpr std::uint64_t bitset_flag = std::uint64_t{1} << 48U;
+
+  [[nodiscard]] static constexpr std::array<std::uint64_t, 48> no_free_blocks() noexcept {
+    std::array<std::uint64_t, 48> a{};
+    for (auto& x : a)
+      x = none;
+    return a;
+  }
+
+  [[nodiscard]] static constexpr std::uint32_t lo(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>(w & 0xffffffffULL);
+  }
+  [[nodiscard]] static constexpr std::uint32_t hi(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>(w >> 32U);
+  }
+  [[nodiscard]] static constexpr std::uint64_t pack(std::uint32_t a, std::uint32_t b) noexcept {
+    return std::uint64_t{a} | (std::uint64_t{b} << 32U);
+  }
+  [[nodiscard]] static constexpr std::uint64_t offset_of(std::uint64_t w) noexcept {
+    return w & ((std::uint64_t{1} << 40U) - 1U);
+  }
+  [[nodiscard]] static constexpr std::uint32_t class_of(std::uint64_t w) noexcept {
+    return static_cast<std::uint32_t>((w >> 40U) & 0xffU);
+  }
+  [[nodiscard]] static constexpr std::uint32_t units_of(std::uint64_t w) noexcept {
+    return std::uint32_t{4} << class_of(w);
+  }
+  [[nodiscard]] static constexpr bool is_bitset(std::uint64_t w) noexcept {
+    return (w & bitset_flag) != 0U;
+  }
+
+  // Smallest class whose array holds n slots.
+  [[nodiscard]] static std::uint32_t array_class(std::uint32_t n) noexcept {
+    std::uint32_t k = 0;
+    while ((std::uint32_t{4} << k) < n)
+      ++k;
+    return k;
+  }
+  // A bitset when it is no larger than the array n slots need.
+  [[nodiscard]] bool prefer_bitset(std::uint32_t n) const noexcept {
+    return bitset_class_ <= array_class(n);
+  }
+
+  [[nodiscard]] const std::uint32_t* block(std::uint64_t w) const noexcept {
+    return units_.data() + offset_of(w);
+  }
+  [[nodiscard]] std::uint32_t* block(std::uint64_t w) noexcept {
+    return units_.data() + offset_of(w);
+  }
+
+  // A block (uninitialised) of the kind and class a set of n slots gets.
+  std::uint64_t alloc_for(std::uint32_t n) {
+    return prefer_bitset(n) ? alloc_class(bitset_class_, true) : alloc_class(array_class(n), false);
+  }
+
+  // A block from the free list of class k, else from the arena's tail (within
+  // the reserved capacity, so it does not throw after reserve()).
+  std::uint64_t alloc_class(std::uint32_t k, bool bitset) {
+    std::uint64_t off = free_[k];
+    if (off != none) {
+      free_[k] = load_link(off);
+    } else {
+      off = units_.size();
+      units_.resize(units_.size() + (std::size_t{4} << k));
+    }
+    ++blocks_;
+    return off | (std::uint64_t{k} << 40U) | (bitset ? bitset_flag : 0U);
+  }
+
+  // As alloc_class, but only without allocating; `none` when that is impossible.
+  std::uint64_t try_alloc_class(std::uint32_t k, bool bitset) noexcept {
+    if (free_[k] == none && units_.size() + (std::size_t{4} << k) > units_.capacity()) return none;
+    return alloc_class(k, bitset);  // cannot throw: free block or room in capacity
+  }
+
+  // Moves a set of n slots to an array block of its own class (smaller), if
+  // that needs no allocation.
+  void to_array(std::uint64_t& word, std::uint32_t n) noexcept {
+    const std::uint64_t fresh = try_alloc_class(array_class(n), false);
+    if (fresh == none) return;
+    std::uint32_t* q = block(fresh);
+    std::uint32_t i = 0;
+    View v;
+    view(word, n, v);
+    v.for_each([&](std::uint32_t s) { q[i++] = s; });
+    free_block(word);
+    word = fresh;
+  }
+
+  std::uint64_t make_block(const std::uint32_t* sorted, std::uint32_t n) {
+    const std::uint64_t w = alloc_for(n);
+    std::uint32_t* q = block(w);
+    if (is_bitset(w)) {
+      std::fill_n(q, bitset_units_, 0U);
+      for (std::uint32_t i = 0; i < n; ++i)
+        q[sorted[i] / 32U] |= std::uint32_t{1} << (sorted[i] % 32U);
+    } else {
+      std::copy_n(sorted, n, q);
+    }
+    return w;
+  }
+
+  [[nodiscard]] std::uint64_t load_link(std::uint64_t off) const noexcept {
+    return std::uint64_t{units_[off]} | (std::uint64_t{units_[off + 1U]} << 32U);
+  }
+
+  void free_block(std::uint64_t w) noexcept {
+    const std::uint64_t off = offset_of(w);
+    const std::uint32_t k = class_of(w);
+    units_[off] = lo(free_[k]);
+    units_[off + 1U] = hi(free_[k]);
+    free_[k] = off;
+    --blocks_;
+  }
+
+  std::vector<std::uint32_t> units_;
+  std::array<std::uint64_t, 48> free_ = no_free_blocks();  // head of each class's free list
+  std::size_t blocks_ = 0;
+  bool word_form_ = true;
+  std::uint32_t bitset_class_ = 0;  // 128 slots
+  std::uint32_t bitset_units_ = 4;
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_HOLDERS_HPP
+// ---- end promptcache/detail/kv_index_holders.hpp ----
 
 namespace promptcache::detail {
 
@@ -3123,6 +3204,970 @@ class KvWorkerSlots {
 #endif  // PROMPTCACHE_DETAIL_KV_INDEX_WORKERS_HPP
 // ---- end promptcache/detail/kv_index_workers.hpp ----
 
+namespace promptcache::detail {
+
+/// The shared state of a KvIndex. `Types` names the public types the parts
+/// use: Worker, Block, Result, Status, Match, Counters, Event and Stored.
+template <class Types>
+struct KvIndexState {
+  /// One worker rank's slot.
+  using Slot = KvWorkerSlot<typename Types::Worker>;
+
+  KvTree tree;                                    ///< nodes, holder sets, edges
+  KvHoldStore holds;                              ///< (worker, block) pairs, as per-worker trees
+  KvWorkerSlots<typename Types::Worker> workers;  ///< cursors, names, hold roots
+  typename Types::Counters counters;              ///< event counters
+  KvOrphans orphans;  ///< blocks stored under parents unknown to their worker
+
+  /// Exchanges everything with `other`. O(1), noexcept.
+  void swap(KvIndexState& other) noexcept {
+    using std::swap;
+    tree.swap(other.tree);
+    swap(holds, other.holds);
+    workers.swap(other.workers);
+    swap(counters, other.counters);
+    orphans.swap(other.orphans);
+  }
+
+  /// The name-table fingerprint of a worker's block hash. O(1).
+  [[nodiscard]] static constexpr std::uint32_t name_fp(std::uint64_t block_hash) noexcept {
+    return kv_name_fingerprint(block_hash);
+  }
+
+  /// The hold of `s` named `block_hash`, or kv_npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find_name(const Slot& s, std::uint64_t block_hash) const noexcept {
+    return s.names.find(name_fp(block_hash),
+                        [&](std::uint32_t h) { return holds[h].block_hash == block_hash; });
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_STATE_HPP
+// ---- end promptcache/detail/kv_index_state.hpp ----
+
+namespace promptcache::detail {
+
+/// The remove path over a KvIndexState<Types>. Stateless.
+template <class Types>
+struct KvRemovePath {
+  /// The state it works on.
+  using State = KvIndexState<Types>;
+  /// A slot of the state.
+  using Slot = typename State::Slot;
+  /// The per-event result it counts into.
+  using Result = typename Types::Result;
+
+  /// Removes the blocks of `slot` named `block_hashes`, each with its
+  /// descendants; counts removed, cascaded and not-held blocks into `r`.
+  /// O(B + D) expected.
+  static void remove_blocks(State& st, std::uint32_t slot,
+                            std::span<const std::uint64_t> block_hashes, Result& r) noexcept {
+    // A software pipeline over chunks: each stage prefetches what the next
+    // one reads (name slot, hold, node row, edge slot), so the misses overlap.
+    auto& names = st.workers[slot].names;
+    constexpr std::size_t chunk = 64;
+    std::uint32_t hs[chunk];
+    KvHold* hp[chunk];              // the elements of hs[j], found once for all stages
+    std::uint32_t fps[2][chunk];    // this chunk's name fingerprints and the next one's
+    std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
+    // The name slots are prefetched a chunk ahead: they are the first miss of
+    // each block, and the other stages depend on them.
+    const auto issue_names = [&](std::size_t from, std::uint32_t* dst) {
+      const std::size_t k = std::min(chunk, block_hashes.size() - from);
+      for (std::size_t j = 0; j < k; ++j) {
+        dst[j] = kv_name_fingerprint(block_hashes[from + j]);
+        names.prefetch(dst[j]);
+      }
+    };
+    if (!block_hashes.empty()) issue_names(0, fps[0]);
+    for (std::size_t base = 0, cur = 0; base < block_hashes.size(); base += chunk, cur ^= 1U) {
+      const std::size_t m = std::min(chunk, block_hashes.size() - base);
+      const std::uint32_t* name_fps = fps[cur];
+      if (base + chunk < block_hashes.size()) issue_names(base + chunk, fps[cur ^ 1U]);
+      // Candidates by fingerprint first, so the holds that confirm them load
+      // together.
+      for (std::size_t j = 0; j < m; ++j) {
+        const auto first = names.first_slot(name_fps[j]);
+        hs[j] = first.value;
+        name_slots[j] = first.pos;
+        if (hs[j] != kv_npos) {
+          hp[j] = &st.holds[hs[j]];
+          KvHoldStore::prefetch(*hp[j]);
+        }
+      }
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != kv_npos && hp[j]->block_hash != block_hashes[base + j]) {
+          hs[j] = st.find_name(st.workers[slot], block_hashes[base + j]);
+          if (hs[j] != kv_npos) hp[j] = &st.holds[hs[j]];
+        }
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != kv_npos) st.tree.nodes().prefetch(hp[j]->node);
+      for (std::size_t j = 0; j < m; ++j)
+        if (hs[j] != kv_npos) st.tree.prefetch_edge(st.tree.nodes().path_hash(hp[j]->node));
+      for (std::size_t j = 0; j < m; ++j) {
+        // An earlier name of this event may have cascaded it away. A removal
+        // allocates nothing, so a freed hold is not reused meanwhile (and its
+        // element stays where hp[j] points).
+        const std::uint32_t h = hs[j];
+        if (h == kv_npos || KvHoldStore::is_free(*hp[j])) {
+          ++r.blocks_not_held;
+          continue;
+        }
+        ++r.blocks_removed;
+        if (hp[j]->first_child == kv_npos)  // a leaf (LRU evicts these): no walk
+          release_hold(st, slot, h, *hp[j], name_fps[j], true, name_slots[j]);
+        else
+          r.blocks_cascaded += remove_subtree_fp(st, slot, h, name_fps[j]) - 1U;
+      }
+    }
+  }
+
+  /// Drops every block of `slot`; returns how many. With shrink false the
+  /// tables and pools keep their capacity (reservations stay valid).
+  /// O(blocks dropped).
+  static std::size_t clear_slot(State& st, std::uint32_t slot, bool shrink = true) noexcept {
+    const std::uint32_t sentinel = st.workers[slot].sentinel;
+    std::size_t n = 0;
+    while (st.holds[sentinel].first_child != kv_npos)
+      n += remove_subtree(st, slot, st.holds[sentinel].first_child, shrink);
+    return n;
+  }
+
+  /// Releases hold `top` and all its descendants, leaves first, without
+  /// recursion (chains can be thousands of blocks long). Returns how many.
+  static std::size_t remove_subtree(State& st, std::uint32_t slot, std::uint32_t top,
+                                    bool shrink = true) noexcept {
+    return remove_subtree_fp(st, slot, top, State::name_fp(st.holds[top].block_hash), shrink);
+  }
+
+  /// As above, with `top_fp` the name fingerprint of `top`'s block hash (a
+  /// removal has it from its lookup).
+  static std::size_t remove_subtree_fp(State& st, std::uint32_t slot, std::uint32_t top,
+                                       std::uint32_t top_fp, bool shrink = true) noexcept {
+    return kv_drop_hold_subtree(st.holds, top, [&](std::uint32_t h, bool is_top) {
+      release_hold(st, slot, h, is_top ? top_fp : State::name_fp(st.holds[h].block_hash), shrink);
+    });
+  }
+
+  /// Releases a childless hold of `slot`: its name, its holder bit, and the
+  /// node when no worker holds it any more. `fp`: name_fp of its block hash.
+  /// Always inlined: it runs once per removed block. `name_slot`: where the
+  /// name table had the name (a hint, checked; out of range when unknown).
+  [[gnu::always_inline]] static void release_hold(State& st, std::uint32_t slot, std::uint32_t h,
+                                                  std::uint32_t fp, bool shrink = true,
+                                                  std::size_t name_slot = ~std::size_t{
+                                                      0}) noexcept {
+    release_hold(st, slot, h, st.holds[h], fp, shrink, name_slot);
+  }
+
+  /// As above, with `x` the element of hold `h` (a caller that has it saves
+  /// the page-table step).
+  [[gnu::always_inline]] static void release_hold(State& st, std::uint32_t slot, std::uint32_t h,
+                                                  KvHold& x, std::uint32_t fp, bool shrink = true,
+                                                  std::size_t name_slot = ~std::size_t{
+                                                      0}) noexcept {
+    Slot& s = st.workers[slot];
+    s.names.erase_hint(name_slot, fp, h, shrink);
+    --s.blocks;
+    if (st.tree.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(st, x.node, shrink);
+    st.holds.release(h, x);
+  }
+
+  /// Frees node `n`, which no worker holds any more. O(1) expected.
+  static void free_node(State& st, std::uint32_t n, bool shrink = true) noexcept {
+    st.tree.remove_node(n, shrink);
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_REMOVE_HPP
+// ---- end promptcache/detail/kv_index_remove.hpp ----
+// ---- begin promptcache/detail/kv_index_store.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+// promptcache: detail/kv_index_store.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The store path of KvIndex: the choice of the edge and name tables' load
+// (roomy while the index is small, compact from 2^19 pairs on), the
+// reservation that makes a store's mutation phase allocation-free (with the
+// read-only walk that counts what a store can add), and the store of a chain
+// itself (a chunked walk with its probes issued up front), undone whole on a
+// conflict.
+//
+// Invariants: reserve_for_store is the only step that allocates, and it
+// changes nothing but capacity, so store_blocks never throws and a store gives
+// the strong guarantee. store_blocks either applies the whole chain or, on a
+// conflict (a name held elsewhere, or a position under another name), leaves
+// the tree, the holds and the names as they were. A worker holding a node
+// holds its parent, so the holds a store adds form one chain.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+namespace promptcache::detail {
+
+/// The store path over a KvIndexState<Types>. Stateless.
+template <class Types>
+struct KvStorePath {
+  /// The state it works on.
+  using State = KvIndexState<Types>;
+  /// The per-event result it counts into.
+  using Result = typename Types::Result;
+  /// The event status it returns.
+  using Status = typename Types::Status;
+  /// One block of a Stored event (block_hash, tokens_hash).
+  using Block = typename Types::Block;
+  /// Undoes a conflicting store.
+  using Remove = KvRemovePath<Types>;
+
+  /// Below this many (worker, block) pairs the edge and name tables run at
+  /// load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
+  /// shorter runs, and most probes end at their home slot (fewer mispredicted
+  /// loop exits), while the extra bytes are few (a table keeps roomy slots
+  /// only until its next resize, at most 16 per entry it then held). The
+  /// threshold bounds a roomy table at about 32 MiB (8 slots of 8 bytes per
+  /// entry after its last doubling).
+  /// From this many on they run compact, so large indexes keep their size;
+  /// between half of it and it each table keeps the policy it has, so an
+  /// index hovering at the threshold does not resize back and forth.
+  static constexpr std::size_t compact_tables_from = std::size_t{1} << 19U;
+
+  /// The load policies of a slot's name table and of the edge table.
+  struct TableLoads {
+    KvTableLoad names;  ///< the slot's name table
+    KvTableLoad edges;  ///< the edge table
+  };
+
+  /// Sets the load policy of `slot`'s name table and of the edge table from
+  /// the number of live pairs plus the `incoming` blocks the event may add (see
+  /// compact_tables_from): a table grows only while reserving for an event, so
+  /// one large event (or dump) grows it compact once it would cross the
+  /// threshold. Returns the policies before, for restore_table_load. O(1).
+  static TableLoads pick_table_load(State& st, std::uint32_t slot,
+                                    std::size_t incoming = 0) noexcept {
+    const TableLoads before{st.workers[slot].names.load(), st.tree.edge_load()};
+    const std::size_t pairs = st.holds.live() + incoming;
+    if (pairs >= compact_tables_from) {
+      st.workers[slot].names.set_load(KvTableLoad::compact);
+      st.tree.set_edge_load(KvTableLoad::compact);
+    } else if (pairs < compact_tables_from / 2U) {
+      st.workers[slot].names.set_load(KvTableLoad::roomy);
+      st.tree.set_edge_load(KvTableLoad::roomy);
+    }
+    return before;
+  }
+
+  /// Undoes pick_table_load when the event fails, so a failed event leaves
+  /// even the growth policy as it was. O(1).
+  static void restore_table_load(State& st, std::uint32_t slot, TableLoads before) noexcept {
+    st.workers[slot].names.set_load(before.names);
+    st.tree.set_edge_load(before.edges);
+  }
+
+  /// Makes the mutation phase of a store allocation-free, so std::bad_alloc
+  /// (or std::length_error) can only come before anything changed, without
+  /// growing anything for blocks the store will not add. `reset`: a gap's
+  /// reset drops the slot's view first (a no-shrink clear_slot, so what it
+  /// frees stays as capacity).
+  static void reserve_for_store(State& st, std::uint32_t slot,
+                                std::optional<std::uint64_t> parent_hash,
+                                std::span<const Block> blocks, bool reset) {
+    const std::size_t n = blocks.size();
+    const std::size_t freed = reset ? st.workers[slot].blocks : 0U;
+    const std::size_t own = n > freed ? n - freed : 0U;
+    // Room for every block as a new node, holder and hold is usually at
+    // hand (free lists, the last page, table headroom): then nothing grows
+    // and the tree need not be walked twice.
+    auto& names = st.workers[slot].names;
+    if (st.tree.fits(n) && st.holds.fits_extra(own) && names.fits_extra(own)) return;
+    // Otherwise the store reserves only what it can add, so an idempotent
+    // re-store grows nothing (unless pick_table_load switched the tables to the
+    // roomy load: it counts every block of the event) and new nodes take no
+    // holder-set room.
+    const StoreNeed need = store_need(st, slot, parent_hash, blocks, reset);
+    st.tree.reserve_exact(need.nodes, need.holder_units);
+    // After a reset a chained event finds no parent: it adds nothing.
+    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
+    st.holds.reserve_extra(holds);
+    names.reserve_extra(holds);
+  }
+
+  /// What a store can add: new nodes, new holds (and names), and the
+  /// holder-set room of the existing nodes that gain a holder.
+  struct StoreNeed {
+    std::size_t nodes = 0;         ///< nodes for missing levels
+    std::size_t holds = 0;         ///< holds (and names) for blocks not held
+    std::size_t holder_units = 0;  ///< holder-set room of existing nodes gaining a holder
+  };
+
+  /// The read-only walk of a store (see reserve_for_store): the chain's levels
+  /// that exist already need no node, those `slot` holds no hold either, and
+  /// a holder joining an existing node's set may need the block that set
+  /// moves to (none while it fits in the holder word).
+  /// With `reset` the slot's view is counted as dropped: its holds, and the
+  /// nodes only it holds, are gone. Upper bounds: a conflict adds less.
+  /// O(blocks) expected.
+  [[nodiscard]] static StoreNeed store_need(const State& st, std::uint32_t slot,
+                                            std::optional<std::uint64_t> parent_hash,
+                                            std::span<const Block> blocks, bool reset) noexcept {
+    StoreNeed need;
+    std::uint32_t cur_node = 0;
+    if (parent_hash) {
+      // After a reset the slot holds nothing, so the parent is not found.
+      const std::uint32_t h = reset ? kv_npos : st.find_name(st.workers[slot], *parent_hash);
+      if (h == kv_npos) return need;  // parent_not_found: adds nothing
+      cur_node = st.holds[h].node;
+    }
+    const KvNodeStore& nodes = st.tree.nodes();
+    constexpr std::size_t chunk = 64;
+    std::uint64_t paths[chunk];
+    std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
+    std::uint64_t path = nodes.path_hash(cur_node);
+    std::size_t existing = 0;  // leading levels whose node exists (after a reset)
+    std::size_t held = 0;      // leading levels the slot holds (a holder holds the parent)
+    bool holding = true;       // no level the slot does not hold seen yet
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      // No edge prefetches: a chain stored in order is followed row by row,
+      // and the walk batches its table probes after a miss.
+      for (std::size_t j = 0; j < m; ++j) {
+        path = KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+      }
+      const std::size_t walked = st.tree.walk(paths, m, cur_node, found, counts);
+      for (std::size_t j = 0; j < walked; ++j) {
+        const bool mine = holding && nodes.test(found[j], slot);
+        holding = mine;
+        const std::uint32_t others = counts[j] - (mine ? 1U : 0U);
+        if (reset) {
+          // Only the slot holds it: the reset frees it, and every node below.
+          if (others == 0U) {
+            need.nodes = blocks.size() - existing;
+            return need;
+          }
+        } else if (mine) {
+          ++held;
+        }
+        ++existing;
+        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
+      }
+      if (walked < m) break;
+      cur_node = found[m - 1U];
+    }
+    need.nodes = blocks.size() - existing;
+    need.holds = blocks.size() - held;
+    return need;
+  }
+
+  /// Stores the chain (capacity reserved by reserve_for_store). On a conflict
+  /// every hold it added is undone, so the tree is unchanged.
+  static Status store_blocks(State& st, std::uint32_t slot,
+                             std::optional<std::uint64_t> parent_hash,
+                             std::span<const Block> blocks, Result& r) noexcept {
+    auto& names = st.workers[slot].names;
+    std::uint32_t cur_hold = st.workers[slot].sentinel;
+    if (parent_hash) {
+      cur_hold = st.find_name(st.workers[slot], *parent_hash);
+      if (cur_hold == kv_npos) return Status::parent_not_found;
+    }
+    // The chain's last hold, kept at hand: the next new hold links under it.
+    KvHold* cur = &st.holds[cur_hold];
+    std::uint32_t cur_node = cur->node;
+    std::size_t added = 0;
+    // Path hashes follow from the tokens hashes alone, so the probes of a whole
+    // chunk are issued up front and their cache misses overlap.
+    constexpr std::size_t chunk = 64;
+    std::uint64_t paths[chunk];
+    std::uint32_t name_fps[chunk];
+    std::uint32_t found[chunk];
+    std::uint64_t path = st.tree.nodes().path_hash(cur_node);
+    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
+      const std::size_t m = std::min(chunk, blocks.size() - base);
+      for (std::size_t j = 0; j < m; ++j) {
+        path = KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
+        paths[j] = path;
+        st.tree.prefetch_edge(path);
+        name_fps[j] = kv_name_fingerprint(blocks[base + j].block_hash);
+        names.prefetch(name_fps[j]);
+      }
+      // Nodes that already exist (a prefix other workers hold) are found in a
+      // first pass so that their rows are on the way before they are written.
+      const std::size_t walked = st.tree.walk(paths, m, cur_node, found);
+      for (std::size_t j = 0; j < m; ++j) {
+        const Block& b = blocks[base + j];
+        // Past the walk the parent is new (or the walk's first miss), so the
+        // node cannot exist yet.
+        std::uint32_t child = j < walked ? found[j] : kv_npos;
+        bool fresh_node = false;
+        if (child == kv_npos) {  // a new node, held by this slot from the start
+          child = st.tree.add_held_child(paths[j], cur_node, slot);
+          fresh_node = true;
+        }
+        // One probe serves both the lookup and the insert (room is reserved).
+        const auto name = names.probe(
+            name_fps[j], [&](std::uint32_t h) { return st.holds[h].block_hash == b.block_hash; });
+        if (name.value != kv_npos) {
+          KvHold& held = st.holds[name.value];
+          if (held.node == child) {  // re-store of a held block (never on a new node)
+            ++r.blocks_already_held;
+            cur_hold = name.value;
+            cur = &held;
+            cur_node = child;
+            continue;
+          }
+        } else if (fresh_node || st.tree.nodes().add_holder(child, slot)) {
+          const auto h = st.holds.allocate_child(b.block_hash, child, cur_hold, *cur);
+          names.insert_at(name, name_fps[j], h.index);
+          ++added;
+          cur_hold = h.index;
+          cur = h.hold;
+          cur_node = child;
+          continue;
+        }
+        // Conflict: the name is held elsewhere, or the position under another name.
+        if (fresh_node) {
+          (void)st.tree.nodes().reset_bit(child, slot);
+          Remove::free_node(st, child);
+        }
+        st.workers[slot].blocks += added;  // undo_chain takes them off again
+        undo_chain(st, slot, cur_hold, added);
+        r.blocks_already_held = 0;
+        return Status::block_conflict;
+      }
+    }
+    // Counted once here: the per-block stores into holds and rows could alias
+    // the worker's counter and would make the compiler reload it each block.
+    st.workers[slot].blocks += added;
+    r.blocks_stored = added;
+    return Status::applied;
+  }
+
+  /// Undoes the `added` holds of a store. After the first new hold every later
+  /// one is new too (a worker holding a node holds its parent), so they form a
+  /// chain ending at `h`.
+  static void undo_chain(State& st, std::uint32_t slot, std::uint32_t h,
+                         std::size_t added) noexcept {
+    for (std::size_t i = 0; i < added; ++i) {
+      const std::uint32_t parent = st.holds.parent(h);  // O(1): a new hold is a first child
+      Remove::release_hold(st, slot, h, State::name_fp(st.holds[h].block_hash));
+      h = parent;
+    }
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_STORE_HPP
+// ---- end promptcache/detail/kv_index_store.hpp ----
+
+namespace promptcache::detail {
+
+/// The orphan path over a KvIndexState<Types>. Stateless.
+template <class Types>
+struct KvGraftPath {
+  /// The state it works on.
+  using State = KvIndexState<Types>;
+  /// The per-event result it counts into.
+  using Result = typename Types::Result;
+  /// The event status.
+  using Status = typename Types::Status;
+  /// One block of a Stored event (block_hash, tokens_hash).
+  using Block = typename Types::Block;
+  /// One event of a dump (replace_worker).
+  using Event = typename Types::Event;
+  /// The Stored payload of an event.
+  using Stored = typename Types::Stored;
+  /// Places grafted blocks.
+  using Store = KvStorePath<Types>;
+  /// Undoes failed grafts.
+  using Remove = KvRemovePath<Types>;
+
+  /// Places the orphan chains anchored along a request's path (see
+  /// KvIndex::graft_along); returns the blocks placed. Best effort, never
+  /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
+  static std::size_t graft_along(State& st, std::span<const std::uint64_t> tokens_hashes,
+                                 std::span<const std::uint64_t> block_names) noexcept {
+    if (st.orphans.empty()) return 0;
+    Result r;
+    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
+    std::vector<Block> path;
+    std::vector<std::uint32_t> slots;
+    std::vector<std::uint64_t> work;
+    try {
+      path.reserve(n);
+      for (std::size_t i = 0; i < n && !st.orphans.empty(); ++i) {
+        path.push_back(Block{block_names[i], tokens_hashes[i]});
+        slots.clear();
+        st.orphans.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && st.orphans.find(s, block_names[i]) == nullptr)
+            slots.push_back(s);
+        });
+        for (const std::uint32_t s : slots)
+          graft_path(st, s, block_names[i], path, work, r);
+      }
+    } catch (...) {
+    }
+    settle(st, work, r);  // chains anchored at what the grafts placed
+    return r.blocks_grafted;
+  }
+
+  /// Keeps a chain under `parent` (not placed for `slot`) as orphans: it
+  /// extends the orphan `parent`, or starts a chain anchored at it. Conflicts
+  /// as in the tree: a name placed for the slot, an orphan name under another
+  /// parent or with another tokens hash, a name twice, or the chain's anchor
+  /// itself (a cycle). Everything that allocates happens before anything
+  /// changes (the insertions are staged), so on std::bad_alloc nothing did;
+  /// `reset` drops the slot's view once nothing can fail.
+  static void store_orphans(State& st, std::uint32_t slot, std::uint64_t parent,
+                            std::span<const Block> blocks, Result& r, bool reset) {
+    std::uint64_t anchor = parent;  // the chain's first parent that is not an orphan
+    if (!reset)
+      while (const KvOrphanBlock* o = st.orphans.find(slot, anchor))
+        anchor = o->parent;
+    KvOrphans::Stage stage;
+    bool conflict = false;
+    std::size_t already = 0;
+    std::uint64_t up = parent;
+    for (const Block& b : blocks) {
+      const KvOrphanBlock* o = reset ? nullptr : st.orphans.find(slot, b.block_hash);
+      if (b.block_hash == anchor ||
+          (!reset && st.find_name(st.workers[slot], b.block_hash) != kv_npos) ||
+          stage.blocks.count({slot, b.block_hash}) != 0U ||
+          (o != nullptr && (o->parent != up || o->tokens_hash != b.tokens_hash))) {
+        conflict = true;
+        break;
+      }
+      if (o != nullptr)
+        ++already;
+      else
+        stage.add(slot, b.block_hash, KvOrphanBlock{b.tokens_hash, up});
+      up = b.block_hash;
+    }
+    if (reset) r.blocks_cascaded += Remove::clear_slot(st, slot) + st.orphans.erase_slot(slot);
+    if (conflict) {
+      r.status = Status::block_conflict;
+      return;
+    }
+    r.blocks_orphaned = stage.blocks.size();
+    r.blocks_already_held = already;
+    st.orphans.commit(stage);
+    r.status = Status::applied;
+  }
+
+  /// Orphans of `slot` that a normal store just placed become ordinary holds:
+  /// their orphan entries go, and their orphan children are left anchored at
+  /// them (placed now), for settle to graft. Never allocates.
+  static void promote(State& st, std::uint32_t slot, std::span<const Block> blocks) noexcept {
+    for (const Block& b : blocks)
+      (void)st.orphans.erase_one(slot, b.block_hash);
+  }
+
+  /// After an applied normal store of `slot`: promotes its placed orphans and
+  /// grafts every chain anchored at a name the store placed.
+  static void settle_stored(State& st, std::uint32_t slot, std::span<const Block> blocks,
+                            Result& r) noexcept {
+    promote(st, slot, blocks);
+    std::vector<std::uint64_t> names;
+    try {
+      names.reserve(blocks.size());
+      for (const Block& b : blocks)
+        names.push_back(b.block_hash);
+    } catch (...) {
+      return;  // best effort, as every graft
+    }
+    settle(st, names, r);
+  }
+
+  /// After an orphan store of `slot` under `parent`: grafts the chain if its
+  /// anchor is placed by some worker.
+  static void settle_anchor_of(State& st, std::uint32_t slot, std::uint64_t parent,
+                               Result& r) noexcept {
+    std::uint64_t anchor = parent;
+    while (const KvOrphanBlock* o = st.orphans.find(slot, anchor))
+      anchor = o->parent;
+    std::vector<std::uint64_t> names;
+    try {
+      names.push_back(anchor);
+    } catch (...) {
+      return;
+    }
+    settle(st, names, r);
+  }
+
+  /// After a successful replace_worker of `slot`: grafts chains anchored at
+  /// the dump's names (of other workers too), and the slot's own chains.
+  static void settle_replaced(State& st, std::uint32_t slot, std::span<const Event> dump) noexcept {
+    Result r;
+    std::vector<std::uint64_t> names;
+    try {
+      for (const Event& e : dump)
+        if (const auto* s = std::get_if<Stored>(&e.data))
+          for (const Block& b : s->blocks)
+            if (st.find_name(st.workers[slot], b.block_hash) != kv_npos)
+              names.push_back(b.block_hash);
+      st.orphans.for_each_of(slot, [&](std::uint64_t, const KvOrphanBlock& b) {
+        if (st.orphans.find(slot, b.parent) == nullptr) names.push_back(b.parent);
+      });
+    } catch (...) {
+      return;
+    }
+    settle(st, names, r);
+  }
+
+  /// Grafts, for every name in the worklist that some worker has placed, the
+  /// orphan chains anchored at it (in slots that do not hold it as an orphan),
+  /// and goes on with the names the grafts place. Best effort: a graft that
+  /// fails (an allocation, or a conflict with the slot's holds) is undone
+  /// whole and its chain stays an orphan chain, still routable by name; it is
+  /// tried again when its anchor is next placed. Never throws.
+  static void settle(State& st, std::vector<std::uint64_t>& work, Result& r) noexcept {
+    std::vector<std::uint32_t> slots;
+    while (!work.empty() && !st.orphans.empty()) {
+      const std::uint64_t anchor = work.back();
+      work.pop_back();
+      slots.clear();
+      try {
+        st.orphans.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
+          if ((slots.empty() || slots.back() != s) && st.orphans.find(s, anchor) == nullptr)
+            slots.push_back(s);
+        });
+      } catch (...) {
+        continue;
+      }
+      if (slots.empty()) continue;
+      // Any worker that placed the name: equal names mean equal prefixes.
+      std::uint32_t donor = kv_npos;
+      std::uint32_t donor_hold = kv_npos;
+      for (std::uint32_t d = 0; d < st.workers.size() && donor == kv_npos; ++d) {
+        if (!st.workers[d].live) continue;
+        const std::uint32_t h = st.find_name(st.workers[d], anchor);
+        if (h != kv_npos) {
+          donor = d;
+          donor_hold = h;
+        }
+      }
+      if (donor == kv_npos) continue;
+      for (const std::uint32_t s : slots)
+        graft(st, s, anchor, donor, donor_hold, work, r);
+    }
+  }
+
+  /// Places the orphan chains of `slot` anchored at `anchor` under the node
+  /// that `donor` holds as `donor_hold`: first the path from the root to that
+  /// node (the blocks the chain implies, named as the donor names them), then
+  /// the orphans in pre-order. Newly placed names join `work`.
+  static void graft(State& st, std::uint32_t slot, std::uint64_t anchor, std::uint32_t donor,
+                    std::uint32_t donor_hold, std::vector<std::uint64_t>& work,
+                    Result& r) noexcept {
+    std::vector<Block> path;
+    try {
+      if (st.find_name(st.workers[slot], anchor) == kv_npos) {
+        for (std::uint32_t h = donor_hold; h != st.workers[donor].sentinel; h = st.holds.parent(h))
+          path.push_back(
+              Block{st.holds[h].block_hash, st.tree.nodes().tokens_hash(st.holds[h].node)});
+        std::reverse(path.begin(), path.end());
+      }
+    } catch (...) {
+      return;
+    }
+    graft_path(st, slot, anchor, path, work, r);
+  }
+
+  /// As graft, with `path` the blocks from the root to the anchor (its last
+  /// block), or empty when the slot has the anchor in its tree.
+  static void graft_path(State& st, std::uint32_t slot, std::uint64_t anchor,
+                         std::span<const Block> path, std::vector<std::uint64_t>& work,
+                         Result& r) noexcept {
+    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
+    try {
+      // The orphans, parents before children.
+      std::vector<std::pair<std::uint64_t, Block>> order;  // (parent name, block)
+      std::vector<std::uint64_t> stack = st.orphans.children(slot, anchor);
+      const std::vector<std::uint64_t> roots = stack;
+      while (!stack.empty()) {
+        const std::uint64_t name = stack.back();
+        stack.pop_back();
+        const KvOrphanBlock* o = st.orphans.find(slot, name);
+        order.emplace_back(o->parent, Block{name, o->tokens_hash});
+        const std::vector<std::uint64_t> kids = st.orphans.children(slot, name);
+        stack.insert(stack.end(), kids.begin(), kids.end());
+      }
+      added.reserve(path.size() + order.size());
+      work.reserve(work.size() + path.size() + order.size());
+      const auto place = [&](std::optional<std::uint64_t> parent, std::span<const Block> blocks) {
+        Result one;
+        Store::pick_table_load(st, slot, blocks.size());
+        Store::reserve_for_store(st, slot, parent, blocks, false);
+        if (Store::store_blocks(st, slot, parent, blocks, one) != Status::applied) return false;
+        // The new holds are the chain's last ones (a holder holds the parent).
+        for (std::size_t i = blocks.size() - one.blocks_stored; i < blocks.size(); ++i)
+          added.push_back(blocks[i].block_hash);
+        return true;
+      };
+      bool ok = st.find_name(st.workers[slot], anchor) != kv_npos ||
+                (!path.empty() && place(std::nullopt, path));
+      for (std::size_t i = 0; ok && i < order.size(); ++i)
+        ok = place(order[i].first, std::span<const Block>(&order[i].second, 1));
+      if (!ok) {
+        undo_graft(st, slot, added);
+        return;
+      }
+      for (const std::uint64_t root : roots)
+        (void)st.orphans.erase_subtree(slot, root);
+      // The implied path may pass orphans of other chains of the slot: they
+      // are placed now (their children stay, anchored at them).
+      for (const std::uint64_t name : added)
+        (void)st.orphans.erase_one(slot, name);
+      work.insert(work.end(), added.begin(), added.end());  // capacity reserved
+      r.blocks_grafted += added.size();
+      ++st.counters.grafts;
+    } catch (...) {
+      undo_graft(st, slot, added);
+    }
+  }
+
+  /// Removes the holds a failed graft added (removal never allocates).
+  static void undo_graft(State& st, std::uint32_t slot,
+                         std::span<const std::uint64_t> added) noexcept {
+    Result ignored;
+    Remove::remove_blocks(st, slot, added, ignored);
+  }
+
+  /// The orphan part of a Removed event: a named orphan goes with its orphan
+  /// descendants (as a tree removal cascades), and is counted as removed
+  /// rather than not held.
+  static void remove_orphans(State& st, std::uint32_t slot,
+                             std::span<const std::uint64_t> block_hashes, Result& r) noexcept {
+    for (const std::uint64_t name : block_hashes) {
+      const std::size_t n = st.orphans.erase_subtree(slot, name);
+      if (n == 0U) continue;
+      --r.blocks_not_held;
+      ++r.blocks_removed;
+      r.blocks_cascaded += n - 1U;
+    }
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_GRAFTS_HPP
+// ---- end promptcache/detail/kv_index_grafts.hpp ----
+// ---- begin promptcache/detail/kv_index_match.hpp ----
+#ifndef PROMPTCACHE_DETAIL_KV_INDEX_MATCH_HPP
+#define PROMPTCACHE_DETAIL_KV_INDEX_MATCH_HPP
+// promptcache: detail/kv_index_match.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The match path of KvIndex: find_matches' walk down a query's path (path
+// hashes computed and their edge probes issued one chunk ahead, rows walked
+// a chunk at a time) and the emission of one match per worker rank at the
+// level where it leaves the path; and the orphan-aware extension that counts
+// blocks a worker holds as orphans, by name.
+//
+// Invariants it relies on: a child's holders are a subset of its parent's,
+// so holder counts never rise along a path and equal counts mean equal sets
+// (only levels where the count drops need the sets); in the word form (every
+// slot below 64) each holder of the first node gets exactly one match, so the
+// output is sized once and written in place. Read-only: the walk keeps its
+// scratch space on the stack, so concurrent const calls are safe.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// The match path over a KvIndexState<Types>. Stateless.
+template <class Types>
+struct KvMatchPath {
+  /// The state it reads.
+  using State = KvIndexState<Types>;
+  /// A slot of the state.
+  using Slot = typename State::Slot;
+  /// A worker rank.
+  using Worker = typename Types::Worker;
+  /// One match: a worker rank and its leading blocks held.
+  using Match = typename Types::Match;
+
+  /// Per worker rank holding the first block, the leading blocks of
+  /// `tokens_hashes` it holds, into `out` (cleared first; see
+  /// KvIndex::find_matches). O(matched blocks + holders of the nodes where
+  /// the number of holders drops + result size).
+  static void find(const State& st, std::span<const std::uint64_t> tokens_hashes, bool early_exit,
+                   std::vector<Match>& out) {
+    const KvNodeStore& nodes = st.tree.nodes();
+    // While every slot is below 64 a holder word is the set's bitset. Then
+    // `out` is sized once, at the first level: every match is a holder of
+    // that node, once (see start_matches).
+    const bool word_form = nodes.word_form();
+    Match* next = nullptr;  // word form: where the next match goes
+    if (!word_form) out.clear();
+    constexpr std::size_t chunk = 32;
+    std::uint64_t paths[2][chunk];
+    std::uint32_t found[chunk];
+    std::uint32_t counts[chunk];
+    std::uint64_t path = KvTree::root_path_hash;
+    // Path hashes depend on the query only, so the edge probes of a chunk are
+    // issued one chunk ahead: their misses overlap the walk of the previous one.
+    // The prefetcher keeps the edge table's address and size in registers (the
+    // table itself would be re-read after each store of a path hash).
+    const auto prefetch_edge = st.tree.edge_prefetcher();
+    const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
+      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
+      // A query's hashes are usually cold: the next chunk's lines are
+      // requested now, together, rather than one by one as the chain of path
+      // hashes reaches them.
+      if (base + m < tokens_hashes.size())
+        KvTree::prefetch_hashes(tokens_hashes.data() + base + m,
+                                std::min(chunk, tokens_hashes.size() - base - m));
+      for (std::size_t j = 0; j < m; ++j) {
+        path = KvTree::child_path(path, tokens_hashes[base + j]);
+        dst[j] = path;
+        prefetch_edge(KvFingerprintTable::fingerprint(path));
+      }
+      return m;
+    };
+    std::uint32_t cur = 0;         // last node reached (root at first)
+    std::uint32_t prev = kv_npos;  // last node accounted for
+    std::uint32_t prev_count = 0;  // its holder count
+    std::size_t depth = 0;
+    KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
+    std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
+    for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
+      const std::size_t got = st.tree.template walk_rows<true>(paths[k], m, cur, found, counts);
+      bool stop = got < m;
+      // The next chunk's probes go out before this chunk's holder accounting.
+      if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
+      if (got != 0U) cur = found[got - 1U];
+      // A child's holders are a subset of its parent's, so counts never rise
+      // along the path, equal counts mean equal sets, and only the levels
+      // where the count drops need the sets: they are found by binary search
+      // instead of a visit per level. The count first reaches 1 at such a
+      // level (or at the first), so early_exit is decided there too.
+      for (std::size_t j = 0; j < got;) {
+        std::size_t i = j;
+        if (prev != kv_npos) {
+          const std::uint32_t had_count = prev_count;
+          i = static_cast<std::size_t>(
+              std::partition_point(counts + j, counts + got,
+                                   [had_count](std::uint32_t c) { return c >= had_count; }) -
+              counts);
+          if (i != j) {  // levels j .. i - 1 hold the same set as prev
+            prev = found[i - 1U];
+            depth += i - j;
+          }
+          if (i == got) break;
+          const std::uint32_t child = found[i];
+          if (word_form) {
+            emit(st, nodes.holder_word(prev) & ~nodes.holder_word(child), depth, next);
+          } else {
+            KvHolderSets::View had;
+            KvHolderSets::View has;
+            nodes.holders(prev, had);
+            nodes.holders(child, has);
+            had.for_each_missing(has, [&](std::uint32_t slot) {
+              out.push_back(Match{st.workers[slot].worker, depth});
+            });
+          }
+        } else if (word_form) {
+          next = start_matches(nodes.holder_word(found[i]), out);
+        }
+        prev = found[i];
+        prev_count = counts[i];
+        ++depth;
+        if (early_exit && prev_count == 1U) {
+          stop = true;
+          break;
+        }
+        j = i + 1U;
+      }
+      if (stop) break;
+    }
+    if (prev == kv_npos) {
+      out.clear();
+      return;
+    }
+    if (word_form) {
+      emit(st, nodes.holder_word(prev), depth, next);
+      return;
+    }
+    KvHolderSets::View has;
+    nodes.holders(prev, has);
+    has.for_each([&](std::uint32_t slot) { out.push_back(Match{st.workers[slot].worker, depth}); });
+  }
+
+  /// Raises (or adds) the matches of `out` by the orphans held along
+  /// `block_names`: a worker holding block i as an orphan, or an orphan whose
+  /// parent is block i, holds i + 1 leading blocks. O(names x (log orphans +
+  /// result size)); nothing without orphans.
+  static void add_orphans(const State& st, std::span<const std::uint64_t> tokens_hashes,
+                          std::span<const std::uint64_t> block_names, std::vector<Match>& out) {
+    if (st.orphans.empty()) return;
+    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto hold = [&](std::uint32_t slot) {
+        const Worker& w = st.workers[slot].worker;
+        for (Match& m : out)
+          if (m.worker == w) {
+            m.blocks = std::max(m.blocks, i + 1U);
+            return;
+          }
+        out.push_back(Match{w, i + 1U});
+      };
+      st.orphans.for_each_holder(block_names[i], hold);
+      // The parent of an orphan is held too (an anchor is not an orphan).
+      st.orphans.for_each_child_of(block_names[i],
+                                   [&](std::uint32_t slot, std::uint64_t) { hold(slot); });
+    }
+  }
+
+  /// Sizes `out` for the matches of a word-form query whose first node has
+  /// the holder word `first` and returns where they start. By the subset rule
+  /// each holder of the first node leaves the path at exactly one level or
+  /// stays to the end, so it gets exactly one match; every element is then
+  /// written by emit, so the old contents need no clearing and a vector
+  /// reused from an earlier query of as many matches is not filled first
+  /// (a resize per holder word filled them with zeros, and was a call). When
+  /// `out` must grow it is cleared first, so a failed allocation leaves it
+  /// empty.
+  static Match* start_matches(std::uint64_t first, std::vector<Match>& out) {
+    const auto n = static_cast<std::size_t>(std::popcount(first));
+    if (out.capacity() < n) out.clear();
+    out.resize(n);
+    return out.data();
+  }
+
+  /// Writes a match at `depth` for every slot in the word-form set `bits` at
+  /// `next`, and advances it.
+  static void emit(const State& st, std::uint64_t bits, std::size_t depth, Match*& next) noexcept {
+    if (bits == 0U) return;
+    // The slots are contiguous: indexing from the first one's address keeps
+    // the vector's data pointer out of the loop, and the KvWorker is copied
+    // whole (one 16-byte load and store instead of a field each).
+    const Slot* const slots = &st.workers[0];
+    Match* at = next;
+    do {
+      const auto slot = static_cast<unsigned>(std::countr_zero(bits));
+      std::memcpy(static_cast<void*>(&at->worker), &slots[slot].worker, sizeof(Worker));
+      at->blocks = depth;
+      ++at;
+      bits &= bits - 1U;
+    } while (bits != 0U);
+    next = at;
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_KV_INDEX_MATCH_HPP
+// ---- end promptcache/detail/kv_index_match.hpp ----
+
 namespace promptcache {
 
 /// One KV event publisher: a worker process and one of its data-parallel ranks.
@@ -3339,11 +4384,7 @@ class KvIndex {
   void swap(KvIndex& other) noexcept {
     using std::swap;
     swap(options_, other.options_);
-    tree_.swap(other.tree_);
-    swap(holds_, other.holds_);
-    workers_.swap(other.workers_);
-    swap(counters_, other.counters_);
-    orphans_.swap(other.orphans_);
+    state_.swap(other.state_);
   }
   /// Exchanges the contents of `a` and `b`. O(1), noexcept.
   friend void swap(KvIndex& a, KvIndex& b) noexcept { a.swap(b); }
@@ -3377,34 +4418,38 @@ class KvIndex {
     if (!admit(slot, event_id, r)) return r;
     if (orphan_store(slot, parent_hash, blocks, r.view_reset)) {
       try {
-        store_orphans(slot, *parent_hash, blocks, r, r.view_reset);
+        Grafts::store_orphans(state_, slot, *parent_hash, blocks, r, r.view_reset);
       } catch (...) {
         if (created) remove_worker(worker);  // a new worker's first event did not apply
         throw;
       }
-      if (r.status == KvEventStatus::applied) settle_anchor_of(slot, *parent_hash, r);
+      if (r.status == KvEventStatus::applied)
+        Grafts::settle_anchor_of(state_, slot, *parent_hash, r);
       finish(slot, event_id, r);
       return r;
     }
-    const TableLoads before = pick_table_load(slot, blocks.size());
+    const Store::TableLoads before = Store::pick_table_load(state_, slot, blocks.size());
     try {
       // A reset frees the worker's holds and names before the store, so they
       // need room only beyond what it frees.
-      reserve_for_store(slot, parent_hash, blocks, r.view_reset);
+      Store::reserve_for_store(state_, slot, parent_hash, blocks, r.view_reset);
     } catch (...) {
-      restore_table_load(slot, before);
+      Store::restore_table_load(state_, slot, before);
       if (created) remove_worker(worker);  // a new worker's first event did not apply
       throw;
     }
     // Only now, with room reserved, may a gap drop the view; dropping it
     // keeps capacity, so the reservation holds.
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot, false) + orphans_.erase_slot(slot);
-    r.status = store_blocks(slot, parent_hash, blocks, r);
+    if (r.view_reset)
+      r.blocks_cascaded +=
+          Remove::clear_slot(state_, slot, false) + state_.orphans.erase_slot(slot);
+    r.status = Store::store_blocks(state_, slot, parent_hash, blocks, r);
     if (r.view_reset) {  // give back what the reset freed but kept for the store
-      tree_.shrink_to_fit_live();
-      workers_[slot].names.shrink_to_load();
+      state_.tree.shrink_to_fit_live();
+      state_.workers[slot].names.shrink_to_load();
     }
-    if (r.status == KvEventStatus::applied && !orphans_.empty()) settle_stored(slot, blocks, r);
+    if (r.status == KvEventStatus::applied && !state_.orphans.empty())
+      Grafts::settle_stored(state_, slot, blocks, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -3416,10 +4461,11 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    pick_table_load(slot);
-    if (r.view_reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
-    remove_blocks(slot, block_hashes, r);
-    if (!orphans_.empty()) remove_orphans(slot, block_hashes, r);
+    Store::pick_table_load(state_, slot);
+    if (r.view_reset)
+      r.blocks_cascaded += Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);
+    Remove::remove_blocks(state_, slot, block_hashes, r);
+    if (!state_.orphans.empty()) Grafts::remove_orphans(state_, slot, block_hashes, r);
     finish(slot, event_id, r);
     return r;
   }
@@ -3430,7 +4476,8 @@ class KvIndex {
     const std::uint32_t slot = slot_for(worker, created);
     KvEventResult r;
     if (!admit(slot, event_id, r)) return r;
-    r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);  // also a gap's reset
+    r.blocks_cascaded +=
+        Remove::clear_slot(state_, slot) + state_.orphans.erase_slot(slot);  // also a gap's reset
     finish(slot, event_id, r);
     return r;
   }
@@ -3444,13 +4491,13 @@ class KvIndex {
                                  std::uint64_t last_event_id) {
     KvReplaceResult res;
     const std::uint32_t tmp = new_slot(worker);  // built aside, swapped in at the end
-    const detail::KvTableLoad edges_before = tree_.edge_load();
-    pick_table_load(tmp);
+    const detail::KvTableLoad edges_before = state_.tree.edge_load();
+    Store::pick_table_load(state_, tmp);
     // A failed dump leaves the index as it was: the view built aside, the edge
     // table's load policy and the holder sets' width.
     const auto abandon = [&]() noexcept {
       drop_slot(tmp);
-      tree_.set_edge_load(edges_before);
+      state_.tree.set_edge_load(edges_before);
       trim_masks();
     };
     for (std::size_t i = 0; i < dump.size(); ++i) {
@@ -3459,20 +4506,20 @@ class KvIndex {
       try {
         if (const auto* s = std::get_if<kv_event::Stored>(&dump[i].data)) {
           if (orphan_store(tmp, s->parent_hash, s->blocks, false)) {
-            store_orphans(tmp, *s->parent_hash, s->blocks, r, false);
+            Grafts::store_orphans(state_, tmp, *s->parent_hash, s->blocks, r, false);
             st = r.status;
           } else {
-            pick_table_load(tmp, s->blocks.size());
-            reserve_for_store(tmp, s->parent_hash, s->blocks, false);
-            st = store_blocks(tmp, s->parent_hash, s->blocks, r);
-            if (st == KvEventStatus::applied) promote(tmp, s->blocks);
+            Store::pick_table_load(state_, tmp, s->blocks.size());
+            Store::reserve_for_store(state_, tmp, s->parent_hash, s->blocks, false);
+            st = Store::store_blocks(state_, tmp, s->parent_hash, s->blocks, r);
+            if (st == KvEventStatus::applied) Grafts::promote(state_, tmp, s->blocks);
           }
         } else if (const auto* rm = std::get_if<kv_event::Removed>(&dump[i].data)) {
-          remove_blocks(tmp, rm->block_hashes, r);
-          remove_orphans(tmp, rm->block_hashes, r);
+          Remove::remove_blocks(state_, tmp, rm->block_hashes, r);
+          Grafts::remove_orphans(state_, tmp, rm->block_hashes, r);
         } else {
-          clear_slot(tmp);
-          orphans_.erase_slot(tmp);
+          Remove::clear_slot(state_, tmp);
+          state_.orphans.erase_slot(tmp);
         }
       } catch (...) {
         abandon();
@@ -3485,23 +4532,23 @@ class KvIndex {
         return res;
       }
     }
-    std::uint32_t slot = workers_.find(worker);
+    std::uint32_t slot = state_.workers.find(worker);
     if (slot != detail::kv_npos) {
-      clear_slot(slot);
-      orphans_.erase_slot(slot);
+      Remove::clear_slot(state_, slot);
+      state_.orphans.erase_slot(slot);
       adopt(slot, tmp);
     } else {
       slot = tmp;
-      workers_.index(worker, tmp);  // capacity reserved by new_slot
+      state_.workers.index(worker, tmp);  // capacity reserved by new_slot
     }
-    workers_[slot].cursor = CursorState<>::live(last_event_id);
-    ++counters_.workers_replaced;
+    state_.workers[slot].cursor = CursorState<>::live(last_event_id);
+    ++state_.counters.workers_replaced;
     trim_masks();
     // Grafts wait until the view is in place: a failed dump must not have
     // changed other workers. They are best effort (see settle).
-    if (!orphans_.empty()) settle_replaced(slot, dump);
+    if (!state_.orphans.empty()) Grafts::settle_replaced(state_, slot, dump);
     res.ok = true;
-    res.blocks = workers_[slot].blocks;
+    res.blocks = state_.workers[slot].blocks;
     return res;
   }
 
@@ -3509,9 +4556,9 @@ class KvIndex {
   /// returns how many ranks were dropped. O(ranks known + blocks dropped).
   std::size_t remove_worker(std::uint64_t worker_id) {
     std::vector<KvWorker> ranks;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
-      if (workers_[s].live && workers_[s].worker.worker_id == worker_id)
-        ranks.push_back(workers_[s].worker);
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s)
+      if (state_.workers[s].live && state_.workers[s].worker.worker_id == worker_id)
+        ranks.push_back(state_.workers[s].worker);
     for (const KvWorker& w : ranks)
       remove_worker(w);
     return ranks.size();
@@ -3520,9 +4567,9 @@ class KvIndex {
   /// Drops one dp rank with its blocks and cursor; false if unknown.
   /// O(blocks dropped).
   bool remove_worker(const KvWorker& worker) noexcept {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return false;
-    workers_.unindex(worker);
+    state_.workers.unindex(worker);
     drop_slot(slot);
     trim_masks();
     return true;
@@ -3533,36 +4580,36 @@ class KvIndex {
   /// worker. O(blocks held).
   [[nodiscard]] std::vector<KvEvent> dump(const KvWorker& worker) const {
     std::vector<KvEvent> out;
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return out;
-    const std::uint32_t sentinel = workers_[slot].sentinel;
+    const std::uint32_t sentinel = state_.workers[slot].sentinel;
     kv_event::Stored* ev = nullptr;
     detail::kv_for_each_hold_chain(
-        holds_, sentinel,
+        state_.holds, sentinel,
         [&](std::uint32_t, std::uint32_t parent) {
           out.push_back(KvEvent{out.size(), kv_event::Stored{}});
           ev = &std::get<kv_event::Stored>(out.back().data);
-          if (parent != sentinel) ev->parent_hash = holds_[parent].block_hash;
+          if (parent != sentinel) ev->parent_hash = state_.holds[parent].block_hash;
         },
         [&](std::uint32_t h) {
-          ev->blocks.push_back(
-              KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
+          ev->blocks.push_back(KvBlock{state_.holds[h].block_hash,
+                                       state_.tree.nodes().tokens_hash(state_.holds[h].node)});
         });
     // Then the orphan chains, each under its parent's name: a chain's first
     // event names its anchor (a parent the worker does not hold), a branch
     // the orphan it leaves from, so replaying the dump keeps them orphans.
     std::vector<std::uint64_t> starts;
-    orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock& b) {
-      if (orphans_.find(slot, b.parent) == nullptr) starts.push_back(name);
+    state_.orphans.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock& b) {
+      if (state_.orphans.find(slot, b.parent) == nullptr) starts.push_back(name);
     });
     while (!starts.empty()) {
       std::uint64_t name = starts.back();
       starts.pop_back();
       kv_event::Stored chain;
-      chain.parent_hash = orphans_.find(slot, name)->parent;
+      chain.parent_hash = state_.orphans.find(slot, name)->parent;
       for (;;) {
-        chain.blocks.push_back(KvBlock{name, orphans_.find(slot, name)->tokens_hash});
-        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
+        chain.blocks.push_back(KvBlock{name, state_.orphans.find(slot, name)->tokens_hash});
+        const std::vector<std::uint64_t> kids = state_.orphans.children(slot, name);
         if (kids.empty()) break;
         starts.insert(starts.end(), kids.begin() + 1, kids.end());
         name = kids.front();
@@ -3589,107 +4636,7 @@ class KvIndex {
   /// matches or none; the index is unchanged.
   void find_matches(std::span<const std::uint64_t> tokens_hashes, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
-    const detail::KvNodeStore& nodes = tree_.nodes();
-    // While every slot is below 64 a holder word is the set's bitset. Then
-    // `out` is sized once, at the first level: every match is a holder of
-    // that node, once (see start_matches).
-    const bool word_form = nodes.word_form();
-    KvWorkerMatch* next = nullptr;  // word form: where the next match goes
-    if (!word_form) out.clear();
-    constexpr std::size_t chunk = 32;
-    std::uint64_t paths[2][chunk];
-    std::uint32_t found[chunk];
-    std::uint32_t counts[chunk];
-    std::uint64_t path = detail::KvTree::root_path_hash;
-    // Path hashes depend on the query only, so the edge probes of a chunk are
-    // issued one chunk ahead: their misses overlap the walk of the previous one.
-    // The prefetcher keeps the edge table's address and size in registers (the
-    // table itself would be re-read after each store of a path hash).
-    const auto prefetch_edge = tree_.edge_prefetcher();
-    const auto issue = [&, prefetch_edge](std::size_t base, std::uint64_t* dst) {
-      const std::size_t m = std::min(chunk, tokens_hashes.size() - base);
-      // A query's hashes are usually cold: the next chunk's lines are
-      // requested now, together, rather than one by one as the chain of path
-      // hashes reaches them.
-      if (base + m < tokens_hashes.size())
-        detail::KvTree::prefetch_hashes(tokens_hashes.data() + base + m,
-                                        std::min(chunk, tokens_hashes.size() - base - m));
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvTree::child_path(path, tokens_hashes[base + j]);
-        dst[j] = path;
-        prefetch_edge(detail::KvFingerprintTable::fingerprint(path));
-      }
-      return m;
-    };
-    std::uint32_t cur = 0;                 // last node reached (root at first)
-    std::uint32_t prev = detail::kv_npos;  // last node accounted for
-    std::uint32_t prev_count = 0;          // its holder count
-    std::size_t depth = 0;
-    detail::KvTree::prefetch_hashes(tokens_hashes.data(), std::min(chunk, tokens_hashes.size()));
-    std::size_t m = tokens_hashes.empty() ? 0U : issue(0, paths[0]);
-    for (std::size_t base = 0, k = 0; base < tokens_hashes.size(); base += chunk, k ^= 1U) {
-      const std::size_t got = tree_.walk_rows<true>(paths[k], m, cur, found, counts);
-      bool stop = got < m;
-      // The next chunk's probes go out before this chunk's holder accounting.
-      if (!stop && base + chunk < tokens_hashes.size()) m = issue(base + chunk, paths[k ^ 1U]);
-      if (got != 0U) cur = found[got - 1U];
-      // A child's holders are a subset of its parent's, so counts never rise
-      // along the path, equal counts mean equal sets, and only the levels
-      // where the count drops need the sets: they are found by binary search
-      // instead of a visit per level. The count first reaches 1 at such a
-      // level (or at the first), so early_exit is decided there too.
-      for (std::size_t j = 0; j < got;) {
-        std::size_t i = j;
-        if (prev != detail::kv_npos) {
-          const std::uint32_t had_count = prev_count;
-          i = static_cast<std::size_t>(
-              std::partition_point(counts + j, counts + got,
-                                   [had_count](std::uint32_t c) { return c >= had_count; }) -
-              counts);
-          if (i != j) {  // levels j .. i - 1 hold the same set as prev
-            prev = found[i - 1U];
-            depth += i - j;
-          }
-          if (i == got) break;
-          const std::uint32_t child = found[i];
-          if (word_form) {
-            emit(nodes.holder_word(prev) & ~nodes.holder_word(child), depth, next);
-          } else {
-            detail::KvHolderSets::View had;
-            detail::KvHolderSets::View has;
-            nodes.holders(prev, had);
-            nodes.holders(child, has);
-            had.for_each_missing(has, [&](std::uint32_t slot) {
-              out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-            });
-          }
-        } else if (word_form) {
-          next = start_matches(nodes.holder_word(found[i]), out);
-        }
-        prev = found[i];
-        prev_count = counts[i];
-        ++depth;
-        if (early_exit && prev_count == 1U) {
-          stop = true;
-          break;
-        }
-        j = i + 1U;
-      }
-      if (stop) break;
-    }
-    if (prev == detail::kv_npos) {
-      out.clear();
-      return;
-    }
-    if (word_form) {
-      emit(nodes.holder_word(prev), depth, next);
-      return;
-    }
-    detail::KvHolderSets::View has;
-    nodes.holders(prev, has);
-    has.for_each([&](std::uint32_t slot) {
-      out.push_back(KvWorkerMatch{workers_[slot].worker, depth});
-    });
+    Matches::find(state_, tokens_hashes, early_exit, out);
   }
 
   /// As find_matches(tokens_hashes, early_exit), also counting orphan blocks:
@@ -3714,23 +4661,7 @@ class KvIndex {
                     std::span<const std::uint64_t> block_names, bool early_exit,
                     std::vector<KvWorkerMatch>& out) const {
     find_matches(tokens_hashes, early_exit, out);
-    if (orphans_.empty()) return;
-    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto hold = [&](std::uint32_t slot) {
-        const KvWorker& w = workers_[slot].worker;
-        for (KvWorkerMatch& m : out)
-          if (m.worker == w) {
-            m.blocks = std::max(m.blocks, i + 1U);
-            return;
-          }
-        out.push_back(KvWorkerMatch{w, i + 1U});
-      };
-      orphans_.for_each_holder(block_names[i], hold);
-      // The parent of an orphan is held too (an anchor is not an orphan).
-      orphans_.for_each_child_of(block_names[i],
-                                 [&](std::uint32_t slot, std::uint64_t) { hold(slot); });
-    }
+    Matches::add_orphans(state_, tokens_hashes, block_names, out);
   }
 
   /// Places orphan chains along a request's path: for every block i of the
@@ -3742,84 +4673,63 @@ class KvIndex {
   /// throws. O(names x log orphans + grafted blocks); nothing without orphans.
   std::size_t graft_along(std::span<const std::uint64_t> tokens_hashes,
                           std::span<const std::uint64_t> block_names) noexcept {
-    if (orphans_.empty()) return 0;
-    KvEventResult r;
-    const std::size_t n = std::min(tokens_hashes.size(), block_names.size());
-    std::vector<KvBlock> path;
-    std::vector<std::uint32_t> slots;
-    std::vector<std::uint64_t> work;
-    try {
-      path.reserve(n);
-      for (std::size_t i = 0; i < n && !orphans_.empty(); ++i) {
-        path.push_back(KvBlock{block_names[i], tokens_hashes[i]});
-        slots.clear();
-        orphans_.for_each_child_of(block_names[i], [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) && orphans_.find(s, block_names[i]) == nullptr)
-            slots.push_back(s);
-        });
-        for (const std::uint32_t s : slots)
-          graft_path(s, block_names[i], path, work, r);
-      }
-    } catch (...) {
-    }
-    settle(work, r);  // chains anchored at what the grafts placed
-    return r.blocks_grafted;
+    return Grafts::graft_along(state_, tokens_hashes, block_names);
   }
 
   /// Orphan blocks of `worker`: blocks it stored under a parent not (yet)
   /// placed, not counted by block_count (0 for an unknown worker).
   /// O(its orphans + log orphans).
   [[nodiscard]] std::size_t orphan_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
-    return slot == detail::kv_npos ? 0U : orphans_.count(slot);
+    const std::uint32_t slot = state_.workers.find(worker);
+    return slot == detail::kv_npos ? 0U : state_.orphans.count(slot);
   }
 
   /// Orphan blocks over all workers. O(1).
-  [[nodiscard]] std::size_t total_orphans() const noexcept { return orphans_.size(); }
+  [[nodiscard]] std::size_t total_orphans() const noexcept { return state_.orphans.size(); }
 
   /// The cursor of `worker`, or nullopt for an unknown worker. O(1).
   [[nodiscard]] std::optional<CursorState<>> cursor(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot == detail::kv_npos) return std::nullopt;
-    return workers_[slot].cursor;
+    return state_.workers[slot].cursor;
   }
 
   /// Blocks `worker` holds (0 for an unknown worker). O(1).
   [[nodiscard]] std::size_t block_count(const KvWorker& worker) const noexcept {
-    const std::uint32_t slot = workers_.find(worker);
-    return slot == detail::kv_npos ? 0U : workers_[slot].blocks;
+    const std::uint32_t slot = state_.workers.find(worker);
+    return slot == detail::kv_npos ? 0U : state_.workers[slot].blocks;
   }
 
   /// True when `worker` is known (has sent an event or been replaced). O(1).
   [[nodiscard]] bool contains(const KvWorker& worker) const noexcept {
-    return workers_.find(worker) != detail::kv_npos;
+    return state_.workers.find(worker) != detail::kv_npos;
   }
 
   /// Known worker ranks, in unspecified order. O(slots).
   [[nodiscard]] std::vector<KvWorker> workers() const {
     std::vector<KvWorker> out;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s)
-      if (workers_[s].live) out.push_back(workers_[s].worker);
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s)
+      if (state_.workers[s].live) out.push_back(state_.workers[s].worker);
     return out;
   }
 
   /// Number of known worker ranks. O(1).
-  [[nodiscard]] std::size_t worker_count() const noexcept { return workers_.workers(); }
+  [[nodiscard]] std::size_t worker_count() const noexcept { return state_.workers.workers(); }
   /// Tree nodes other than the root; 0 means the tree is back to its root. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return tree_.nodes().live(); }
+  [[nodiscard]] std::size_t node_count() const noexcept { return state_.tree.nodes().live(); }
   /// (worker, block) pairs held over all workers. O(1).
   [[nodiscard]] std::size_t total_blocks() const noexcept {
-    return holds_.live() - workers_.workers();  // minus one sentinel per worker
+    return state_.holds.live() - state_.workers.workers();  // minus one sentinel per worker
   }
   /// Event counters since construction. O(1).
-  [[nodiscard]] const KvIndexCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] const KvIndexCounters& counters() const noexcept { return state_.counters; }
   /// The options given at construction. O(1).
   [[nodiscard]] const KvIndexOptions& options() const noexcept { return options_; }
 
   /// Approximate heap bytes held (container capacities). O(1).
   [[nodiscard]] std::size_t approximate_memory_bytes() const noexcept {
-    return tree_.memory_bytes() + holds_.memory_bytes() + workers_.memory_bytes() +
-           orphans_.memory_bytes();
+    return state_.tree.memory_bytes() + state_.holds.memory_bytes() +
+           state_.workers.memory_bytes() + state_.orphans.memory_bytes();
   }
 
   /// Checks every internal invariant (holder bits and counts, the subset rule
@@ -3827,24 +4737,25 @@ class KvIndex {
   /// O(everything); for tests.
   [[nodiscard]] bool check_invariants() const {
     std::size_t holds_seen = 0;
-    std::vector<std::uint32_t> seen_count(tree_.nodes().rows(), 0U);
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
-      const Slot& s = workers_[slot];
+    std::vector<std::uint32_t> seen_count(state_.tree.nodes().rows(), 0U);
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot) {
+      const Slot& s = state_.workers[slot];
       if (!s.live) continue;
-      if (workers_.find(s.worker) != slot) return false;
+      if (state_.workers.find(s.worker) != slot) return false;
       std::size_t blocks = 0;
       std::vector<std::pair<std::uint32_t, std::uint32_t>> stack{{s.sentinel, detail::kv_npos}};
       while (!stack.empty()) {
         const auto [h, up] = stack.back();  // a hold and its parent hold
         stack.pop_back();
         ++holds_seen;
-        const detail::KvHold& x = holds_[h];
-        if (holds_.is_free(h)) return false;
+        const detail::KvHold& x = state_.holds[h];
+        if (state_.holds.is_free(h)) return false;
         if (h != s.sentinel) {
           ++blocks;
-          if (!tree_.nodes().is_live(x.node) || !tree_.nodes().test(x.node, slot)) return false;
-          if (tree_.nodes().parent(x.node) != holds_[up].node) return false;
-          if (find_name(s, x.block_hash) != h) return false;
+          if (!state_.tree.nodes().is_live(x.node) || !state_.tree.nodes().test(x.node, slot))
+            return false;
+          if (state_.tree.nodes().parent(x.node) != state_.holds[up].node) return false;
+          if (state_.find_name(s, x.block_hash) != h) return false;
           ++seen_count[x.node];
         } else if (x.node != 0U || x.link != detail::kv_npos) {
           return false;
@@ -3852,246 +4763,94 @@ class KvIndex {
         // The first child links to its parent, every later one to its
         // previous sibling.
         std::uint32_t expect = h | detail::kv_hold_parent_bit;
-        for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = holds_[c].next) {
-          if (holds_[c].link != expect) return false;
+        for (std::uint32_t c = x.first_child; c != detail::kv_npos; c = state_.holds[c].next) {
+          if (state_.holds[c].link != expect) return false;
           expect = c;
           stack.emplace_back(c, h);
         }
       }
       if (blocks != s.blocks) return false;
     }
-    if (holds_seen != holds_.live() || !holds_.check_pool()) return false;
+    if (holds_seen != state_.holds.live() || !state_.holds.check_pool()) return false;
     std::size_t names = 0;
-    for (std::uint32_t s = 0; s < workers_.size(); ++s) {
-      names += workers_[s].names.size();
-      if (!workers_[s].names.check()) return false;
+    for (std::uint32_t s = 0; s < state_.workers.size(); ++s) {
+      names += state_.workers[s].names.size();
+      if (!state_.workers[s].names.check()) return false;
     }
-    if (names + workers_.workers() != holds_.live()) return false;
+    if (names + state_.workers.workers() != state_.holds.live()) return false;
     std::size_t live_nodes = 0;
-    for (std::uint32_t n = 1; n < tree_.nodes().rows(); ++n) {
-      if (tree_.nodes().count(n) == 0U) continue;
+    for (std::uint32_t n = 1; n < state_.tree.nodes().rows(); ++n) {
+      if (state_.tree.nodes().count(n) == 0U) continue;
       ++live_nodes;
       std::uint32_t bits = 0;
       bool subset = true;
       std::uint32_t last = 0;
       bool ascending = true;
       detail::KvHolderSets::View has;
-      tree_.nodes().holders(n, has);
-      const std::uint32_t p = tree_.nodes().parent(n);
+      state_.tree.nodes().holders(n, has);
+      const std::uint32_t p = state_.tree.nodes().parent(n);
       has.for_each([&](std::uint32_t slot) {
         ascending = ascending && (bits == 0U || slot > last);
         last = slot;
         ++bits;
-        if (slot >= workers_.size() || !workers_[slot].live || !tree_.nodes().test(n, slot))
+        if (slot >= state_.workers.size() || !state_.workers[slot].live ||
+            !state_.tree.nodes().test(n, slot))
           subset = false;
-        if (p != 0U && !tree_.nodes().test(p, slot)) subset = false;
+        if (p != 0U && !state_.tree.nodes().test(p, slot)) subset = false;
       });
       if (!subset || !ascending) return false;
-      if (bits != tree_.nodes().count(n) || bits != seen_count[n]) return false;
+      if (bits != state_.tree.nodes().count(n) || bits != seen_count[n]) return false;
     }
     // The word form is in use exactly while every live slot is below 64 (every
     // call that lowers the top slot narrows the sets, and narrowing to the word
     // form never fails).
-    if (tree_.nodes().word_form() != (workers_.top() <= detail::KvHolderSets::word_slots))
+    if (state_.tree.nodes().word_form() !=
+        (state_.workers.top() <= detail::KvHolderSets::word_slots))
       return false;
     // Orphans: the three indexes agree, their slots are live, and a worker
     // never has one name both placed and orphaned.
-    if (!orphans_.check()) return false;
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    if (!state_.orphans.check()) return false;
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot) {
       bool ok = true;
-      orphans_.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) {
-        ok = ok && workers_[slot].live && find_name(workers_[slot], name) == detail::kv_npos;
+      state_.orphans.for_each_of(slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) {
+        ok = ok && state_.workers[slot].live &&
+             state_.find_name(state_.workers[slot], name) == detail::kv_npos;
       });
       if (!ok) return false;
     }
     std::size_t orphan_total = 0;
-    for (std::uint32_t slot = 0; slot < workers_.size(); ++slot)
-      orphan_total += orphans_.count(slot);
-    if (orphan_total != orphans_.size()) return false;
-    return live_nodes == tree_.nodes().live() && tree_.check();
+    for (std::uint32_t slot = 0; slot < state_.workers.size(); ++slot)
+      orphan_total += state_.orphans.count(slot);
+    if (orphan_total != state_.orphans.size()) return false;
+    return live_nodes == state_.tree.nodes().live() && state_.tree.check();
   }
 
  private:
-  using Slot = detail::KvWorkerSlot<KvWorker>;
-
-  // Below this many (worker, block) pairs the edge and name tables run at
-  // load 1/16..1/4 instead of 2/5..4/5: inserts and deletions shift far
-  // shorter runs, and most probes end at their home slot (fewer mispredicted
-  // loop exits), while the extra bytes are few (a table keeps roomy slots
-  // only until its next resize, at most 16 per entry it then held). The
-  // threshold bounds a roomy table at about 32 MiB (8 slots of 8 bytes per
-  // entry after its last doubling).
-  // From this many on they run compact, so large indexes keep their size;
-  // between half of it and it each table keeps the policy it has, so an
-  // index hovering at the threshold does not resize back and forth.
-  static constexpr std::size_t compact_tables_from = std::size_t{1} << 19U;
-
-  struct TableLoads {
-    detail::KvTableLoad names;
-    detail::KvTableLoad edges;
+  // The public types the parts work with.
+  struct Types {
+    using Worker = KvWorker;
+    using Block = KvBlock;
+    using Result = KvEventResult;
+    using Status = KvEventStatus;
+    using Match = KvWorkerMatch;
+    using Counters = KvIndexCounters;
+    using Event = KvEvent;
+    using Stored = kv_event::Stored;
   };
-
-  // Sets the load policy of `slot`'s name table and of the edge table from
-  // the number of live pairs plus the `incoming` blocks the event may add (see
-  // compact_tables_from): a table grows only while reserving for an event, so
-  // one large event (or dump) grows it compact once it would cross the
-  // threshold. Returns the policies before, for restore_table_load. O(1).
-  TableLoads pick_table_load(std::uint32_t slot, std::size_t incoming = 0) noexcept {
-    const TableLoads before{workers_[slot].names.load(), tree_.edge_load()};
-    const std::size_t pairs = holds_.live() + incoming;
-    if (pairs >= compact_tables_from) {
-      workers_[slot].names.set_load(detail::KvTableLoad::compact);
-      tree_.set_edge_load(detail::KvTableLoad::compact);
-    } else if (pairs < compact_tables_from / 2U) {
-      workers_[slot].names.set_load(detail::KvTableLoad::roomy);
-      tree_.set_edge_load(detail::KvTableLoad::roomy);
-    }
-    return before;
-  }
-
-  // Undoes pick_table_load when the event fails, so a failed event leaves
-  // even the growth policy as it was. O(1).
-  void restore_table_load(std::uint32_t slot, TableLoads before) noexcept {
-    workers_[slot].names.set_load(before.names);
-    tree_.set_edge_load(before.edges);
-  }
-
-  // Sizes `out` for the matches of a word-form query whose first node has
-  // the holder word `first` and returns where they start. By the subset rule
-  // each holder of the first node leaves the path at exactly one level or
-  // stays to the end, so it gets exactly one match; every element is then
-  // written by emit, so the old contents need no clearing and a vector
-  // reused from an earlier query of as many matches is not filled first
-  // (a resize per holder word filled them with zeros, and was a call). When
-  // `out` must grow it is cleared first, so a failed allocation leaves it
-  // empty.
-  static KvWorkerMatch* start_matches(std::uint64_t first, std::vector<KvWorkerMatch>& out) {
-    const auto n = static_cast<std::size_t>(std::popcount(first));
-    if (out.capacity() < n) out.clear();
-    out.resize(n);
-    return out.data();
-  }
-
-  // Writes a match at `depth` for every slot in the word-form set `bits` at
-  // `next`, and advances it.
-  void emit(std::uint64_t bits, std::size_t depth, KvWorkerMatch*& next) const noexcept {
-    if (bits == 0U) return;
-    // The slots are contiguous: indexing from the first one's address keeps
-    // the vector's data pointer out of the loop, and the KvWorker is copied
-    // whole (one 16-byte load and store instead of a field each).
-    const Slot* const slots = &workers_[0];
-    KvWorkerMatch* at = next;
-    do {
-      const auto slot = static_cast<unsigned>(std::countr_zero(bits));
-      std::memcpy(static_cast<void*>(&at->worker), &slots[slot].worker, sizeof(KvWorker));
-      at->blocks = depth;
-      ++at;
-      bits &= bits - 1U;
-    } while (bits != 0U);
-    next = at;
-  }
-
-  // Makes the mutation phase of a store allocation-free, so std::bad_alloc
-  // (or std::length_error) can only come before anything changed, without
-  // growing anything for blocks the store will not add. `reset`: a gap's
-  // reset drops the slot's view first (a no-shrink clear_slot, so what it
-  // frees stays as capacity).
-  void reserve_for_store(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                         std::span<const KvBlock> blocks, bool reset) {
-    const std::size_t n = blocks.size();
-    const std::size_t freed = reset ? workers_[slot].blocks : 0U;
-    const std::size_t own = n > freed ? n - freed : 0U;
-    // Room for every block as a new node, holder and hold is usually at
-    // hand (free lists, the last page, table headroom): then nothing grows
-    // and the tree need not be walked twice.
-    auto& names = workers_[slot].names;
-    if (tree_.fits(n) && holds_.fits_extra(own) && names.fits_extra(own)) return;
-    // Otherwise the store reserves only what it can add, so an idempotent
-    // re-store grows nothing (unless pick_table_load switched the tables to the
-    // roomy load: it counts every block of the event) and new nodes take no
-    // holder-set room.
-    const StoreNeed need = store_need(slot, parent_hash, blocks, reset);
-    tree_.reserve_exact(need.nodes, need.holder_units);
-    // After a reset a chained event finds no parent: it adds nothing.
-    const std::size_t holds = !reset ? need.holds : parent_hash ? 0U : own;
-    holds_.reserve_extra(holds);
-    names.reserve_extra(holds);
-  }
-
-  // What a store can add: new nodes, new holds (and names), and the
-  // holder-set room of the existing nodes that gain a holder.
-  struct StoreNeed {
-    std::size_t nodes = 0;
-    std::size_t holds = 0;
-    std::size_t holder_units = 0;
-  };
-
-  // The read-only walk of a store (see reserve_for_store): the chain's levels
-  // that exist already need no node, those `slot` holds no hold either, and
-  // a holder joining an existing node's set may need the block that set
-  // moves to (none while it fits in the holder word).
-  // With `reset` the slot's view is counted as dropped: its holds, and the
-  // nodes only it holds, are gone. Upper bounds: a conflict adds less.
-  // O(blocks) expected.
-  [[nodiscard]] StoreNeed store_need(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                                     std::span<const KvBlock> blocks, bool reset) const noexcept {
-    StoreNeed need;
-    std::uint32_t cur_node = 0;
-    if (parent_hash) {
-      // After a reset the slot holds nothing, so the parent is not found.
-      const std::uint32_t h = reset ? detail::kv_npos : find_name(workers_[slot], *parent_hash);
-      if (h == detail::kv_npos) return need;  // parent_not_found: adds nothing
-      cur_node = holds_[h].node;
-    }
-    const detail::KvNodeStore& nodes = tree_.nodes();
-    constexpr std::size_t chunk = 64;
-    std::uint64_t paths[chunk];
-    std::uint32_t found[chunk];
-    std::uint32_t counts[chunk];
-    std::uint64_t path = nodes.path_hash(cur_node);
-    std::size_t existing = 0;  // leading levels whose node exists (after a reset)
-    std::size_t held = 0;      // leading levels the slot holds (a holder holds the parent)
-    bool holding = true;       // no level the slot does not hold seen yet
-    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, blocks.size() - base);
-      // No edge prefetches: a chain stored in order is followed row by row,
-      // and the walk batches its table probes after a miss.
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
-        paths[j] = path;
-      }
-      const std::size_t walked = tree_.walk(paths, m, cur_node, found, counts);
-      for (std::size_t j = 0; j < walked; ++j) {
-        const bool mine = holding && nodes.test(found[j], slot);
-        holding = mine;
-        const std::uint32_t others = counts[j] - (mine ? 1U : 0U);
-        if (reset) {
-          // Only the slot holds it: the reset frees it, and every node below.
-          if (others == 0U) {
-            need.nodes = blocks.size() - existing;
-            return need;
-          }
-        } else if (mine) {
-          ++held;
-        }
-        ++existing;
-        if (!mine || reset) need.holder_units += nodes.holder_insert_units(others);
-      }
-      if (walked < m) break;
-      cur_node = found[m - 1U];
-    }
-    need.nodes = blocks.size() - existing;
-    need.holds = blocks.size() - held;
-    return need;
-  }
+  using State = detail::KvIndexState<Types>;
+  using Slot = State::Slot;
+  using Remove = detail::KvRemovePath<Types>;
+  using Store = detail::KvStorePath<Types>;
+  using Matches = detail::KvMatchPath<Types>;
+  using Grafts = detail::KvGraftPath<Types>;
 
   // The slot of `worker`, created (with an initial cursor) on first sight;
   // `created` says which. Strong guarantee.
   std::uint32_t slot_for(const KvWorker& worker, bool& created) {
-    const std::uint32_t slot = workers_.find(worker);
+    const std::uint32_t slot = state_.workers.find(worker);
     if (slot != detail::kv_npos) return slot;
     const std::uint32_t fresh = new_slot(worker);
-    workers_.index(worker, fresh);
+    state_.workers.index(worker, fresh);
     created = true;
     return fresh;
   }
@@ -4099,55 +4858,55 @@ class KvIndex {
   // A live slot with a sentinel hold, not yet in the worker table (whose
   // capacity for one more entry is reserved). O(slots). Strong guarantee.
   std::uint32_t new_slot(const KvWorker& worker) {
-    workers_.reserve_index();
-    holds_.reserve_extra(1);
+    state_.workers.reserve_index();
+    state_.holds.reserve_extra(1);
     // The lowest free index keeps the holder bitsets as narrow as possible.
-    const std::uint32_t slot = workers_.lowest_free();
+    const std::uint32_t slot = state_.workers.lowest_free();
     // Never reached in practice: the hold pool, one sentinel per slot, runs
     // out first (reserve_extra above, at 2^31 - 1 holds).
     if (slot >= detail::kv_npos - 1U) throw std::length_error("kv index: too many workers");
-    tree_.nodes().ensure_slots(std::size_t{slot} + 1U);
+    state_.tree.nodes().ensure_slots(std::size_t{slot} + 1U);
     try {
-      workers_.make_room(slot);
+      state_.workers.make_room(slot);
     } catch (...) {
       trim_masks();  // back to the form and width of the live slots
       throw;
     }
-    workers_.open(slot, worker, holds_.allocate(0, 0, detail::kv_npos));
+    state_.workers.open(slot, worker, state_.holds.allocate(0, 0, detail::kv_npos));
     return slot;
   }
 
   // Drops every block of `slot`, its sentinel, and frees the slot.
   void drop_slot(std::uint32_t slot) noexcept {
-    clear_slot(slot);
-    orphans_.erase_slot(slot);
-    holds_.release(workers_[slot].sentinel);
-    workers_.close(slot);
+    Remove::clear_slot(state_, slot);
+    state_.orphans.erase_slot(slot);
+    state_.holds.release(state_.workers[slot].sentinel);
+    state_.workers.close(slot);
   }
 
   // Moves the view built in slot `tmp` into the (cleared) slot `into`, so a
   // replaced worker keeps its slot index and the bitsets need not grow for
   // good. O(blocks of the view).
   void adopt(std::uint32_t into, std::uint32_t tmp) noexcept {
-    Slot& dst = workers_[into];
-    Slot& src = workers_[tmp];
-    holds_.release(dst.sentinel);  // childless after clear_slot
+    Slot& dst = state_.workers[into];
+    Slot& src = state_.workers[tmp];
+    state_.holds.release(dst.sentinel);  // childless after clear_slot
     const std::uint32_t sentinel = src.sentinel;
-    detail::kv_for_each_hold_below(holds_, sentinel, [&](std::uint32_t h) {
-      tree_.nodes().move_bit(holds_[h].node, tmp, into);
+    detail::kv_for_each_hold_below(state_.holds, sentinel, [&](std::uint32_t h) {
+      state_.tree.nodes().move_bit(state_.holds[h].node, tmp, into);
     });
     dst.names = std::move(src.names);
     dst.sentinel = sentinel;
     dst.blocks = src.blocks;
-    orphans_.move_slot(tmp, into);
-    workers_.close(tmp);
+    state_.orphans.move_slot(tmp, into);
+    state_.workers.close(tmp);
   }
 
   // Narrows the holder bitsets to the highest live slot. Optional, so a failed
   // allocation just keeps the current width.
   void trim_masks() noexcept {
     try {
-      tree_.nodes().fit_slots(workers_.top());
+      state_.tree.nodes().fit_slots(state_.workers.top());
     } catch (...) {
     }
   }
@@ -4157,16 +4916,16 @@ class KvIndex {
   // nothing can fail any more. Changes nothing but the counters of rejected
   // events.
   bool admit(std::uint32_t slot, std::uint64_t event_id, KvEventResult& r) noexcept {
-    Slot& s = workers_[slot];
+    Slot& s = state_.workers[slot];
     r.observation = s.cursor.observe(event_id);
     if (std::holds_alternative<cursor::Stale<std::uint64_t>>(r.observation)) {
-      ++counters_.events_stale;
+      ++state_.counters.events_stale;
       r.status = KvEventStatus::stale;
       return false;
     }
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(r.observation)) {
       if (options_.on_gap == KvGapPolicy::report) {
-        ++counters_.gaps;
+        ++state_.counters.gaps;
         r.status = KvEventStatus::gap;
         return false;
       }
@@ -4176,108 +4935,26 @@ class KvIndex {
   }
 
   void finish(std::uint32_t slot, std::uint64_t event_id, const KvEventResult& r) noexcept {
-    workers_[slot].cursor = workers_[slot].cursor.advance_to(event_id);
+    state_.workers[slot].cursor = state_.workers[slot].cursor.advance_to(event_id);
     if (r.view_reset) {
-      ++counters_.gaps;
-      ++counters_.views_reset;
+      ++state_.counters.gaps;
+      ++state_.counters.views_reset;
     }
     switch (r.status) {
       case KvEventStatus::applied:
-        ++counters_.events_applied;
-        if (r.blocks_orphaned != 0U) ++counters_.orphan_stores;
+        ++state_.counters.events_applied;
+        if (r.blocks_orphaned != 0U) ++state_.counters.orphan_stores;
         break;
       case KvEventStatus::parent_not_found:
-        ++counters_.parent_not_found;
+        ++state_.counters.parent_not_found;
         break;
       case KvEventStatus::block_conflict:
-        ++counters_.block_conflicts;
+        ++state_.counters.block_conflicts;
         break;
       case KvEventStatus::stale:
       case KvEventStatus::gap:
         break;
     }
-  }
-
-  // Stores the chain (capacity reserved by reserve_for_store). On a conflict
-  // every hold it added is undone, so the tree is unchanged.
-  KvEventStatus store_blocks(std::uint32_t slot, std::optional<std::uint64_t> parent_hash,
-                             std::span<const KvBlock> blocks, KvEventResult& r) noexcept {
-    auto& names = workers_[slot].names;
-    std::uint32_t cur_hold = workers_[slot].sentinel;
-    if (parent_hash) {
-      cur_hold = find_name(workers_[slot], *parent_hash);
-      if (cur_hold == detail::kv_npos) return KvEventStatus::parent_not_found;
-    }
-    // The chain's last hold, kept at hand: the next new hold links under it.
-    detail::KvHold* cur = &holds_[cur_hold];
-    std::uint32_t cur_node = cur->node;
-    std::size_t added = 0;
-    // Path hashes follow from the tokens hashes alone, so the probes of a whole
-    // chunk are issued up front and their cache misses overlap.
-    constexpr std::size_t chunk = 64;
-    std::uint64_t paths[chunk];
-    std::uint32_t name_fps[chunk];
-    std::uint32_t found[chunk];
-    std::uint64_t path = tree_.nodes().path_hash(cur_node);
-    for (std::size_t base = 0; base < blocks.size(); base += chunk) {
-      const std::size_t m = std::min(chunk, blocks.size() - base);
-      for (std::size_t j = 0; j < m; ++j) {
-        path = detail::KvNodeStore::child_path(path, blocks[base + j].tokens_hash);
-        paths[j] = path;
-        tree_.prefetch_edge(path);
-        name_fps[j] = detail::kv_name_fingerprint(blocks[base + j].block_hash);
-        names.prefetch(name_fps[j]);
-      }
-      // Nodes that already exist (a prefix other workers hold) are found in a
-      // first pass so that their rows are on the way before they are written.
-      const std::size_t walked = tree_.walk(paths, m, cur_node, found);
-      for (std::size_t j = 0; j < m; ++j) {
-        const KvBlock& b = blocks[base + j];
-        // Past the walk the parent is new (or the walk's first miss), so the
-        // node cannot exist yet.
-        std::uint32_t child = j < walked ? found[j] : detail::kv_npos;
-        bool fresh_node = false;
-        if (child == detail::kv_npos) {  // a new node, held by this slot from the start
-          child = tree_.add_held_child(paths[j], cur_node, slot);
-          fresh_node = true;
-        }
-        // One probe serves both the lookup and the insert (room is reserved).
-        const auto name = names.probe(
-            name_fps[j], [&](std::uint32_t h) { return holds_[h].block_hash == b.block_hash; });
-        if (name.value != detail::kv_npos) {
-          detail::KvHold& held = holds_[name.value];
-          if (held.node == child) {  // re-store of a held block (never on a new node)
-            ++r.blocks_already_held;
-            cur_hold = name.value;
-            cur = &held;
-            cur_node = child;
-            continue;
-          }
-        } else if (fresh_node || tree_.nodes().add_holder(child, slot)) {
-          const auto h = holds_.allocate_child(b.block_hash, child, cur_hold, *cur);
-          names.insert_at(name, name_fps[j], h.index);
-          ++added;
-          cur_hold = h.index;
-          cur = h.hold;
-          cur_node = child;
-          continue;
-        }
-        // Conflict: the name is held elsewhere, or the position under another name.
-        if (fresh_node) {
-          (void)tree_.nodes().reset_bit(child, slot);
-          free_node(child);
-        }
-        workers_[slot].blocks += added;  // undo_chain takes them off again
-        undo_chain(slot, cur_hold, added);
-        r.blocks_already_held = 0;
-        return KvEventStatus::block_conflict;
-      }
-    }
-    // Counted once here: the per-block stores into holds and rows could alias
-    // the worker's counter and would make the compiler reload it each block.
-    workers_[slot].blocks += added;
-    r.blocks_stored = added;
-    return KvEventStatus::applied;
   }
 
   // True when a Stored event takes the orphan path: orphans are kept, it has
@@ -4287,379 +4964,11 @@ class KvIndex {
     if (options_.on_unknown_parent != KvUnknownParent::keep_orphan || !parent_hash ||
         blocks.empty())
       return false;
-    return reset || find_name(workers_[slot], *parent_hash) == detail::kv_npos;
+    return reset || state_.find_name(state_.workers[slot], *parent_hash) == detail::kv_npos;
   }
-
-  // Keeps a chain under `parent` (not placed for `slot`) as orphans: it
-  // extends the orphan `parent`, or starts a chain anchored at it. Conflicts
-  // as in the tree: a name placed for the slot, an orphan name under another
-  // parent or with another tokens hash, a name twice, or the chain's anchor
-  // itself (a cycle). Everything that allocates happens before anything
-  // changes (the insertions are staged), so on std::bad_alloc nothing did;
-  // `reset` drops the slot's view once nothing can fail.
-  void store_orphans(std::uint32_t slot, std::uint64_t parent, std::span<const KvBlock> blocks,
-                     KvEventResult& r, bool reset) {
-    std::uint64_t anchor = parent;  // the chain's first parent that is not an orphan
-    if (!reset)
-      while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
-        anchor = o->parent;
-    detail::KvOrphans::Stage stage;
-    bool conflict = false;
-    std::size_t already = 0;
-    std::uint64_t up = parent;
-    for (const KvBlock& b : blocks) {
-      const detail::KvOrphanBlock* o = reset ? nullptr : orphans_.find(slot, b.block_hash);
-      if (b.block_hash == anchor ||
-          (!reset && find_name(workers_[slot], b.block_hash) != detail::kv_npos) ||
-          stage.blocks.count({slot, b.block_hash}) != 0U ||
-          (o != nullptr && (o->parent != up || o->tokens_hash != b.tokens_hash))) {
-        conflict = true;
-        break;
-      }
-      if (o != nullptr)
-        ++already;
-      else
-        stage.add(slot, b.block_hash, detail::KvOrphanBlock{b.tokens_hash, up});
-      up = b.block_hash;
-    }
-    if (reset) r.blocks_cascaded += clear_slot(slot) + orphans_.erase_slot(slot);
-    if (conflict) {
-      r.status = KvEventStatus::block_conflict;
-      return;
-    }
-    r.blocks_orphaned = stage.blocks.size();
-    r.blocks_already_held = already;
-    orphans_.commit(stage);
-    r.status = KvEventStatus::applied;
-  }
-
-  // Orphans of `slot` that a normal store just placed become ordinary holds:
-  // their orphan entries go, and their orphan children are left anchored at
-  // them (placed now), for settle to graft. Never allocates.
-  void promote(std::uint32_t slot, std::span<const KvBlock> blocks) noexcept {
-    for (const KvBlock& b : blocks)
-      (void)orphans_.erase_one(slot, b.block_hash);
-  }
-
-  // After an applied normal store of `slot`: promotes its placed orphans and
-  // grafts every chain anchored at a name the store placed.
-  void settle_stored(std::uint32_t slot, std::span<const KvBlock> blocks,
-                     KvEventResult& r) noexcept {
-    promote(slot, blocks);
-    std::vector<std::uint64_t> names;
-    try {
-      names.reserve(blocks.size());
-      for (const KvBlock& b : blocks)
-        names.push_back(b.block_hash);
-    } catch (...) {
-      return;  // best effort, as every graft
-    }
-    settle(names, r);
-  }
-
-  // After an orphan store of `slot` under `parent`: grafts the chain if its
-  // anchor is placed by some worker.
-  void settle_anchor_of(std::uint32_t slot, std::uint64_t parent, KvEventResult& r) noexcept {
-    std::uint64_t anchor = parent;
-    while (const detail::KvOrphanBlock* o = orphans_.find(slot, anchor))
-      anchor = o->parent;
-    std::vector<std::uint64_t> names;
-    try {
-      names.push_back(anchor);
-    } catch (...) {
-      return;
-    }
-    settle(names, r);
-  }
-
-  // After a successful replace_worker of `slot`: grafts chains anchored at
-  // the dump's names (of other workers too), and the slot's own chains.
-  void settle_replaced(std::uint32_t slot, std::span<const KvEvent> dump) noexcept {
-    KvEventResult r;
-    std::vector<std::uint64_t> names;
-    try {
-      for (const KvEvent& e : dump)
-        if (const auto* s = std::get_if<kv_event::Stored>(&e.data))
-          for (const KvBlock& b : s->blocks)
-            if (find_name(workers_[slot], b.block_hash) != detail::kv_npos)
-              names.push_back(b.block_hash);
-      orphans_.for_each_of(slot, [&](std::uint64_t, const detail::KvOrphanBlock& b) {
-        if (orphans_.find(slot, b.parent) == nullptr) names.push_back(b.parent);
-      });
-    } catch (...) {
-      return;
-    }
-    settle(names, r);
-  }
-
-  // Grafts, for every name in the worklist that some worker has placed, the
-  // orphan chains anchored at it (in slots that do not hold it as an orphan),
-  // and goes on with the names the grafts place. Best effort: a graft that
-  // fails (an allocation, or a conflict with the slot's holds) is undone
-  // whole and its chain stays an orphan chain, still routable by name; it is
-  // tried again when its anchor is next placed. Never throws.
-  void settle(std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
-    std::vector<std::uint32_t> slots;
-    while (!work.empty() && !orphans_.empty()) {
-      const std::uint64_t anchor = work.back();
-      work.pop_back();
-      slots.clear();
-      try {
-        orphans_.for_each_child_of(anchor, [&](std::uint32_t s, std::uint64_t) {
-          if ((slots.empty() || slots.back() != s) && orphans_.find(s, anchor) == nullptr)
-            slots.push_back(s);
-        });
-      } catch (...) {
-        continue;
-      }
-      if (slots.empty()) continue;
-      // Any worker that placed the name: equal names mean equal prefixes.
-      std::uint32_t donor = detail::kv_npos;
-      std::uint32_t donor_hold = detail::kv_npos;
-      for (std::uint32_t d = 0; d < workers_.size() && donor == detail::kv_npos; ++d) {
-        if (!workers_[d].live) continue;
-        const std::uint32_t h = find_name(workers_[d], anchor);
-        if (h != detail::kv_npos) {
-          donor = d;
-          donor_hold = h;
-        }
-      }
-      if (donor == detail::kv_npos) continue;
-      for (const std::uint32_t s : slots)
-        graft(s, anchor, donor, donor_hold, work, r);
-    }
-  }
-
-  // Places the orphan chains of `slot` anchored at `anchor` under the node
-  // that `donor` holds as `donor_hold`: first the path from the root to that
-  // node (the blocks the chain implies, named as the donor names them), then
-  // the orphans in pre-order. Newly placed names join `work`.
-  void graft(std::uint32_t slot, std::uint64_t anchor, std::uint32_t donor,
-             std::uint32_t donor_hold, std::vector<std::uint64_t>& work,
-             KvEventResult& r) noexcept {
-    std::vector<KvBlock> path;
-    try {
-      if (find_name(workers_[slot], anchor) == detail::kv_npos) {
-        for (std::uint32_t h = donor_hold; h != workers_[donor].sentinel; h = holds_.parent(h))
-          path.push_back(KvBlock{holds_[h].block_hash, tree_.nodes().tokens_hash(holds_[h].node)});
-        std::reverse(path.begin(), path.end());
-      }
-    } catch (...) {
-      return;
-    }
-    graft_path(slot, anchor, path, work, r);
-  }
-
-  // As graft, with `path` the blocks from the root to the anchor (its last
-  // block), or empty when the slot has the anchor in its tree.
-  void graft_path(std::uint32_t slot, std::uint64_t anchor, std::span<const KvBlock> path,
-                  std::vector<std::uint64_t>& work, KvEventResult& r) noexcept {
-    std::vector<std::uint64_t> added;  // names newly placed, to undo a failed graft
-    try {
-      // The orphans, parents before children.
-      std::vector<std::pair<std::uint64_t, KvBlock>> order;  // (parent name, block)
-      std::vector<std::uint64_t> stack = orphans_.children(slot, anchor);
-      const std::vector<std::uint64_t> roots = stack;
-      while (!stack.empty()) {
-        const std::uint64_t name = stack.back();
-        stack.pop_back();
-        const detail::KvOrphanBlock* o = orphans_.find(slot, name);
-        order.emplace_back(o->parent, KvBlock{name, o->tokens_hash});
-        const std::vector<std::uint64_t> kids = orphans_.children(slot, name);
-        stack.insert(stack.end(), kids.begin(), kids.end());
-      }
-      added.reserve(path.size() + order.size());
-      work.reserve(work.size() + path.size() + order.size());
-      const auto place = [&](std::optional<std::uint64_t> parent, std::span<const KvBlock> blocks) {
-        KvEventResult one;
-        pick_table_load(slot, blocks.size());
-        reserve_for_store(slot, parent, blocks, false);
-        if (store_blocks(slot, parent, blocks, one) != KvEventStatus::applied) return false;
-        // The new holds are the chain's last ones (a holder holds the parent).
-        for (std::size_t i = blocks.size() - one.blocks_stored; i < blocks.size(); ++i)
-          added.push_back(blocks[i].block_hash);
-        return true;
-      };
-      bool ok = find_name(workers_[slot], anchor) != detail::kv_npos ||
-                (!path.empty() && place(std::nullopt, path));
-      for (std::size_t i = 0; ok && i < order.size(); ++i)
-        ok = place(order[i].first, std::span<const KvBlock>(&order[i].second, 1));
-      if (!ok) {
-        undo_graft(slot, added);
-        return;
-      }
-      for (const std::uint64_t root : roots)
-        (void)orphans_.erase_subtree(slot, root);
-      // The implied path may pass orphans of other chains of the slot: they
-      // are placed now (their children stay, anchored at them).
-      for (const std::uint64_t name : added)
-        (void)orphans_.erase_one(slot, name);
-      work.insert(work.end(), added.begin(), added.end());  // capacity reserved
-      r.blocks_grafted += added.size();
-      ++counters_.grafts;
-    } catch (...) {
-      undo_graft(slot, added);
-    }
-  }
-
-  // Removes the holds a failed graft added (removal never allocates).
-  void undo_graft(std::uint32_t slot, std::span<const std::uint64_t> added) noexcept {
-    KvEventResult ignored;
-    remove_blocks(slot, added, ignored);
-  }
-
-  // The orphan part of a Removed event: a named orphan goes with its orphan
-  // descendants (as a tree removal cascades), and is counted as removed
-  // rather than not held.
-  void remove_orphans(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
-                      KvEventResult& r) noexcept {
-    for (const std::uint64_t name : block_hashes) {
-      const std::size_t n = orphans_.erase_subtree(slot, name);
-      if (n == 0U) continue;
-      --r.blocks_not_held;
-      ++r.blocks_removed;
-      r.blocks_cascaded += n - 1U;
-    }
-  }
-
-  // Undoes the `added` holds of a store. After the first new hold every later
-  // one is new too (a worker holding a node holds its parent), so they form a
-  // chain ending at `h`.
-  void undo_chain(std::uint32_t slot, std::uint32_t h, std::size_t added) noexcept {
-    for (std::size_t i = 0; i < added; ++i) {
-      const std::uint32_t parent = holds_.parent(h);  // O(1): a new hold is a first child
-      release_hold(slot, h, name_fp(holds_[h].block_hash));
-      h = parent;
-    }
-  }
-
-  void remove_blocks(std::uint32_t slot, std::span<const std::uint64_t> block_hashes,
-                     KvEventResult& r) noexcept {
-    // A software pipeline over chunks: each stage prefetches what the next
-    // one reads (name slot, hold, node row, edge slot), so the misses overlap.
-    auto& names = workers_[slot].names;
-    constexpr std::size_t chunk = 64;
-    std::uint32_t hs[chunk];
-    detail::KvHold* hp[chunk];      // the elements of hs[j], found once for all stages
-    std::uint32_t fps[2][chunk];    // this chunk's name fingerprints and the next one's
-    std::size_t name_slots[chunk];  // where hs[j] was found, a hint for erasing it
-    // The name slots are prefetched a chunk ahead: they are the first miss of
-    // each block, and the other stages depend on them.
-    const auto issue_names = [&](std::size_t from, std::uint32_t* dst) {
-      const std::size_t k = std::min(chunk, block_hashes.size() - from);
-      for (std::size_t j = 0; j < k; ++j) {
-        dst[j] = detail::kv_name_fingerprint(block_hashes[from + j]);
-        names.prefetch(dst[j]);
-      }
-    };
-    if (!block_hashes.empty()) issue_names(0, fps[0]);
-    for (std::size_t base = 0, cur = 0; base < block_hashes.size(); base += chunk, cur ^= 1U) {
-      const std::size_t m = std::min(chunk, block_hashes.size() - base);
-      const std::uint32_t* name_fps = fps[cur];
-      if (base + chunk < block_hashes.size()) issue_names(base + chunk, fps[cur ^ 1U]);
-      // Candidates by fingerprint first, so the holds that confirm them load
-      // together.
-      for (std::size_t j = 0; j < m; ++j) {
-        const auto first = names.first_slot(name_fps[j]);
-        hs[j] = first.value;
-        name_slots[j] = first.pos;
-        if (hs[j] != detail::kv_npos) {
-          hp[j] = &holds_[hs[j]];
-          detail::KvHoldStore::prefetch(*hp[j]);
-        }
-      }
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos && hp[j]->block_hash != block_hashes[base + j]) {
-          hs[j] = find_name(workers_[slot], block_hashes[base + j]);
-          if (hs[j] != detail::kv_npos) hp[j] = &holds_[hs[j]];
-        }
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.nodes().prefetch(hp[j]->node);
-      for (std::size_t j = 0; j < m; ++j)
-        if (hs[j] != detail::kv_npos) tree_.prefetch_edge(tree_.nodes().path_hash(hp[j]->node));
-      for (std::size_t j = 0; j < m; ++j) {
-        // An earlier name of this event may have cascaded it away. A removal
-        // allocates nothing, so a freed hold is not reused meanwhile (and its
-        // element stays where hp[j] points).
-        const std::uint32_t h = hs[j];
-        if (h == detail::kv_npos || detail::KvHoldStore::is_free(*hp[j])) {
-          ++r.blocks_not_held;
-          continue;
-        }
-        ++r.blocks_removed;
-        if (hp[j]->first_child == detail::kv_npos)  // a leaf (LRU evicts these): no walk
-          release_hold(slot, h, *hp[j], name_fps[j], true, name_slots[j]);
-        else
-          r.blocks_cascaded += remove_subtree_fp(slot, h, name_fps[j]) - 1U;
-      }
-    }
-  }
-
-  // Drops every block of `slot`; returns how many. With shrink false the
-  // tables and pools keep their capacity (reservations stay valid).
-  std::size_t clear_slot(std::uint32_t slot, bool shrink = true) noexcept {
-    const std::uint32_t sentinel = workers_[slot].sentinel;
-    std::size_t n = 0;
-    while (holds_[sentinel].first_child != detail::kv_npos)
-      n += remove_subtree(slot, holds_[sentinel].first_child, shrink);
-    return n;
-  }
-
-  // Releases hold `top` and all its descendants, leaves first, without
-  // recursion (chains can be thousands of blocks long). Returns how many.
-  std::size_t remove_subtree(std::uint32_t slot, std::uint32_t top, bool shrink = true) noexcept {
-    return remove_subtree_fp(slot, top, name_fp(holds_[top].block_hash), shrink);
-  }
-
-  // As above, with `top_fp` the name fingerprint of `top`'s block hash (a
-  // removal has it from its lookup).
-  std::size_t remove_subtree_fp(std::uint32_t slot, std::uint32_t top, std::uint32_t top_fp,
-                                bool shrink = true) noexcept {
-    return detail::kv_drop_hold_subtree(holds_, top, [&](std::uint32_t h, bool is_top) {
-      release_hold(slot, h, is_top ? top_fp : name_fp(holds_[h].block_hash), shrink);
-    });
-  }
-
-  [[nodiscard]] static constexpr std::uint32_t name_fp(std::uint64_t block_hash) noexcept {
-    return detail::kv_name_fingerprint(block_hash);
-  }
-
-  // The hold of `s` named `block_hash`, or kv_npos.
-  [[nodiscard]] std::uint32_t find_name(const Slot& s, std::uint64_t block_hash) const noexcept {
-    return s.names.find(name_fp(block_hash),
-                        [&](std::uint32_t h) { return holds_[h].block_hash == block_hash; });
-  }
-
-  // Releases a childless hold of `slot`: its name, its holder bit, and the
-  // node when no worker holds it any more. `fp`: name_fp of its block hash.
-  // Always inlined: it runs once per removed block. `name_slot`: where the
-  // name table had the name (a hint, checked; out of range when unknown).
-  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, std::uint32_t fp,
-                                           bool shrink = true,
-                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
-    release_hold(slot, h, holds_[h], fp, shrink, name_slot);
-  }
-
-  // As above, with `x` the element of hold `h` (a caller that has it saves
-  // the page-table step).
-  [[gnu::always_inline]] void release_hold(std::uint32_t slot, std::uint32_t h, detail::KvHold& x,
-                                           std::uint32_t fp, bool shrink = true,
-                                           std::size_t name_slot = ~std::size_t{0}) noexcept {
-    Slot& s = workers_[slot];
-    s.names.erase_hint(name_slot, fp, h, shrink);
-    --s.blocks;
-    if (tree_.nodes().reset_bit(x.node, slot, shrink) == 0U) free_node(x.node, shrink);
-    holds_.release(h, x);
-  }
-
-  void free_node(std::uint32_t n, bool shrink = true) noexcept { tree_.remove_node(n, shrink); }
 
   KvIndexOptions options_;
-  detail::KvTree tree_;                      // nodes, holder sets, edges
-  detail::KvHoldStore holds_;                // (worker, block) pairs, as per-worker trees
-  detail::KvWorkerSlots<KvWorker> workers_;  // cursors, names, hold roots
-  KvIndexCounters counters_;
-  detail::KvOrphans orphans_;  // blocks stored under parents unknown to their worker
+  State state_;
 };
 
 }  // namespace promptcache
