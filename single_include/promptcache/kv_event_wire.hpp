@@ -5070,7 +5070,7 @@ class KvIndex {
     ++state_.counters.workers_replaced;
     trim_masks();
     // Grafts wait until the view is in place: a failed dump must not have
-    // changed other workers. They are best effort (see settle).
+    // changed other workers. They are best effort (see KvGraftPath::settle).
     if (!state_.orphans.empty()) Grafts::settle_replaced(state_, slot, dump);
     res.ok = true;
     res.blocks = state_.workers[slot].blocks;
