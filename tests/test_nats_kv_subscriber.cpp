@@ -432,7 +432,11 @@ TEST_CASE("nats: a server killed mid-stream and restarted: reconnect and exact r
   for (std::size_t s = 10; s < 20; ++s)
     (void)pub.publish(s, batches[s]);
   server.start();
-  REQUIRE(poll_until(sub, [&] { return sub.connected() && pub.connected(); }));
+  // The reconnected callback runs on libnats's callback thread, after the
+  // status already reads connected.
+  REQUIRE(poll_until(sub, [&] {
+    return sub.connected() && pub.connected() && sub.transport_counters().reconnects >= 1;
+  }));
   // The replay subscription is known to the server again.
   REQUIRE(pub.flush(2000ms));
   for (std::size_t s = 20; s < 30; ++s)
@@ -448,7 +452,6 @@ TEST_CASE("nats: a server killed mid-stream and restarted: reconnect and exact r
   CHECK(c.gaps == c.gaps_recovered);
   CHECK(c.batches_applied == 30);
   CHECK(c.index_rejected == 0);
-  CHECK(sub.transport_counters().reconnects >= 1);
   CHECK(sub.transport_counters().disconnects >= 1);
 }
 
@@ -462,17 +465,44 @@ TEST_CASE("nats: messages the decoder cannot place, and bad options", "[nats]") 
   REQUIRE(natsConnection_PublishString(nc, (prefix + ".4").c_str(), "x") == NATS_OK);
   REQUIRE(natsConnection_PublishString(nc, (prefix + ".abc").c_str(), "x") == NATS_OK);
   REQUIRE(natsConnection_Flush(nc) == NATS_OK);
-  natsConnection_Destroy(nc);
   REQUIRE(poll_until(sub, [&] { return sub.transport_counters().messages == 2; }));
   CHECK(sub.transport_counters().unidentified == 2);
   CHECK(sub.streams().empty());
   CHECK(sub.index().worker_count() == 0);
 
+  // A live seq equal to the replay's end marker is never a batch.
+  natsMsg* m = nullptr;
+  REQUIRE(natsMsg_Create(&m, (prefix + ".4").c_str(), nullptr, "x", 1) == NATS_OK);
+  REQUIRE(natsMsgHeader_Set(m, promptcache::nats_kv_seq_header, "18446744073709551615") == NATS_OK);
+  REQUIRE(natsConnection_PublishMsg(nc, m) == NATS_OK);
+  natsMsg_Destroy(m);
+  REQUIRE(poll_until(sub, [&] { return sub.transport_counters().messages == 3; }));
+  CHECK(sub.counters(KvWorker{4, 0}).bad_frames == 1);
+  CHECK(sub.last_seq(KvWorker{4, 0}) == std::nullopt);
+
+  // A replay request of the wrong size is not answered.
+  NatsKvPublisher pub(pub_options(server, KvWorker{4, 0}));
+  natsMsg* reply = nullptr;
+  CHECK(natsConnection_Request(&reply, nc, pub.replay_subject().c_str(), "abc", 3, 200) ==
+        NATS_TIMEOUT);
+  CHECK(pub.counters().bad_requests == 1);
+  natsConnection_Destroy(nc);
+
   auto o = sub_options(server);
   o.prefix = "a.*.b";
   CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o.prefix = "";
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o.prefix = "a..b";
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
   o = sub_options(server);
   o.max_messages_per_round = 0;
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o = sub_options(server);
+  o.max_pending = 0;
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o = sub_options(server);
+  o.replay_timeout = -1ms;
   CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
   o = sub_options(server);
   o.connection.url = "nats://127.0.0.1:1";
