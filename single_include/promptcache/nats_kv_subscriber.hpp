@@ -6879,6 +6879,12 @@ struct NatsMsgDeleter {
 };
 using NatsMsgPtr = std::unique_ptr<natsMsg, NatsMsgDeleter>;
 
+struct NatsSubscriptionDeleter {
+  void operator()(natsSubscription* s) const noexcept { natsSubscription_Destroy(s); }
+};
+// A synchronous subscription (no handler runs on libnats's threads).
+using NatsSyncSubscriptionPtr = std::unique_ptr<natsSubscription, NatsSubscriptionDeleter>;
+
 inline std::optional<std::uint64_t> nats_parse_u64(std::string_view s) noexcept {
   if (s.empty() || s.size() > 20) return std::nullopt;
   std::uint64_t v = 0;
@@ -7083,11 +7089,12 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       detail::nats_check(natsInbox_Create(&inbox), "natsInbox_Create");
       inbox_ = inbox;
       natsInbox_Destroy(inbox);
-      detail::nats_check(
-          natsConnection_SubscribeSync(&replay_sub_, conn_->get(), (inbox_ + ".*").c_str()),
-          "natsConnection_SubscribeSync");
+      natsSubscription* rs = nullptr;
+      detail::nats_check(natsConnection_SubscribeSync(&rs, conn_->get(), (inbox_ + ".*").c_str()),
+                         "natsConnection_SubscribeSync");
+      replay_sub_.reset(rs);
       // Replies are read as they come; a long replay must not be cut short.
-      natsSubscription_SetPendingLimits(replay_sub_, -1, -1);
+      natsSubscription_SetPendingLimits(rs, -1, -1);
     }
     std::vector<std::string> subjects;
     if (options_.workers.empty()) subjects.push_back(options_.prefix + ".*");
@@ -7113,7 +7120,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   ~NatsKvSubscriber() {
     stop();
     subs_.clear();
-    if (replay_sub_ != nullptr) natsSubscription_Destroy(replay_sub_);
+    replay_sub_.reset();
     conn_.reset();
     for (natsMsg* m : queue_)
       natsMsg_Destroy(m);
@@ -7341,7 +7348,8 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       natsStatus s = NATS_OK;
       {
         const auto unlocked = unlocked_wait();
-        s = natsSubscription_NextMsg(&raw, replay_sub_, std::max<std::int64_t>(left.count(), 1));
+        s = natsSubscription_NextMsg(&raw, replay_sub_.get(),
+                                     std::max<std::int64_t>(left.count(), 1));
       }
       if (s == NATS_TIMEOUT) continue;                        // re-check the deadline
       if (s != NATS_OK) return detail::KvReplayStep::silent;  // closed, slow consumer
@@ -7367,7 +7375,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   NatsKvSubscriberOptions options_;
   std::unique_ptr<detail::NatsConnection> conn_;
   std::vector<std::unique_ptr<detail::NatsAsyncSubscription>> subs_;
-  natsSubscription* replay_sub_ = nullptr;
+  detail::NatsSyncSubscriptionPtr replay_sub_;
   std::string inbox_;
   std::string reply_subject_;
   std::uint64_t request_id_ = 0;
