@@ -335,6 +335,63 @@ TEST_CASE("nats: a lost batch is replayed over request-reply", "[nats]") {
   CHECK(pub.counters().replay_requests == 1);
 }
 
+TEST_CASE("nats: a worker list limits the subjects; only the lost rank's publisher answers",
+          "[nats]") {
+  NatsServer server;
+  auto so = sub_options(server);
+  so.workers = {7};
+  NatsKvSubscriber sub(so);
+  NatsKvPublisher rank0(pub_options(server, KvWorker{7, 0}));
+  NatsKvPublisher rank1(pub_options(server, KvWorker{7, 1}));
+  NatsKvPublisher other(pub_options(server, KvWorker{8, 0}));
+  const auto a = mixed_stream(0);
+  const auto b = mixed_stream(1000);
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    REQUIRE(rank0.publish(s, a[s]));
+    if (s == 1)
+      rank1.remember(s, b[s]);
+    else
+      REQUIRE(rank1.publish(s, b[s]));
+    REQUIRE(other.publish(s, a[s]));
+  }
+  REQUIRE(reached(sub, KvWorker{7, 0}, 7));
+  REQUIRE(reached(sub, KvWorker{7, 1}, 7));
+  KvIndex want;
+  apply_direct(want, KvWorker{7, 0}, a);
+  apply_direct(want, KvWorker{7, 1}, b);
+  require_same(sub.index(), want);
+  CHECK(sub.streams().size() == 2);
+  CHECK(sub.counters(KvWorker{7, 1}).gaps_recovered == 1);
+  CHECK(rank1.counters().replay_requests == 1);
+  CHECK(rank0.counters().replay_requests == 0);
+}
+
+TEST_CASE("nats: a replay buffer that no longer reaches the gap resets the view", "[nats]") {
+  NatsServer server;
+  NatsKvSubscriber sub(sub_options(server));
+  const KvWorker w{5, 0};
+  auto po = pub_options(server, w);
+  po.buffer_batches = 2;
+  NatsKvPublisher pub(po);
+  std::vector<std::string> batches;
+  for (std::uint64_t i = 0; i < 8; ++i)
+    batches.push_back(i == 0 ? stored({1}) : stored({i + 1}, i));
+  REQUIRE(pub.publish(0, batches[0]));
+  REQUIRE(reached(sub, w, 0));
+  for (std::size_t s = 1; s < 6; ++s)
+    pub.remember(s, batches[s]);  // lost; the buffer keeps 4 and 5 only
+  REQUIRE(pub.publish(6, batches[6]));
+  REQUIRE(reached(sub, w, 6));
+  const KvPublisherCounters c = sub.counters(w);
+  CHECK(c.gaps == 1);
+  CHECK(c.gaps_unrecoverable == 1);
+  CHECK(c.resets == 1);
+  // The view starts over from the oldest batch still buffered.
+  KvIndex want;
+  apply_direct(want, w, {batches[4], batches[5], batches[6]});
+  require_same(sub.index(), want);
+}
+
 TEST_CASE("nats: a replay nobody answers resets the view", "[nats]") {
   NatsServer server;
   NatsKvSubscriber sub(sub_options(server));
