@@ -566,3 +566,87 @@ TEST_CASE("nats: messages the decoder cannot place, and bad options", "[nats]") 
   o.connection.connect_timeout = 200ms;
   CHECK_THROWS_AS(NatsKvSubscriber(o), promptcache::NatsKvError);
 }
+
+TEST_CASE("nats jetstream: a durable subscriber restarted resumes where it acknowledged",
+          "[nats]") {
+  NatsServer server;
+  const KvWorker w{3, 0};
+  NatsKvPublisher pub(pub_options(server, w));
+  auto so = sub_options(server);
+  so.jetstream.stream = "KV_EVENTS";
+  so.jetstream.durable = "router";
+  const auto batches = mixed_stream(0);
+  {
+    NatsKvSubscriber sub(so);
+    for (std::size_t s = 0; s < 4; ++s)
+      REQUIRE(pub.publish(s, batches[s]));
+    REQUIRE(reached(sub, w, 3));
+    CHECK(sub.counters(w).messages == 4);
+  }
+  for (std::size_t s = 4; s < 8; ++s)
+    REQUIRE(pub.publish(s, batches[s]));  // kept by the stream meanwhile
+  REQUIRE(pub.flush(2000ms));
+  NatsKvSubscriber sub(so);
+  REQUIRE(reached(sub, w, 7));
+  // Only the batches not acknowledged were delivered; the ones the new
+  // index lacks (0 to 3) came from the publisher's replay.
+  const KvPublisherCounters c = sub.counters(w);
+  CHECK(c.messages == 4);
+  CHECK(c.gaps == 1);
+  CHECK(c.gaps_recovered == 1);
+  CHECK(c.resets == 0);
+  CHECK(c.batches_applied == 8);
+  KvIndex want;
+  apply_direct(want, w, batches);
+  require_same(sub.index(), want);
+}
+
+TEST_CASE("nats jetstream: a server killed and restarted keeps the stream and the consumer",
+          "[nats]") {
+  NatsServer server;
+  const KvWorker w{21, 0};
+  NatsKvPublisher pub(pub_options(server, w));
+  auto so = sub_options(server);
+  so.jetstream.stream = "KV_EVENTS";
+  so.jetstream.durable = "router";
+  NatsKvSubscriber sub(so);
+  std::vector<std::string> batches;
+  for (std::uint64_t i = 0; i < 30; ++i)
+    batches.push_back(i == 0 ? stored({1}) : stored({i + 1}, i));
+  for (std::size_t s = 0; s < 10; ++s)
+    REQUIRE(pub.publish(s, batches[s]));
+  REQUIRE(reached(sub, w, 9));
+  server.kill_now();
+  for (std::size_t s = 10; s < 20; ++s)
+    (void)pub.publish(s, batches[s]);
+  server.start();
+  REQUIRE(poll_until(sub, [&] {
+    return sub.connected() && pub.connected() && sub.transport_counters().reconnects >= 1;
+  }));
+  REQUIRE(pub.flush(2000ms));
+  for (std::size_t s = 20; s < 30; ++s)
+    REQUIRE(pub.publish(s, batches[s]));
+  REQUIRE(reached(sub, w, 29));
+  KvIndex want;
+  apply_direct(want, w, batches);
+  require_same(sub.index(), want);
+  const KvPublisherCounters c = sub.counters(w);
+  CHECK(c.resets == 0);
+  CHECK(c.gaps == c.gaps_recovered);
+  CHECK(c.batches_applied == 30);
+}
+
+TEST_CASE("nats jetstream: bad options", "[nats]") {
+  NatsServer server;
+  auto o = sub_options(server);
+  o.jetstream.stream = "KV_EVENTS";
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);  // no durable name
+  o.jetstream.durable = "a.b";
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o.jetstream.durable = "router";
+  o.workers = {1, 2};
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+  o.workers = {};
+  o.jetstream.ack_wait = 0ms;
+  CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
+}
