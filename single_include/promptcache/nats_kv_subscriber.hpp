@@ -44,7 +44,12 @@
 //
 // Connections reconnect by themselves (libnats reconnect options); batches
 // lost while the server was away surface as a gap on the next batch and are
-// replayed. Driving it: poll(timeout) from your own loop, or start() a
+// replayed. Durable mode (options.jetstream) reads a JetStream stream over
+// P.* through a durable pull consumer instead, acknowledging each batch once
+// applied: the server keeps what a subscriber has not yet read, and a
+// subscriber constructed again with the same consumer name resumes after the
+// last batch acknowledged (its new index then fills the rest from the
+// publishers' replay, as any gap). Driving it: poll(timeout) from your own loop, or start() a
 // thread and read through with_index(), exactly as ZmqKvSubscriber.
 // Needs the NATS C client (libnats) besides msgpack-cxx and xxHash.
 
@@ -6825,6 +6830,22 @@ struct NatsKvConnectionOptions {
   std::chrono::milliseconds connect_timeout{2000};
 };
 
+/// JetStream (durable) mode of the subscriber: a stream keeps the batches
+/// published on P.*, and the subscriber reads it through a durable pull
+/// consumer, acknowledging each batch once applied.
+struct NatsKvJetStreamOptions {
+  /// The stream's name; empty: core NATS (no JetStream, the default).
+  std::string stream;
+  /// The durable consumer's name (no '.', '*', '>' or spaces); required with
+  /// a stream. A subscriber constructed again with the same name resumes at
+  /// the first batch not acknowledged.
+  std::string durable;
+  /// Create the stream over P.* (file storage) when it does not exist.
+  bool create_stream = true;
+  /// A batch fetched but not acknowledged within this is delivered again. > 0.
+  std::chrono::milliseconds ack_wait{30000};
+};
+
 /// Subscriber settings.
 struct NatsKvSubscriberOptions {
   NatsKvConnectionOptions connection;  ///< Where and how to connect.
@@ -6853,6 +6874,8 @@ struct NatsKvSubscriberOptions {
   std::size_t max_messages_per_round = 4096;
   /// The time source of replay_timeout; empty: std::chrono::steady_clock.
   std::function<std::chrono::steady_clock::time_point()> clock;
+  /// Durable mode; by default off (core NATS subscriptions).
+  NatsKvJetStreamOptions jetstream;
 };
 
 /// What the subscriber's connection saw, beyond the per-stream counters.
@@ -6884,6 +6907,11 @@ struct NatsSubscriptionDeleter {
 };
 // A synchronous subscription (no handler runs on libnats's threads).
 using NatsSyncSubscriptionPtr = std::unique_ptr<natsSubscription, NatsSubscriptionDeleter>;
+
+struct NatsJsDeleter {
+  void operator()(jsCtx* js) const noexcept { jsCtx_Destroy(js); }
+};
+using NatsJsPtr = std::unique_ptr<jsCtx, NatsJsDeleter>;
 
 inline std::optional<std::uint64_t> nats_parse_u64(std::string_view s) noexcept {
   if (s.empty() || s.size() > 20) return std::nullopt;
@@ -7082,6 +7110,16 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       throw std::invalid_argument("NatsKvSubscriber: max_pending must be at least 1");
     if (options_.max_messages_per_round == 0)
       throw std::invalid_argument("NatsKvSubscriber: max_messages_per_round must be at least 1");
+    if (const NatsKvJetStreamOptions& j = options_.jetstream; !j.stream.empty()) {
+      if (j.durable.empty() || j.durable.find_first_of(".*> \t\r\n") != std::string::npos)
+        throw std::invalid_argument(
+            "NatsKvSubscriber: jetstream.durable must be a name without '.'");
+      if (j.ack_wait.count() <= 0)
+        throw std::invalid_argument("NatsKvSubscriber: jetstream.ack_wait must be positive");
+      // A consumer filters on one subject (before nats-server 2.10).
+      if (options_.workers.size() > 1)
+        throw std::invalid_argument("NatsKvSubscriber: jetstream follows all workers or one");
+    }
     if (!options_.decoder) options_.decoder = std::make_shared<NatsKvBatchDecoder>(options_.wire);
     conn_ = std::make_unique<detail::NatsConnection>(options_.connection, "NatsKvSubscriber");
     if (options_.replay) {
@@ -7100,6 +7138,10 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     if (options_.workers.empty()) subjects.push_back(options_.prefix + ".*");
     for (const std::uint64_t w : options_.workers)
       subjects.push_back(options_.prefix + "." + std::to_string(w));
+    if (!options_.jetstream.stream.empty()) {
+      open_jetstream(subjects.front());
+      subjects.clear();
+    }
     for (const auto& s : subjects) {
       subs_.push_back(std::make_unique<detail::NatsAsyncSubscription>(
           conn_->get(), s, &NatsKvSubscriber::on_message, this));
@@ -7121,6 +7163,14 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     stop();
     subs_.clear();
     replay_sub_.reset();
+    if (pull_sub_ != nullptr) {
+      // The acknowledgements sent are known to the server: a durable consumer
+      // resumes after them. Destroyed without unsubscribing, which would
+      // delete the consumer.
+      natsConnection_FlushTimeout(conn_->get(), 1000);
+      pull_sub_.reset();
+    }
+    js_.reset();
     conn_.reset();
     for (natsMsg* m : queue_)
       natsMsg_Destroy(m);
@@ -7240,7 +7290,91 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
   }
 
+  // Creates the stream (if asked) and the durable consumer when missing, and
+  // binds a pull subscription to the consumer: bound rather than created by
+  // the subscription, it outlives the subscriber.
+  void open_jetstream(const std::string& filter) {
+    const NatsKvJetStreamOptions& j = options_.jetstream;
+    jsCtx* js = nullptr;
+    detail::nats_check(natsConnection_JetStream(&js, conn_->get(), nullptr),
+                       "natsConnection_JetStream");
+    js_.reset(js);
+    jsErrCode err = static_cast<jsErrCode>(0);
+    if (j.create_stream) {
+      jsStreamConfig cfg;
+      jsStreamConfig_Init(&cfg);
+      const std::string all = options_.prefix + ".*";
+      const char* subjects[1] = {all.c_str()};
+      cfg.Name = j.stream.c_str();
+      cfg.Subjects = subjects;
+      cfg.SubjectsLen = 1;
+      cfg.Storage = js_FileStorage;
+      jsStreamInfo* si = nullptr;
+      const natsStatus s = js_AddStream(&si, js, &cfg, nullptr, &err);
+      if (si != nullptr) jsStreamInfo_Destroy(si);
+      if (s != NATS_OK && err != JSStreamNameExistErr) throw NatsKvError("js_AddStream", s);
+    }
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = j.durable.c_str();
+    cc.AckPolicy = js_AckExplicit;
+    cc.DeliverPolicy = js_DeliverAll;
+    cc.AckWait = static_cast<std::int64_t>(j.ack_wait.count()) * 1000000;
+    cc.FilterSubject = filter.c_str();
+    jsConsumerInfo* ci = nullptr;
+    err = static_cast<jsErrCode>(0);
+    const natsStatus s = js_AddConsumer(&ci, js, j.stream.c_str(), &cc, nullptr, &err);
+    if (ci != nullptr) jsConsumerInfo_Destroy(ci);
+    if (s != NATS_OK && err != JSConsumerNameExistErr) throw NatsKvError("js_AddConsumer", s);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = j.stream.c_str();
+    so.Consumer = j.durable.c_str();
+    natsSubscription* ps = nullptr;
+    detail::nats_check(
+        js_PullSubscribe(&ps, js, filter.c_str(), j.durable.c_str(), nullptr, &so, &err),
+        "js_PullSubscribe");
+    pull_sub_.reset(ps);
+  }
+
+  // Fetches up to max_messages_per_round batches, applies them, and
+  // acknowledges each once applied.
+  std::size_t poll_jetstream(std::chrono::milliseconds timeout) {
+    natsMsgList list{nullptr, 0};
+    const int batch = static_cast<int>(
+        std::min<std::size_t>(options_.max_messages_per_round, std::numeric_limits<int>::max()));
+    const natsStatus s = natsSubscription_Fetch(
+        &list, pull_sub_.get(), batch, std::max<std::int64_t>(timeout.count(), 1), nullptr);
+    work_.clear();
+    for (int i = 0; i < list.Count; ++i) {
+      work_.emplace_back(list.Msgs[i]);
+      list.Msgs[i] = nullptr;
+    }
+    natsMsgList_Destroy(&list);
+    if (s != NATS_OK && s != NATS_TIMEOUT && work_.empty()) {
+      // Disconnected: wait out the timeout rather than spin.
+      std::unique_lock<std::mutex> q(queue_mutex_);
+      queue_cv_.wait_for(q, timeout);
+      return 0;
+    }
+    std::size_t handled = 0;
+    for (auto& m : work_) {
+      ++handled;
+      wait_for_readers();
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        const Holding holding(*this, lock);
+        handle(m.get());
+      }
+      natsMsg_Ack(m.get(), nullptr);
+      m.reset();
+    }
+    work_.clear();
+    return handled;
+  }
+
   std::size_t poll_once(std::chrono::milliseconds timeout) {
+    if (pull_sub_ != nullptr) return poll_jetstream(timeout);
     work_.clear();
     {
       std::unique_lock<std::mutex> q(queue_mutex_);
@@ -7376,6 +7510,8 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   std::unique_ptr<detail::NatsConnection> conn_;
   std::vector<std::unique_ptr<detail::NatsAsyncSubscription>> subs_;
   detail::NatsSyncSubscriptionPtr replay_sub_;
+  detail::NatsJsPtr js_;
+  detail::NatsSyncSubscriptionPtr pull_sub_;  // the durable consumer's, in JetStream mode
   std::string inbox_;
   std::string reply_subject_;
   std::uint64_t request_id_ = 0;
