@@ -650,3 +650,76 @@ TEST_CASE("nats jetstream: bad options", "[nats]") {
   o.jetstream.ack_wait = 0ms;
   CHECK_THROWS_AS(NatsKvSubscriber(o), std::invalid_argument);
 }
+
+namespace {
+
+// A codec whose messages name their stream in the payload, as Dynamo's
+// RouterEvent does: [worker id, dp rank, seq] (8 + 4 + 8 bytes, big-endian),
+// then a KVEventBatch.
+class NamedStreamDecoder final : public promptcache::NatsKvDecoder {
+ public:
+  std::optional<promptcache::NatsKvBatchId> identify(
+      const promptcache::NatsKvEnvelope& m) override {
+    if (m.payload.size() < 20) return std::nullopt;
+    const auto u = [&](std::size_t at, std::size_t n) {
+      std::uint64_t v = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        v = (v << 8) | static_cast<std::uint8_t>(m.payload[at + i]);
+      return v;
+    };
+    return promptcache::NatsKvBatchId{KvWorker{u(0, 8), static_cast<std::uint32_t>(u(8, 4))},
+                                      u(12, 8)};
+  }
+  promptcache::KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out,
+                                   KvWireStreamState& state) override {
+    return decoder_.decode(payload.subspan(20), out, state);
+  }
+
+ private:
+  KvEventWireDecoder decoder_;
+};
+
+std::string named(const KvWorker& w, std::uint64_t seq, const std::string& batch) {
+  std::string s;
+  for (int i = 7; i >= 0; --i)
+    s.push_back(static_cast<char>((w.worker_id >> (8 * i)) & 0xffU));
+  for (int i = 3; i >= 0; --i)
+    s.push_back(static_cast<char>((w.dp_rank >> (8 * i)) & 0xffU));
+  for (int i = 7; i >= 0; --i)
+    s.push_back(static_cast<char>((seq >> (8 * i)) & 0xffU));
+  return s + batch;
+}
+
+}  // namespace
+
+TEST_CASE("nats: a decoder that names the stream in the payload, on one shared subject", "[nats]") {
+  NatsServer server;
+  auto o = sub_options(server);
+  o.subjects = {o.prefix};  // every worker on the prefix itself, as Dynamo publishes
+  o.decoder = std::make_shared<NamedStreamDecoder>();
+  o.replay = false;
+  NatsKvSubscriber sub(o);
+  natsConnection* nc = nullptr;
+  REQUIRE(natsConnection_ConnectTo(&nc, server.url().c_str()) == NATS_OK);
+  const auto a = mixed_stream(0);
+  const auto b = mixed_stream(700);
+  const KvWorker wa{40, 0};
+  const KvWorker wb{41, 3};
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    const std::string ma = named(wa, s, a[s]);
+    const std::string mb = named(wb, s, b[s]);
+    REQUIRE(natsConnection_Publish(nc, o.prefix.c_str(), ma.data(), static_cast<int>(ma.size())) ==
+            NATS_OK);
+    REQUIRE(natsConnection_Publish(nc, o.prefix.c_str(), mb.data(), static_cast<int>(mb.size())) ==
+            NATS_OK);
+  }
+  REQUIRE(natsConnection_Flush(nc) == NATS_OK);
+  natsConnection_Destroy(nc);
+  REQUIRE(reached(sub, wa, 7));
+  REQUIRE(reached(sub, wb, 7));
+  KvIndex want;
+  apply_direct(want, wa, a);
+  apply_direct(want, wb, b);
+  require_same(sub.index(), want);
+  CHECK(sub.total_counters().gaps == 0);
+}
