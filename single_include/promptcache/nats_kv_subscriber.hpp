@@ -6853,6 +6853,10 @@ struct NatsKvSubscriberOptions {
   std::string prefix = dynamo_kv_events_subject("dynamo", "backend");
   /// Workers to follow (P.<id> each); empty: every worker (P.*).
   std::vector<std::uint64_t> workers;
+  /// Subjects to subscribe to instead of those `workers` implies, e.g. P
+  /// itself, where Dynamo publishes every worker's RouterEvent (a decoder
+  /// then names the worker). Wildcards allowed. In durable mode at most one.
+  std::vector<std::string> subjects;
   /// Payload decoder; empty: NatsKvBatchDecoder(wire).
   std::shared_ptr<NatsKvDecoder> decoder;
   KvWireOptions wire;  ///< Options of the default decoder.
@@ -7104,6 +7108,9 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
                  index_options),
         options_(std::move(options)) {
     detail::nats_check_subject(options_.prefix, "NatsKvSubscriber");
+    for (const std::string& subject : options_.subjects)
+      if (subject.empty() || subject.find_first_of(" \t\r\n") != std::string::npos)
+        throw std::invalid_argument("NatsKvSubscriber: an empty subject, or one with spaces");
     if (options_.replay_timeout.count() < 0)
       throw std::invalid_argument("NatsKvSubscriber: replay_timeout must not be negative");
     if (options_.max_pending == 0)
@@ -7117,8 +7124,9 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       if (j.ack_wait.count() <= 0)
         throw std::invalid_argument("NatsKvSubscriber: jetstream.ack_wait must be positive");
       // A consumer filters on one subject (before nats-server 2.10).
-      if (options_.workers.size() > 1)
-        throw std::invalid_argument("NatsKvSubscriber: jetstream follows all workers or one");
+      if (options_.subjects.size() > 1 ||
+          (options_.subjects.empty() && options_.workers.size() > 1))
+        throw std::invalid_argument("NatsKvSubscriber: jetstream follows one subject");
     }
     if (!options_.decoder) options_.decoder = std::make_shared<NatsKvBatchDecoder>(options_.wire);
     conn_ = std::make_unique<detail::NatsConnection>(options_.connection, "NatsKvSubscriber");
@@ -7134,10 +7142,11 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       // Replies are read as they come; a long replay must not be cut short.
       natsSubscription_SetPendingLimits(rs, -1, -1);
     }
-    std::vector<std::string> subjects;
-    if (options_.workers.empty()) subjects.push_back(options_.prefix + ".*");
-    for (const std::uint64_t w : options_.workers)
-      subjects.push_back(options_.prefix + "." + std::to_string(w));
+    std::vector<std::string> subjects = options_.subjects;
+    if (subjects.empty() && options_.workers.empty()) subjects.push_back(options_.prefix + ".*");
+    if (options_.subjects.empty())
+      for (const std::uint64_t w : options_.workers)
+        subjects.push_back(options_.prefix + "." + std::to_string(w));
     if (!options_.jetstream.stream.empty()) {
       open_jetstream(subjects.front());
       subjects.clear();
