@@ -66,7 +66,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -7098,10 +7097,12 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
 
  public:
   /// Connects and subscribes (P.* or P.<id> per worker, and a reply inbox for
-  /// replays). Throws std::invalid_argument for a prefix with wildcards or
-  /// empty, a negative replay_timeout, max_pending or max_messages_per_round
-  /// of 0; NatsKvError when the server cannot be reached within
-  /// connection.connect_timeout. O(workers).
+  /// replays), or in durable mode binds the durable consumer (creating it and
+  /// the stream when missing). Throws std::invalid_argument for a prefix with
+  /// wildcards or empty, a negative replay_timeout, max_pending or
+  /// max_messages_per_round of 0, or jetstream options out of range;
+  /// NatsKvError when the server cannot be reached within
+  /// connection.connect_timeout or refuses the stream or consumer. O(workers).
   explicit NatsKvSubscriber(NatsKvSubscriberOptions options, KvIndexOptions index_options = {})
       : Follower(detail::KvFollowerRules{options.restart_max_seq, options.remembered_batches,
                                          options.max_blocks_per_lock},
@@ -7589,9 +7590,13 @@ class NatsKvPublisher {
   }
 
   /// Buffers batch `payload` as `seq` and publishes it. False when the
-  /// connection refused it (closed, or its reconnect buffer full): it stays
-  /// buffered, for a replay. O(payload).
+  /// connection refused it (closed, its reconnect buffer full, or larger than
+  /// the server's max_payload): it stays buffered, for a replay. Throws
+  /// std::length_error (buffering nothing) above 2^31 - 1 bytes, which no
+  /// NATS message can hold. O(payload).
   bool publish(std::uint64_t seq, std::span<const std::byte> payload) {
+    if (payload.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw std::length_error("NatsKvPublisher: a batch above 2^31 - 1 bytes");
     remember(seq, payload);
     const detail::NatsMsgPtr m =
         detail::nats_batch_msg(subject_, nullptr, seq, options_.worker.dp_rank, payload);
