@@ -9,6 +9,9 @@
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
 #                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
 #                                    the thread library
+#   promptcache::nats_kv_subscriber  nats_kv_subscriber.hpp: kv_event_wire plus the
+#                                    NATS C client, libnats (cmake/FindNatsC.cmake),
+#                                    and the thread library
 include_guard(GLOBAL)
 
 promptcache_add_component(
@@ -29,6 +32,20 @@ promptcache_add_component(
   PKG_CONFIG cppzmq
   PKG_CONFIG_LIBS -pthread)
 
+promptcache_add_component(
+  nats_kv_subscriber ONLY_WHEN_FOUND
+  DESCRIPTION "NATS subscriber and publisher of KV event streams (nats_kv_subscriber.hpp)"
+  REQUIRES kv_event_wire
+  FIND NatsC AND Threads
+  LINK NatsC::nats Threads::Threads
+  PKG_CONFIG libnats
+  PKG_CONFIG_LIBS -pthread)
+
+if(NOT TARGET promptcache::nats_kv_subscriber)
+  message(STATUS "promptcache: the tests and examples that need the NATS C client are skipped "
+                 "(Debian: libnats-dev, and nats-server to run them)")
+endif()
+
 if(NOT TARGET promptcache::zmq_kv_subscriber)
   message(STATUS "promptcache: the tests, benchmarks and examples that need msgpack-cxx or ZeroMQ are "
                  "skipped (Debian: libmsgpack-cxx-dev, cppzmq-dev, libzmq3-dev)")
@@ -39,6 +56,8 @@ endif()
 function(promptcache_optional_requirement name out)
   if(name MATCHES "zmq")
     set(${out} promptcache::zmq_kv_subscriber PARENT_SCOPE)
+  elseif(name MATCHES "nats")
+    set(${out} promptcache::nats_kv_subscriber PARENT_SCOPE)
   elseif(name MATCHES "kv_event_wire")
     set(${out} promptcache::kv_event_wire PARENT_SCOPE)
   else()

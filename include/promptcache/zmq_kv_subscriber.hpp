@@ -83,8 +83,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "promptcache/block_hash.hpp"  // detail::xxh3_64
-#include "promptcache/cursor.hpp"
+#include "promptcache/detail/kv_stream_follower.hpp"
 #include "promptcache/kv_event_wire.hpp"
 #include "promptcache/kv_index.hpp"
 
@@ -130,61 +129,27 @@ struct ZmqKvSubscriberOptions {
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
-/// What happened to one publisher's stream, since construction.
-struct KvPublisherCounters {
-  std::uint64_t messages = 0;            ///< Live messages received.
-  std::uint64_t batches_applied = 0;     ///< Batches applied (live and replayed).
-  std::uint64_t batches_replayed = 0;    ///< ... of which came from the replay socket.
-  std::uint64_t events_applied = 0;      ///< Events given to the index.
-  std::uint64_t index_rejected = 0;      ///< ... that the index refused (unknown parent, conflict).
-  std::uint64_t duplicates = 0;          ///< Live messages with an applied seq, dropped.
-  std::uint64_t already_replayed = 0;    ///< Live messages a replay had applied first, dropped.
-  std::uint64_t gaps = 0;                ///< Gaps seen (including a first seq other than 0).
-  std::uint64_t gaps_recovered = 0;      ///< Gaps filled completely by a replay that ended.
-  std::uint64_t gaps_unrecoverable = 0;  ///< Gaps that reset the worker's view.
-  std::uint64_t replay_timeouts = 0;     ///< Replays that fell silent before their end marker.
-  std::uint64_t restarts = 0;            ///< Publisher restarts detected.
-  std::uint64_t resets = 0;              ///< Worker views dropped (restarts, unrecoverable gaps).
-  std::uint64_t malformed = 0;           ///< Payloads that did not decode (seq consumed).
-  std::uint64_t bad_frames = 0;          ///< Messages with a wrong frame count or seq size, or a
-                                         ///< seq the publisher never sent (see the header comment).
-  std::uint64_t dp_rank_mismatches = 0;  ///< Batches naming another dp rank than configured.
-  std::uint64_t unknown_events = 0;      ///< Events with an unknown tag (skipped).
-  std::uint64_t ignored_events = 0;      ///< Events skipped by KvWireOptions rules.
-  std::uint64_t dropped_blocks = 0;      ///< Stored blocks without full tokens (skipped).
-  KvWireErrc last_error = KvWireErrc::ok;  ///< The last decode error.
+namespace detail {
 
-  /// Adds `o` into this. O(1).
-  KvPublisherCounters& operator+=(const KvPublisherCounters& o) noexcept {
-    messages += o.messages;
-    batches_applied += o.batches_applied;
-    batches_replayed += o.batches_replayed;
-    events_applied += o.events_applied;
-    index_rejected += o.index_rejected;
-    duplicates += o.duplicates;
-    already_replayed += o.already_replayed;
-    gaps += o.gaps;
-    gaps_recovered += o.gaps_recovered;
-    gaps_unrecoverable += o.gaps_unrecoverable;
-    replay_timeouts += o.replay_timeouts;
-    restarts += o.restarts;
-    resets += o.resets;
-    malformed += o.malformed;
-    bad_frames += o.bad_frames;
-    dp_rank_mismatches += o.dp_rank_mismatches;
-    unknown_events += o.unknown_events;
-    ignored_events += o.ignored_events;
-    dropped_blocks += o.dropped_blocks;
-    if (o.last_error != KvWireErrc::ok) last_error = o.last_error;
-    return *this;
-  }
+// One publisher: the follower's stream state plus its sockets.
+struct ZmqKvStream : KvStream {
+  KvPublisherEndpoint cfg;
+  zmq::socket_t sub;
+  zmq::socket_t replay;
+  bool has_replay = false;
 };
+
+}  // namespace detail
 
 /// Follows N KV event publishers into one KvIndex (owned). Sockets are used by
 /// one thread at a time: either the caller's poll() or the start() thread.
 /// Construction connects (ZeroMQ connects lazily, so unreachable publishers
 /// are not an error); a malformed endpoint throws zmq::error_t.
-class ZmqKvSubscriber {
+class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail::ZmqKvStream> {
+  using Follower = detail::KvStreamFollower<ZmqKvSubscriber, detail::ZmqKvStream>;
+  friend Follower;
+  using Pub = detail::ZmqKvStream;
+
  public:
   /// Subscribes to every publisher of `publishers`. O(publishers). Throws
   /// std::invalid_argument when options.max_messages_per_round is 0 or
@@ -196,7 +161,11 @@ class ZmqKvSubscriber {
       std::vector<KvPublisherEndpoint> publishers, ZmqKvSubscriberOptions options = {},
       KvIndexOptions index_options = {.on_gap = KvGapPolicy::report,
                                       .on_unknown_parent = KvUnknownParent::keep_orphan})
-      : options_(std::move(options)), index_(index_options), decoder_(options_.wire) {
+      : Follower(detail::KvFollowerRules{options.restart_max_seq, options.remembered_batches,
+                                         options.max_blocks_per_lock},
+                 index_options),
+        options_(std::move(options)),
+        decoder_(options_.wire) {
     // 0 would read nothing, and the start() thread would spin.
     if (options_.max_messages_per_round == 0)
       throw std::invalid_argument("ZmqKvSubscriber: max_messages_per_round must be at least 1");
@@ -210,7 +179,8 @@ class ZmqKvSubscriber {
     for (auto& cfg : publishers) {
       auto p = std::make_unique<Pub>();
       p->cfg = std::move(cfg);
-      p->recent.resize(options_.remembered_batches);
+      p->worker = p->cfg.worker;
+      init_stream(*p);
       p->sub = zmq::socket_t(ctx_, zmq::socket_type::sub);
       p->sub.set(zmq::sockopt::linger, 0);
       p->sub.set(zmq::sockopt::rcvhwm, options_.receive_hwm);
@@ -234,58 +204,25 @@ class ZmqKvSubscriber {
   /// Must not be called while the start() thread runs (throws logic_error);
   /// after that thread ended on an exception, poll() joins it and goes on.
   std::size_t poll(std::chrono::milliseconds timeout) {
-    if (running()) throw std::logic_error("ZmqKvSubscriber::poll with the thread running");
-    if (thread_.joinable()) thread_.join();
+    before_poll("ZmqKvSubscriber::poll with the thread running");
     return poll_once(timeout);
   }
 
   /// Starts a thread that polls until stop(); read the index with
   /// with_index(). No-op if already running. After the thread ended on an
   /// exception, joins it, clears thread_error() and starts a new one.
-  void start() {
-    if (running()) return;
-    if (thread_.joinable()) thread_.join();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      thread_error_ = nullptr;
-    }
-    stop_.store(false);
-    alive_.store(true);
-    try {
-      thread_ = std::thread([this] {
-        try {
-          while (!stop_.load(std::memory_order_relaxed))
-            poll_once(std::chrono::milliseconds(50));
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          thread_error_ = std::current_exception();
-        }
-        // Last: a caller that sees running() false finds the error set.
-        alive_.store(false);
-      });
-    } catch (...) {
-      alive_.store(false);
-      throw;
-    }
-  }
+  void start() { start_thread(); }
 
   /// Stops the thread started by start() and waits for it (at most about one
   /// poll interval plus a replay in progress). No-op when not running.
-  void stop() {
-    if (!thread_.joinable()) return;
-    stop_.store(true);
-    thread_.join();
-  }
+  void stop() { stop_thread(); }
 
   /// True while the start() thread runs: false once stop() returned or the
   /// thread ended on an exception (see thread_error()). O(1).
-  [[nodiscard]] bool running() const noexcept { return alive_.load(); }
+  [[nodiscard]] bool running() const noexcept { return Follower::running(); }
 
   /// The exception that ended the thread, if any (for example a ZeroMQ error).
-  [[nodiscard]] std::exception_ptr thread_error() const {
-    const auto lock = reader_lock();
-    return thread_error_;
-  }
+  [[nodiscard]] std::exception_ptr thread_error() const { return thread_error_locked(); }
 
   /// Calls f(const KvIndex&) with the index locked against the thread's
   /// updates, and returns its result. Waits for at most one slice of
@@ -326,52 +263,6 @@ class ZmqKvSubscriber {
   }
 
  private:
-  struct Pub {
-    KvPublisherEndpoint cfg;
-    zmq::socket_t sub;
-    zmq::socket_t replay;
-    bool has_replay = false;
-    CursorState<> cursor;  // over batch seqs
-    // The attention groups this publisher's stored events have named: a
-    // removal names only its group, whose kind an earlier store told.
-    KvWireStreamState wire;
-    // Hash of the payload bytes applied as the cursor's last seq: a replay
-    // returning other bytes for that seq comes from a restarted publisher.
-    std::uint64_t last_hash = 0;
-    // The last applied batch a replay question about fell silent: asked
-    // about once.
-    bool verified = false;
-    std::uint64_t verified_seq = 0;
-    std::uint64_t verified_hash = 0;
-    // The payload hashes of the last applied seqs, at seq % size.
-    struct Applied {
-      std::uint64_t seq = 0;
-      std::uint64_t hash = 0;
-      bool valid = false;
-    };
-    std::vector<Applied> recent;
-    std::uint64_t next_event_id = 0;  // ids the index sees: contiguous per view
-    // Seqs the last replay applied: a live copy of one is not a duplicate.
-    std::uint64_t replayed_lo = 1;
-    std::uint64_t replayed_hi = 0;
-    KvPublisherCounters counters;
-  };
-
-  // A message's seq and payload bytes.
-  struct Frame {
-    std::uint64_t seq = 0;
-    const zmq::message_t* payload = nullptr;
-  };
-
-  static constexpr std::uint64_t end_marker = ~std::uint64_t{0};
-
-  // How a replay ended.
-  enum class ReplayEnd : std::uint8_t { done, timed_out, restarted };
-
-  static std::uint64_t payload_hash(const zmq::message_t& m) noexcept {
-    return detail::xxh3_64(m.data(), m.size());
-  }
-
   std::chrono::steady_clock::time_point now() const {
     return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
   }
@@ -390,6 +281,10 @@ class ZmqKvSubscriber {
     for (std::size_t i = 0; i < 8; ++i)
       v = (v << 8) | b[i];
     return v;
+  }
+
+  static detail::KvPayload bytes_of(const zmq::message_t& m) noexcept {
+    return {static_cast<const std::byte*>(m.data()), m.size()};
   }
 
   std::size_t poll_once(std::chrono::milliseconds timeout) {
@@ -420,396 +315,84 @@ class ZmqKvSubscriber {
           ++p.counters.bad_frames;
           continue;
         }
-        live(p, Frame{*seq, &frames_[2]});
+        live(p, *seq, bytes_of(frames_[2]));
       }
     }
     return handled;
   }
 
-  // Decodes a payload into batch_; false (counted) when it does not decode.
-  // Duplicates are never decoded: their bytes were counted when first applied.
-  bool decode(Pub& p, const zmq::message_t& payload) {
-    // Decoded against a copy: only an applied batch teaches the publisher's state.
-    decoded_wire_ = p.wire;
-    const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_, decoded_wire_);
-    if (st.ok()) return true;
-    ++p.counters.malformed;
-    p.counters.last_error = st.code;
-    return false;
+  // ---- the follower's transport ----
+
+  KvWireStatus decode_payload(Pub& /*p*/, detail::KvPayload payload, KvWireBatch& out,
+                              KvWireStreamState& state) {
+    return decoder_.decode(payload, out, state);
   }
 
-  // Advances the cursor to `seq`, remembering the bytes applied there.
-  static void consume(Pub& p, std::uint64_t seq, const zmq::message_t& payload) noexcept {
-    p.cursor = p.cursor.advance_to(seq);
-    p.last_hash = payload_hash(payload);
-    if (!p.recent.empty())
-      p.recent[static_cast<std::size_t>(seq % p.recent.size())] = {seq, p.last_hash, true};
-  }
+  static bool has_replay(const Pub& p) noexcept { return p.has_replay; }
 
-  // Whether `hash` is what was applied as `seq`; nullopt when not remembered.
-  static std::optional<bool> same_as_applied(const Pub& p, std::uint64_t seq,
-                                             std::uint64_t hash) noexcept {
-    if (p.recent.empty()) return std::nullopt;
-    const Pub::Applied& a = p.recent[static_cast<std::size_t>(seq % p.recent.size())];
-    if (!a.valid || a.seq != seq) return std::nullopt;
-    return a.hash == hash;
-  }
-
-  // The lock the polling thread holds while it handles a message, so that
-  // applying and replay waits can let readers in.
-  struct Holding {
-    Holding(ZmqKvSubscriber& s, std::unique_lock<std::mutex>& lock) noexcept : sub(s) {
-      sub.held_ = &lock;
-      sub.held_blocks_ = 0;
-    }
-    ~Holding() { sub.held_ = nullptr; }
-    Holding(const Holding&) = delete;
-    Holding& operator=(const Holding&) = delete;
-    ZmqKvSubscriber& sub;
-  };
-
-  // A reader's lock. std::mutex is not fair: the count tells the polling
-  // thread that someone waits, so that it steps aside between slices.
-  std::unique_lock<std::mutex> reader_lock() const {
-    readers_waiting_.fetch_add(1, std::memory_order_relaxed);
-    std::unique_lock<std::mutex> lock(mutex_);
-    readers_waiting_.fetch_sub(1, std::memory_order_relaxed);
-    return lock;
-  }
-
-  // Lets the readers waiting for the lock take it first (bounded, so a
-  // stream of readers cannot stall the stream). Called without the lock.
-  void wait_for_readers() const noexcept {
-    for (int i = 0; i < 256 && readers_waiting_.load(std::memory_order_relaxed) != 0; ++i)
-      std::this_thread::yield();
-  }
-
-  // Releases the lock until the readers waiting for it had it, then takes it
-  // back.
-  void let_readers_in() {
-    held_blocks_ = 0;
-    if (held_ == nullptr) return;
-    held_->unlock();
-    wait_for_readers();
-    held_->lock();
-  }
-
-  // Unlocked for the scope of a socket wait.
-  struct Unlocked {
-    explicit Unlocked(std::unique_lock<std::mutex>* l) : lock(l) {
-      if (lock != nullptr) lock->unlock();
-    }
-    ~Unlocked() {
-      if (lock != nullptr) lock->lock();
-    }
-    Unlocked(const Unlocked&) = delete;
-    Unlocked& operator=(const Unlocked&) = delete;
-    std::unique_lock<std::mutex>* lock;
-  };
-
-  static std::size_t blocks_of(const KvEventData& e) noexcept {
-    if (const auto* s = std::get_if<kv_event::Stored>(&e)) return s->blocks.size();
-    if (const auto* r = std::get_if<kv_event::Removed>(&e)) return r->block_hashes.size();
-    return 0;
-  }
-
-  // Applies the batch at `seq` (decoding it) and advances the cursor.
-  void apply(Pub& p, std::uint64_t seq, const zmq::message_t& payload, bool replayed) {
-    consume(p, seq, payload);
-    if (!decode(p, payload)) return;
-    apply_decoded(p, replayed);
-  }
-
-  void apply_decoded(Pub& p, bool replayed) {
-    KvPublisherCounters& c = p.counters;
-    p.wire = decoded_wire_;
-    ++c.batches_applied;
-    if (replayed) ++c.batches_replayed;
-    if (batch_.dp_rank && *batch_.dp_rank != p.cfg.worker.dp_rank) ++c.dp_rank_mismatches;
-    c.unknown_events += batch_.unknown_events;
-    c.ignored_events += batch_.ignored_events;
-    c.dropped_blocks += batch_.dropped_blocks;
-    const std::size_t slice = options_.max_blocks_per_lock;
-    for (const KvEventData& e : batch_.events) {
-      // Each event applies whole; the lock may be released between two.
-      const std::size_t n = std::max<std::size_t>(blocks_of(e), 1);
-      if (slice != 0 && held_blocks_ != 0 && held_blocks_ + n > slice) let_readers_in();
-      held_blocks_ += n;
-      const KvEventResult r = index_.apply(p.cfg.worker, KvEvent{p.next_event_id++, e});
-      ++c.events_applied;
-      if (!r.ok()) ++c.index_rejected;
-    }
-  }
-
-  // Drops the worker's view: the stream starts over. The attention groups
-  // stay: the same process still numbers them the same way after a gap.
-  void reset(Pub& p) {
-    index_.remove_worker(p.cfg.worker);
-    p.next_event_id = 0;
-    p.cursor = CursorState<>::initial();
-    p.replayed_lo = 1;
-    p.replayed_hi = 0;
-    p.verified = false;
-    ++p.counters.resets;
-  }
-
-  // A new process behind the publisher: its view, its groups and the bytes
-  // remembered start over.
-  void restart(Pub& p) {
-    ++p.counters.restarts;
-    reset(p);
-    p.wire.reset();
-    std::fill(p.recent.begin(), p.recent.end(), Pub::Applied{});
-  }
-
-  void live(Pub& p, const Frame& f) {
-    const CursorObservation<> obs = p.cursor.observe(f.seq);
-    if (std::holds_alternative<cursor::Gap<std::uint64_t>>(obs)) {
-      recover(p, f);
-    } else if (std::holds_alternative<cursor::Contiguous<std::uint64_t>>(obs)) {
-      apply(p, f.seq, *f.payload, false);
-    } else if (std::holds_alternative<cursor::Initial<std::uint64_t>>(obs)) {
-      if (f.seq == 0)
-        apply(p, f.seq, *f.payload, false);
-      else
-        recover(p, f);
-    } else {
-      stale(p, f);
-    }
-  }
-
-  void stale(Pub& p, const Frame& f) {
-    // A duplicate (or a batch a replay already applied) carries the bytes of
-    // the batch it repeats. Timestamps are not evidence: the engine's wall
-    // clock may step back across its restart.
-    bool restarted = false;
-    if (const std::optional<bool> same = same_as_applied(p, f.seq, payload_hash(*f.payload))) {
-      restarted = !*same;
-    } else {
-      const std::optional<bool> answer = restarted_per_replay(p);
-      restarted = answer ? *answer : f.seq <= options_.restart_max_seq;
-    }
-    if (restarted) {
-      restart(p);
-      if (f.seq == 0) {
-        // Decoded again: the new process's groups are learned from nothing.
-        apply(p, 0, *f.payload, false);
-      } else {
-        recover(p, f);
-      }
-      return;
-    }
-    if (f.seq >= p.replayed_lo && f.seq <= p.replayed_hi)
-      ++p.counters.already_replayed;
-    else
-      ++p.counters.duplicates;
-  }
-
-  // Fills the gap before f from the replay socket, then applies f.
-  void recover(Pub& p, const Frame& f) {
-    KvPublisherCounters& c = p.counters;
-    const std::uint64_t replayed_before = c.batches_replayed;
-    bool lost = false;
-    bool timed_out = false;
-    std::optional<std::uint64_t> newest;  // the highest seq the replay returned
-    if (p.has_replay) {
-      ReplayEnd end = replay_or_reopen(p, lost, newest);
-      if (end == ReplayEnd::restarted) {
-        // The new process's stream is asked for from its start.
-        restart(p);
-        lost = false;
-        newest.reset();
-        end = replay_or_reopen(p, lost, newest);
-      }
-      if (end != ReplayEnd::done) {
-        timed_out = true;
-        ++c.replay_timeouts;
-      }
-    }
-    // The publisher buffers every batch it sends, so a complete replay that
-    // ends below f.seq means f.seq was never sent (a stray or corrupt frame):
-    // moving the cursor there would make every real batch after it stale.
-    // An empty replay says nothing: the publisher may buffer nothing.
-    if (!timed_out && newest && *newest < f.seq) {
-      ++c.bad_frames;
-      // The replay may still have filled (or failed to fill) a real gap.
-      if (lost || c.batches_replayed != replayed_before) {
-        ++c.gaps;
-        ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
-      }
-      return;
-    }
-    ++c.gaps;
-    // The live message itself, unless the replay covered it. If batches
-    // before it are still missing, the view starts over from it.
-    const CursorObservation<> obs = p.cursor.observe(f.seq);
-    if (std::holds_alternative<cursor::Contiguous<std::uint64_t>>(obs)) {
-      apply(p, f.seq, *f.payload, false);
-    } else if (!std::holds_alternative<cursor::Stale<std::uint64_t>>(obs)) {
-      lost = true;
-      if (!p.cursor.is_initial()) reset(p);
-      apply(p, f.seq, *f.payload, false);
-    }
-    // A replay that fell silent after filling the gap kept the view: it
-    // counts in replay_timeouts only.
-    if (lost)
-      ++c.gaps_unrecoverable;
-    else if (!timed_out)
-      ++c.gaps_recovered;
-  }
-
-  // Whether the publisher restarted, asked of its replay buffer when an old
-  // seq's bytes are not remembered: a publisher keeps its newest batches, so
-  // the same process returns the bytes applied as the last seq L, and a new
-  // one returns other bytes, or nothing from L on when it has not yet reached
-  // L. Batches after L that the reply brings are applied as in a gap (but
-  // were not lost: no gap is counted unless the buffer no longer reaches
-  // L + 1). nullopt: no answer (no replay socket, or it fell silent).
-  // A question that fell silent is not asked again until the cursor moves (a
-  // silent replay socket would otherwise cost replay_timeout per frame). One
-  // that was answered is asked again: the publisher may restart meanwhile,
-  // and an answer costs one round trip.
-  std::optional<bool> restarted_per_replay(Pub& p) {
-    if (!p.has_replay || p.cursor.is_initial()) return std::nullopt;
-    const std::uint64_t last = *p.cursor.last_applied_id();
-    if (p.verified && p.verified_seq == last && p.verified_hash == p.last_hash) return std::nullopt;
-    bool lost = false;
-    std::optional<std::uint64_t> newest;
-    const ReplayEnd end = replay_or_reopen(p, lost, newest);
-    KvPublisherCounters& c = p.counters;
-    // Batches after L the reply brings were not lost (the live stream has
-    // them on the way): only a buffer that no longer reaches L + 1 is a gap.
-    if (lost) {
-      ++c.gaps;
-      ++c.gaps_unrecoverable;
-    }
-    if (end == ReplayEnd::restarted) return true;
-    if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
-    if (end != ReplayEnd::timed_out) return false;
-    ++c.replay_timeouts;
-    if (!p.cursor.is_initial()) {
-      p.verified = true;
-      p.verified_seq = *p.cursor.last_applied_id();
-      p.verified_hash = p.last_hash;
-    }
-    return std::nullopt;
-  }
-
-  void reopen_replay(Pub& p) {
+  // A new DEALER: the rest of an answer not read to its end marker must not
+  // be read as the next one's.
+  void replay_abandon(Pub& p) {
     p.replay.close();
     open_replay(p);
   }
 
-  // replay(), then a new DEALER unless it read its answer to the end marker
-  // (it timed out, found a restart at L, or ZeroMQ or the clock threw): the
-  // rest of the answer to the request sent must not be read as the next one's.
-  ReplayEnd replay_or_reopen(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
-    ReplayEnd end = ReplayEnd::done;
-    try {
-      end = replay(p, lost, newest);
-    } catch (...) {
-      reopen_replay(p);
-      throw;
-    }
-    if (end != ReplayEnd::done) reopen_replay(p);
-    return end;
-  }
-
-  // Requests every buffered batch from the last applied seq L on (from 0
-  // before the first batch) and applies the ones after L in order. The reply
-  // for L is compared with the bytes applied as L: other bytes end the replay
-  // as `restarted`. Sets `lost` (and resets the view) when a needed batch was
-  // no longer buffered, `newest` to the highest seq returned, and the
-  // replayed range to the seqs it applied.
-  ReplayEnd replay(Pub& p, bool& lost, std::optional<std::uint64_t>& newest) {
-    p.replayed_lo = 1;
-    p.replayed_hi = 0;
-    const bool verify = !p.cursor.is_initial();
-    const std::uint64_t from = verify ? *p.cursor.last_applied_id() : 0;
+  // Sends [empty, from (8 bytes big-endian)] to the publisher's ROUTER.
+  bool replay_send(Pub& p, std::uint64_t from) {
     unsigned char start[8];
     for (std::size_t i = 0; i < 8; ++i)
       start[i] = static_cast<unsigned char>(from >> (56U - 8U * i));
     std::array<zmq::const_buffer, 2> request = {zmq::const_buffer(nullptr, 0),
                                                 zmq::const_buffer(start, sizeof start)};
-    if (!zmq::send_multipart(p.replay, request, zmq::send_flags::dontwait))
-      return ReplayEnd::timed_out;
+    if (!zmq::send_multipart(p.replay, request, zmq::send_flags::dontwait)) return false;
     // replay_timeout bounds silence, not the whole replay: a large buffer
     // that keeps streaming is read to its end.
-    auto deadline = now() + options_.replay_timeout;
-    std::vector<zmq::message_t> reply;
-    bool first = true;
+    replay_deadline_ = now() + options_.replay_timeout;
+    return true;
+  }
+
+  // The next reply of the answer: [empty, seq, payload] or [empty, topic,
+  // seq, payload]; other shapes are counted as bad_frames and skipped.
+  detail::KvReplayStep replay_next(Pub& p, std::uint64_t& seq, detail::KvPayload& payload) {
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now());
-      if (left.count() < 0) return ReplayEnd::timed_out;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(replay_deadline_ - now());
+      if (left.count() < 0) return detail::KvReplayStep::silent;
       zmq::pollitem_t item{p.replay.handle(), 0, ZMQ_POLLIN, 0};
       int ready = 0;
       {
-        // Readers are not kept waiting on the network.
-        const Unlocked unlocked(held_);
+        const auto unlocked = unlocked_wait();
         ready = zmq::poll(&item, 1, left);
       }
       if (ready == 0) continue;  // re-check the deadline
-      reply.clear();
-      if (!zmq::recv_multipart(p.replay, std::back_inserter(reply), zmq::recv_flags::dontwait))
+      reply_.clear();
+      if (!zmq::recv_multipart(p.replay, std::back_inserter(reply_), zmq::recv_flags::dontwait))
         continue;
-      deadline = now() + options_.replay_timeout;
-      // [empty, seq, payload] or [empty, topic, seq, payload].
-      if ((reply.size() != 3 && reply.size() != 4) || reply[0].size() != 0) {
+      replay_deadline_ = now() + options_.replay_timeout;
+      if ((reply_.size() != 3 && reply_.size() != 4) || reply_[0].size() != 0) {
         ++p.counters.bad_frames;
         continue;
       }
-      const std::size_t at = reply.size() - 2;
-      const std::optional<std::uint64_t> seq = read_seq(reply[at]);
-      if (!seq) {
+      const std::size_t at = reply_.size() - 2;
+      const std::optional<std::uint64_t> r = read_seq(reply_[at]);
+      if (!r) {
         ++p.counters.bad_frames;
         continue;
       }
-      if (*seq == end_marker) return ReplayEnd::done;
-      const std::uint64_t r = *seq;
-      newest = r;
-      const zmq::message_t& payload = reply[at + 1U];
-      if (first && verify && r == from) {
-        // A restarted publisher numbers new batches from 0 again: the same
-        // seq with other bytes is a different batch.
-        if (payload_hash(payload) != p.last_hash) return ReplayEnd::restarted;
-        first = false;
-        continue;
-      }
-      first = false;
-      const CursorObservation<> obs = p.cursor.observe(r);
-      if (std::holds_alternative<cursor::Stale<std::uint64_t>>(obs)) continue;  // overlap
-      // Without L in the buffer, L + 1 still continues the view: nothing was
-      // lost, though L could not be checked.
-      const bool in_order =
-          std::holds_alternative<cursor::Contiguous<std::uint64_t>>(obs) ||
-          (std::holds_alternative<cursor::Initial<std::uint64_t>>(obs) && r == from);
-      if (!in_order) {
-        // The buffer no longer holds what was lost: start over from here.
-        if (!p.cursor.is_initial()) reset(p);
-        lost = true;
-      }
-      apply(p, r, payload, true);
-      if (p.replayed_lo > p.replayed_hi) p.replayed_lo = r;
-      p.replayed_hi = r;
+      if (*r == end_marker) return detail::KvReplayStep::end;
+      seq = *r;
+      payload = bytes_of(reply_[at + 1U]);
+      return detail::KvReplayStep::batch;
     }
   }
 
   ZmqKvSubscriberOptions options_;
   zmq::context_t ctx_;
   std::vector<std::unique_ptr<Pub>> pubs_;
-  KvIndex index_;
   KvEventWireDecoder decoder_;
-  KvWireBatch batch_;
-  KvWireStreamState decoded_wire_;  // the publisher's state after decoding batch_
   std::vector<zmq::message_t> frames_;
-  mutable std::mutex mutex_;
-  mutable std::atomic<std::uint32_t> readers_waiting_{0};
-  std::unique_lock<std::mutex>* held_ = nullptr;  // the polling thread's, while it holds it
-  std::size_t held_blocks_ = 0;                   // blocks applied under the current hold
-  std::exception_ptr thread_error_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> alive_{false};
-  std::thread thread_;
+  std::vector<zmq::message_t> reply_;  // the replay reply being read
+  std::chrono::steady_clock::time_point replay_deadline_{};
 };
 
 }  // namespace promptcache
