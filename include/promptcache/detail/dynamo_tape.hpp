@@ -13,12 +13,7 @@
 // that fits is `sint`, an integer literal outside [-2^63, 2^64) is `big`, and
 // any literal with a fraction or exponent is `real` (its value is not kept).
 #pragma once
-
-#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
-#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
-#endif
-#if !defined(PROMPTCACHE_DETAIL_DYNAMO_TAPE_HPP) && \
-    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#ifndef PROMPTCACHE_DETAIL_DYNAMO_TAPE_HPP
 #define PROMPTCACHE_DETAIL_DYNAMO_TAPE_HPP
 
 #include <cstddef>
