@@ -14,7 +14,7 @@ include_guard(GLOBAL)
 
 promptcache_add_component(
   kv_event_wire ONLY_WHEN_FOUND
-  DESCRIPTION "vLLM / SGLang KV event batch decoding (kv_event_wire.hpp)"
+  DESCRIPTION "KV event decoding: vLLM / SGLang batches, Dynamo router events, KvIndex snapshots (kv_event_wire.hpp, dynamo_kv_event.hpp, kv_index_snapshot.hpp)"
   REQUIRES block_hash
   FIND MsgpackCxx
   LINK MsgpackCxx::headers)
