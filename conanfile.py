@@ -20,7 +20,8 @@ class PromptcacheConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     # Each header family with a third-party dependency is a component with an
     # option: block_hash (block_hash.hpp, paged_prefix_cache.hpp: xxHash),
-    # kv_event_wire (kv_event_wire.hpp: msgpack-cxx, without Boost, and xxHash)
+    # kv_event_wire (kv_event_wire.hpp, dynamo_kv_event.hpp, kv_index_snapshot.hpp:
+    # msgpack-cxx, without Boost, and xxHash)
     # and zmq_kv_subscriber (zmq_kv_subscriber.hpp: the above, cppzmq, libzmq).
     # The other headers (promptcache::promptcache) need only the standard library.
     options = {"with_block_hash": [True, False], "with_kv_event_wire": [True, False],

@@ -4,7 +4,8 @@
 # when their dependencies are found: the tests, benchmarks and examples that
 # need one are skipped (with a message) when it is missing.
 #
-#   promptcache::kv_event_wire       kv_event_wire.hpp: msgpack-cxx (header-only,
+#   promptcache::kv_event_wire       kv_event_wire.hpp, dynamo_kv_event.hpp,
+#                                    kv_index_snapshot.hpp: msgpack-cxx (header-only,
 #                                    used without Boost; cmake/FindMsgpackCxx.cmake)
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
 #                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
@@ -16,7 +17,7 @@ include_guard(GLOBAL)
 
 promptcache_add_component(
   kv_event_wire ONLY_WHEN_FOUND
-  DESCRIPTION "vLLM / SGLang KV event batch decoding (kv_event_wire.hpp)"
+  DESCRIPTION "KV event decoding: vLLM / SGLang batches, Dynamo router events, KvIndex snapshots (kv_event_wire.hpp, dynamo_kv_event.hpp, kv_index_snapshot.hpp)"
   REQUIRES block_hash
   FIND MsgpackCxx
   LINK MsgpackCxx::headers)
@@ -58,7 +59,9 @@ function(promptcache_optional_requirement name out)
     set(${out} promptcache::zmq_kv_subscriber PARENT_SCOPE)
   elseif(name MATCHES "nats")
     set(${out} promptcache::nats_kv_subscriber PARENT_SCOPE)
-  elseif(name MATCHES "kv_event_wire")
+  elseif(name MATCHES "kv_event_wire|dynamo_kv_event|kv_index_snapshot")
+    # The other msgpack headers: their only dependency is msgpack-cxx, which
+    # this target brings (with xxHash through block_hash).
     set(${out} promptcache::kv_event_wire PARENT_SCOPE)
   else()
     set(${out} "" PARENT_SCOPE)
