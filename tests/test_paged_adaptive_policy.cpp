@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -538,4 +539,21 @@ TEST_CASE("adaptive (learned): a thrashing cache keeps pages used again") {
   CHECK(hits_lru == 0);
   CHECK(late_ad >= 100);  // of 120 uses in the last 20 rounds
   CHECK(ad.check_invariants());
+}
+
+TEST_CASE("adaptive (learned): choose_class with too few tops falls back on the page counts") {
+  eviction::Adaptive p(0);  // no history: the LRU rule decides, with no probe
+  const std::size_t pages[2] = {3, 2};
+  const std::uint64_t older = 5, newer = 9;
+  const std::uint64_t* tops[2] = {&newer, &older};
+  // With both tops, the class whose next victim is older: T2.
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops)) == 1);
+  // A class with no evictable leaf is never the LRU rule's choice.
+  const std::uint64_t* t1_only[2] = {&newer, nullptr};
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(t1_only)) == 0);
+  // Too few tops: as choose_class(pages), which knows no evictions yet (both
+  // classes at key 0) and takes T1.
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops, 1)) == 0);
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>()) == 0);
+  CHECK(p.choose_class(std::span<const std::size_t>(pages)) == 0);
 }
