@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -280,7 +281,7 @@ TEST_CASE("ghost history: a moved-from history holds nothing") {
 }
 
 TEST_CASE("adaptive: a moved-from policy has no history and a target of 0") {
-  Cache c(1, eviction::Adaptive(4, 2.0, 1.0));
+  Cache c(1, eviction::Adaptive(4, 2.0, 1.0, Arc));
   c.insert(Tokens{1}, Pages{10});
   c.insert(Tokens{2}, Pages{11});
   REQUIRE(evict(c, 1) == std::vector<std::uint32_t>{10});
@@ -314,20 +315,19 @@ TEST_CASE("adaptive: a moved-from policy has no history and a target of 0") {
   CHECK(p.ghost_capacity() == 8);
 }
 
-TEST_CASE("adaptive (learned): LRU leads at first, judging each class by its last eviction") {
+TEST_CASE("adaptive (learned): LRU leads at first and sees each class's next victim") {
   for (const auto mode : {eviction::Adaptive::Mode::learned, Arc}) {
     Cache c(1, eviction::Adaptive(4, 8.0, 1.0, mode));
     CHECK(c.policy().leader() == 0);
     c.insert(Tokens{1}, Pages{1});             // A
     REQUIRE(c.match(Tokens{1}).matched == 1);  // A used again (T2), tick 2
     c.insert(Tokens{2}, Pages{2});             // B: T1, tick 3
-    // Every expert picks T1 here (LRU knows neither class yet).
-    CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
-    c.insert(Tokens{3}, Pages{3});  // C: T1, tick 4
-    // LRU: T1's last eviction (tick 3) is newer than anything known of T2, so A
-    // (tick 2) goes, as eviction::Lru would do. ARC keeps A and takes C.
+    c.insert(Tokens{3}, Pages{3});             // C: T1, tick 4
+    // LRU: T2's next victim (A, tick 2) is older than T1's (B, tick 3), so A
+    // goes, as eviction::Lru would do, from the first eviction on. ARC keeps A
+    // and takes B.
     if (mode == Arc)
-      CHECK(evict(c, 1) == std::vector<std::uint32_t>{3});
+      CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
     else
       CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
     CHECK(c.check_invariants());
@@ -338,11 +338,9 @@ TEST_CASE("adaptive (learned): a page back soon after a split vote charges its v
   Cache c(1, eviction::Adaptive(4, 8.0, 1.0));
   c.insert(Tokens{1}, Pages{1});  // A, used again: T2
   REQUIRE(c.match(Tokens{1}).matched == 1);
-  c.insert(Tokens{2}, Pages{2});                        // B: T1
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});  // unanimous: nobody is charged
-  c.insert(Tokens{3}, Pages{3});                        // C: T1
-  CHECK(c.policy().rate(0) == 0.25);                    // the prior, 1 in 4
-  // LRU (leading) evicts A against ARC's and used-once-first's vote for T1...
+  c.insert(Tokens{2}, Pages{2});      // B: T1
+  CHECK(c.policy().rate(0) == 0.25);  // the prior, 1 in 4
+  // LRU (leading) evicts A, the older, against ARC's and used-once-first's vote for T1...
   CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
   CHECK(c.policy().rate(0) == 1.0 / 5.0);
   // ... and A comes back within the capacity: LRU's rate is 2 / 5, ARC's still
@@ -351,8 +349,11 @@ TEST_CASE("adaptive (learned): a page back soon after a split vote charges its v
   CHECK(c.policy().rate(0) == 2.0 / 5.0);
   CHECK(c.policy().rate(1) == 0.25);
   CHECK(c.policy().leader() == 1);
-  CHECK(c.class_pages(1) == 1);  // A, back from B2: used again
-  // Now ARC decides: T1 holds 1 page > p = 0, so C goes although A is newer...
+  CHECK(c.class_pages(1) == 1);   // A, back from B2: used again
+  c.insert(Tokens{3}, Pages{3});  // C: T1, newer than A
+  // B is every expert's choice (T1's and the oldest): nobody is charged.
+  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
+  // Now ARC decides: T1 holds 1 page > p = 0, so C goes although A is older...
   CHECK(evict(c, 1) == std::vector<std::uint32_t>{3});
   // ... and unanimity (T1 is empty) charges nobody.
   CHECK(evict(c, 1) == std::vector<std::uint32_t>{4});
@@ -366,10 +367,8 @@ TEST_CASE("adaptive (learned): only a page back within a quarter of the capacity
   for (const std::size_t later : {std::size_t{1}, std::size_t{2}}) {
     Cache c(1, eviction::Adaptive(8, 8.0, 1.0));
     c.insert(Tokens{1}, Pages{1});
-    REQUIRE(c.match(Tokens{1}).matched == 1);  // A: T2
-    c.insert(Tokens{2}, Pages{2});             // B: T1
-    CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
-    c.insert(Tokens{3}, Pages{3});
+    REQUIRE(c.match(Tokens{1}).matched == 1);             // A: T2
+    c.insert(Tokens{2}, Pages{2});                        // B: T1
     CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});  // LRU's split vote
     c.insert(Tokens{5, 6}, Pages{5, 6});
     CHECK(evict(c, later).size() == later);  // then `later` more pages go
@@ -392,13 +391,12 @@ TEST_CASE("adaptive (learned): one eviction in 32 follows an expert that disagre
   std::vector<std::uint32_t> got;
   for (int i = 0; i < 40; ++i)
     got.push_back(evict(c, 1).at(0));
-  // The first eviction knows neither class and takes T1; from then on LRU (the
-  // leader: nothing came back) takes the older T2 pages, against ARC's and
-  // used-once-first's vote for T1, except the 32nd eviction, which follows ARC.
-  CHECK(got[0] == 101);
-  CHECK(got[31] == 102);
+  // LRU (the leader: nothing came back) takes the older T2 pages, against
+  // ARC's and used-once-first's vote for T1, except the 32nd eviction, which
+  // follows ARC.
+  CHECK(got[31] == 101);
   std::uint32_t want = 1;
-  for (std::size_t i = 1; i < got.size(); ++i)
+  for (std::size_t i = 0; i < got.size(); ++i)
     if (i != 31) CHECK(got[i] == want++);
   CHECK(c.policy().leader() == 0);
   CHECK(c.check_invariants());
@@ -426,16 +424,136 @@ TEST_CASE("adaptive (learned): without a capacity there is no history and LRU de
   Cache c(1, eviction::Adaptive(0));
   CHECK(c.policy().ghost_capacity() == 0);
   c.insert(Tokens{1}, Pages{1});
-  REQUIRE(c.match(Tokens{1}).matched == 1);             // A: used again
-  c.insert(Tokens{2}, Pages{2});                        // B: used once, newer
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});  // neither class known yet: T1
-  // From then on the older page goes, whatever its class, with no probe: A
-  // before C, then D and E in their order.
+  REQUIRE(c.match(Tokens{1}).matched == 1);  // A: used again
+  c.insert(Tokens{2}, Pages{2});             // B: used once, newer
+  // The older page goes, whatever its class, with no probe: A before B, then
+  // C, D and E in their order.
   c.insert(Tokens{3}, Pages{3});
   c.insert(Tokens{4}, Pages{4});
   c.insert(Tokens{5}, Pages{5});
-  CHECK(evict(c, 4) == std::vector<std::uint32_t>{1, 3, 4, 5});
+  CHECK(evict(c, 5) == std::vector<std::uint32_t>{1, 2, 3, 4, 5});
   CHECK(c.policy().leader() == 0);
   CHECK(c.policy().target() == 0.0);
   CHECK(c.check_invariants());
+}
+
+namespace {
+
+// Serves `tokens` as an engine does (match, evict what the new pages need,
+// insert) with a pool of `free` page ids; returns the tokens matched.
+template <class C>
+std::size_t serve(C& c, const Tokens& tokens, std::vector<std::uint32_t>& free) {
+  const std::size_t hit = c.match(tokens).matched;
+  const std::size_t need = tokens.size() - hit;
+  if (free.size() < need)
+    c.evict(need - free.size(), [&](std::uint32_t p) noexcept { free.push_back(p); });
+  Pages pages;
+  for (std::size_t i = 0; i < need; ++i) {
+    pages.push_back(free.back());
+    free.pop_back();
+  }
+  Pages all(hit, 0);  // the matched pages keep theirs: insert reads only the new ones
+  all.insert(all.end(), pages.begin(), pages.end());
+  c.insert(tokens, all);
+  return hit;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive (learned): following LRU evicts exactly as eviction::Lru does") {
+  // No ghost history: the policy follows its LRU expert with no probe. It sees
+  // each class's next victim, so it evicts the same pages as eviction::Lru on
+  // any traffic (judging a class by its last eviction instead went wrong each
+  // time a class had not been evicted from for a while).
+  PagedPrefixCache<std::uint32_t, eviction::Lru> lru(1);
+  Cache ad(1, eviction::Adaptive(0));
+  std::vector<std::uint32_t> free_lru, free_ad;
+  for (std::uint32_t p = 0; p < 12; ++p) {
+    free_lru.push_back(p);
+    free_ad.push_back(p);
+  }
+  std::uint64_t x = 12345;
+  auto next = [&] {  // splitmix64
+    x += 0x9e3779b97f4a7c15ULL;
+    std::uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::size_t hits_lru = 0, hits_ad = 0;
+  for (int i = 0; i < 3000; ++i) {
+    // A prompt: one of 6 prefixes of 1-3 pages, then 0-3 pages of 3 tails.
+    const auto prefix = static_cast<std::uint32_t>(next() % 6);
+    Tokens t;
+    for (std::uint32_t j = 0; j <= prefix % 3; ++j)
+      t.push_back(100 * prefix + j);
+    const auto tail = static_cast<std::uint32_t>(next() % 3);
+    for (std::uint32_t j = 0; j < next() % 4; ++j)
+      t.push_back(1000 + 100 * tail + j);
+    if (next() % 4 == 0) {
+      (void)lru.match(t);  // a match alone: an access with no store
+      (void)ad.match(t);
+      continue;
+    }
+    hits_lru += serve(lru, t, free_lru);
+    hits_ad += serve(ad, t, free_ad);
+    REQUIRE(hits_ad == hits_lru);
+    REQUIRE(free_ad.size() == free_lru.size());
+  }
+  CHECK(hits_lru > 0);
+  CHECK(ad.policy().leader() == 0);
+  CHECK(ad.check_invariants());
+}
+
+TEST_CASE("adaptive (learned): a thrashing cache keeps pages used again") {
+  // 6 pages return every round, each after 18 one-off pages: 24 pages between
+  // two uses of a page, more than 2 x the 8 pages of the cache. LRU never hits;
+  // the returns come back far, so the policy follows used-once first, which
+  // keeps the returning pages (back from the ghosts: T2) and lets the one-off
+  // pages (T1) go.
+  PagedPrefixCache<std::uint32_t, eviction::Lru> lru(1);
+  Cache ad(1, eviction::Adaptive(8));
+  std::vector<std::uint32_t> free_lru, free_ad;
+  for (std::uint32_t p = 0; p < 8; ++p) {
+    free_lru.push_back(p);
+    free_ad.push_back(p);
+  }
+  std::uint32_t once = 1000;
+  std::size_t hits_lru = 0, late_ad = 0;
+  for (int round = 0; round < 40; ++round) {
+    for (std::uint32_t k = 0; k < 6; ++k) {
+      const std::size_t l = serve(lru, Tokens{k}, free_lru);
+      const std::size_t a = serve(ad, Tokens{k}, free_ad);
+      hits_lru += l;
+      if (round >= 20) late_ad += a;
+      for (int j = 0; j < 3; ++j, ++once) {
+        (void)serve(lru, Tokens{once}, free_lru);
+        (void)serve(ad, Tokens{once}, free_ad);
+      }
+    }
+    if (round == 1) {  // the 6 pages came back once, all far: thrashing
+      CHECK(ad.policy().thrashing());
+      CHECK(ad.policy().leader() == 2);
+    }
+  }
+  CHECK(hits_lru == 0);
+  CHECK(late_ad >= 100);  // of 120 uses in the last 20 rounds
+  CHECK(ad.check_invariants());
+}
+
+TEST_CASE("adaptive (learned): choose_class with too few tops falls back on the page counts") {
+  eviction::Adaptive p(0);  // no history: the LRU rule decides, with no probe
+  const std::size_t pages[2] = {3, 2};
+  const std::uint64_t older = 5, newer = 9;
+  const std::uint64_t* tops[2] = {&newer, &older};
+  // With both tops, the class whose next victim is older: T2.
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops)) == 1);
+  // A class with no evictable leaf is never the LRU rule's choice.
+  const std::uint64_t* t1_only[2] = {&newer, nullptr};
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(t1_only)) == 0);
+  // Too few tops: as choose_class(pages), which knows no evictions yet (both
+  // classes at key 0) and takes T1.
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops, 1)) == 0);
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>()) == 0);
+  CHECK(p.choose_class(std::span<const std::size_t>(pages)) == 0);
 }

@@ -1555,8 +1555,22 @@ class PagedPrefixCache {
     if constexpr (classes == 1) {
       return 0;
     } else {
-      std::size_t k = std::min<std::size_t>(
-          policy_.choose_class(std::span<const std::size_t>(class_pages_)), classes - 1);
+      const std::span<const std::size_t> pages(class_pages_);
+      std::size_t k = 0;
+      if constexpr (requires(std::span<const key_type* const> t) {
+                      policy_.choose_class(pages, t);
+                    }) {
+        // The policy also sees each class's least key (nullptr: no evictable leaf).
+        const key_type* tops[classes];
+        for (std::size_t c = 0; c < classes; ++c) {
+          if (!heaps_[c].empty()) heap_fresh_top(c);
+          tops[c] = heaps_[c].empty() ? nullptr : &heaps_[c][0].key;
+        }
+        k = policy_.choose_class(pages, std::span<const key_type* const>(tops));
+      } else {
+        k = policy_.choose_class(pages);
+      }
+      k = std::min<std::size_t>(k, classes - 1);
       while (heaps_[k].empty())
         k = k + 1 == classes ? 0 : k + 1;
       return k;

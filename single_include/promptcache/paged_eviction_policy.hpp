@@ -42,7 +42,15 @@
 // class after it (cyclically) that has one. The ordering of two leaves in
 // different classes can thus change with the policy's own state (an adaptive
 // target), which one key per node cannot express. Without `key_classes` a policy
-// has one class and the cache behaves exactly as described above.
+// has one class and the cache behaves exactly as described above. A policy may
+// also offer
+//
+//     std::size_t choose_class(std::span<const std::size_t> pages,
+//                              std::span<const key_type* const> tops);
+//
+// which the cache then calls instead, with the key of each class's next victim
+// (its evictable leaf with the smallest key; nullptr when it has none), valid
+// during the call only: a policy can then compare classes by their keys.
 //
 // Rules the cache relies on:
 // - key() depends on the node's metadata alone (not on other policy state), so a
@@ -584,10 +592,10 @@ struct Filo {
 /// they were stored (class 0, ARC's T1) and pages used again (class 1, T2) are
 /// each evicted least recently used first; before each page the policy picks
 /// the class to evict from by following one of three rules ("experts"):
-///  - LRU: the class whose least recent leaf is older. The policy does not see
-///    the heaps: it takes each class's oldest key to be that of the last leaf it
-///    evicted there, a lower bound, so following this expert evicts as
-///    eviction::Lru does but for one leaf each time a stale bound is corrected;
+///  - LRU: the class whose least recent leaf is older (the cache passes each
+///    class's next victim's key, so following this expert evicts exactly as
+///    eviction::Lru does; called without the keys, the policy takes them to be
+///    those of the last leaf it evicted per class, a bound that can be stale);
 ///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
 ///  - used-once first: T1 whenever it has pages.
 /// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
@@ -599,7 +607,12 @@ struct Filo {
 /// that any rule would have lost, and blurs the comparison). The
 /// policy follows LRU unless another expert has 1.3 x fewer such returns per
 /// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
-/// so the choice follows changes in the traffic); the first page of one
+/// so the choice follows changes in the traffic). One signal overrides the
+/// rates: when over 65% of all pages stored again come back more than
+/// 2 x `capacity_pages` evictions after they left (counts halving as above), the
+/// cache is thrashing: no recency order can keep such pages, while keeping
+/// pages used again and letting new ones go keeps part of them, so the policy
+/// follows used-once first. The first page of one
 /// eviction in 32 follows an expert that disagrees with the leader, so that
 /// each rate stays measured at the cost of one page out of the leader's
 /// order. On traffic where keeping pages used again pays (shared prefixes
@@ -686,6 +699,7 @@ class Adaptive {
       if (tag == 0) continue;
       adapt(tag & 3);
       if (4 * age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
+      count_return(age);
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
@@ -730,11 +744,31 @@ class Adaptive {
   /// The leading expert's class (Mode::arc: ARC's), or, for the first page of one
   /// eviction in 32, that of an expert that disagrees with the leader. O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
-    std::size_t vote[experts];
+    std::size_t lru = 0;
     if (pages[0] == 0 || pages[1] == 0)
-      vote[0] = pages[0] == 0 ? 1 : 0;
+      lru = pages[0] == 0 ? 1 : 0;
     else
-      vote[0] = oldest_[0] <= oldest_[1] ? 0 : 1;
+      lru = oldest_[0] <= oldest_[1] ? 0 : 1;
+    return choose(pages, lru);
+  }
+
+  /// As choose_class(pages), with the LRU expert judging the classes by `tops`,
+  /// the keys of their next victims (nullptr: none evictable; the cache passes
+  /// them). O(experts).
+  [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages,
+                                         std::span<const key_type* const> tops) noexcept {
+    if (tops.size() < key_classes) return choose_class(pages);
+    const std::size_t lru = tops[0] == nullptr   ? 1
+                            : tops[1] == nullptr ? 0
+                                                 : (*tops[0] <= *tops[1] ? 0 : 1);
+    return choose(pages, lru);
+  }
+
+ private:
+  // The class of the expert followed, given the LRU expert's vote.
+  [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages, std::size_t lru) noexcept {
+    std::size_t vote[experts];
+    vote[0] = lru;
     vote[1] = pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
     vote[2] = pages[0] > 0 ? 0 : 1;
     std::size_t follow = mode_ == Mode::arc ? 1 : leader();
@@ -755,10 +789,12 @@ class Adaptive {
     return vote[follow];
   }
 
+ public:
   /// The adaptive target size of T1, in pages. O(1).
   [[nodiscard]] double target() const noexcept { return p_; }
   /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first. O(experts).
   [[nodiscard]] std::size_t leader() const noexcept {
+    if (thrashing()) return 2;
     std::size_t best = 0;
     for (std::size_t e = 1; e < experts; ++e)
       if (rate(e) * margin < rate(best)) best = e;
@@ -769,6 +805,12 @@ class Adaptive {
   /// (with a prior of 1 in 4; counts decay). O(1).
   [[nodiscard]] double rate(std::size_t e) const noexcept {
     return (returned_[e] + 1.0) / (chosen_[e] + 4.0);
+  }
+  /// True when over 65% of the pages stored again (recent counts) came back
+  /// more than 2 x capacity_pages evictions after they left: the policy then
+  /// follows used-once first. O(1).
+  [[nodiscard]] bool thrashing() const noexcept {
+    return mode_ == Mode::learned && far_returns_ > thrash_share * returns_;
   }
   /// Ghosts on B1 (evicted while used once) and on B2 (evicted after reuse). O(1).
   [[nodiscard]] std::size_t ghosts_once() const noexcept { return ghosts_.size(1); }
@@ -783,6 +825,14 @@ class Adaptive {
   // Another expert leads only with a rate this many times lower: LRU, the
   // first, keeps the lead on a near tie (the safe choice when the ghosts cannot tell).
   static constexpr double margin = 1.3;
+  // A return is far when it comes back more than far_age x capacity evictions
+  // after it left, and the cache thrashes when far returns are over
+  // thrash_share of all. Chosen on the shipped trace and three generated shapes
+  // (docs/replay.md, "The thrashing rule"): used-once first gains where far returns are over
+  // 62% (shipped trace, 0.25-1M; conversations at 0.25M; shared prompts up to
+  // 1M) and loses where they are under 60% (conversations from 0.5M, agent loops).
+  static constexpr double far_age = 2.0;
+  static constexpr double thrash_share = 0.65;
 
   static double check(double v) {
     if (!(v >= 0.0) || v > 1e9)
@@ -810,6 +860,8 @@ class Adaptive {
       votes_[k] = std::exchange(o.votes_[k], std::uint8_t{0});
     }
     decisions_ = std::exchange(o.decisions_, 0);
+    returns_ = std::exchange(o.returns_, 0.0);
+    far_returns_ = std::exchange(o.far_returns_, 0.0);
     probed_ = std::exchange(o.probed_, false);
   }
   // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
@@ -821,6 +873,16 @@ class Adaptive {
       p_ = std::min(static_cast<double>(capacity_), p_ + step_ * std::max(b2 / b1, 1.0));
     else
       p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
+  }
+  // Counts a page stored again `age` evictions after it left, halving the
+  // counts as forget() does so that they describe the recent traffic.
+  void count_return(std::size_t age) noexcept {
+    returns_ += 1.0;
+    if (static_cast<double>(age) >= far_age * static_cast<double>(capacity_)) far_returns_ += 1.0;
+    if (returns_ > std::max(64.0, 4.0 * static_cast<double>(capacity_))) {
+      returns_ *= 0.5;
+      far_returns_ *= 0.5;
+    }
   }
   // A page evicted on the vote of `voters` came back soon: each of them pays.
   void charge(std::uint8_t voters) noexcept {
@@ -849,6 +911,8 @@ class Adaptive {
   std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
                                                 // the last eviction
   std::uint64_t decisions_ = 0;                 // leaves (or tails) evicted
+  double returns_ = 0.0;                        // pages stored again from the ghosts
+  double far_returns_ = 0.0;                    // of those, back after 2 x capacity
   bool probed_ = false;                         // this eviction's probe of another expert was made
 };
 

@@ -145,14 +145,21 @@ prompt tokens served from cache / prompt tokens.
   promptcache_replay generate --shape SHAPE [--seed N] [--requests N]
                           write a synthetic trace (see generate --help)
 
-Which paged policy to pick: adaptive (eviction::Adaptive) by default. It
-follows LRU unless its ghost history shows ARC or used-once-first losing fewer
-pages, and stayed within 0.8% of lru on every cell of the five traces in
-docs/replay.md while gaining up to 40% (one-off documents, shared prefixes at
-small capacities). lru when every page counts the same and memory per page
-matters (adaptive keeps ~34 bytes per page of 8x its capacity in ghosts);
-priority when requests carry priorities; lfu/slru only for a hot set that never
-changes; mru/filo only for cyclic scans larger than the cache.
+Which paged policy to pick:
+  adaptive  the default for one engine, or workers behind cache-aware routing.
+            Follows LRU exactly unless its ghost history shows ARC or
+            used-once-first losing fewer pages, or the cache thrashes (most
+            returning pages come back after 2x its capacity), where it keeps
+            pages used again. On the shipped trace and 12 generated ones
+            (docs/replay.md) it is at most 1.02% below lru and gains up to 45%
+            at small capacities (one-off documents, shared prefixes); it does
+            not reach +10% on conversations at 0.25-0.5M or the shipped
+            trace at 1-2M. Costs ~34 bytes per page of 8x its capacity.
+  lru       workers behind random, round-robin or least-loaded routing (there
+            adaptive lost up to 6.5%), or when memory per page matters.
+  priority  when requests carry priorities.
+  lfu/slru  only for a hot set that never changes; mru/filo only for cyclic
+            scans larger than the cache.
 )";
 }
 
