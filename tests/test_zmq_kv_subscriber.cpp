@@ -208,6 +208,12 @@ struct Scenario {
   std::size_t block_size = 0;
 };
 
+promptcache::ZmqKvSubscriberOptions patient_options() {
+  promptcache::ZmqKvSubscriberOptions o;
+  o.replay_timeout = std::chrono::seconds(20);
+  return o;
+}
+
 // Runs the publisher's scenario to its end against a subscriber driven by
 // poll(), and reads the expectation file.
 void run_scenario(Scenario& sc) {
@@ -227,7 +233,11 @@ void run_scenario(Scenario& sc) {
   sc.sub = std::make_unique<promptcache::ZmqKvSubscriber>(
       std::vector<promptcache::KvPublisherEndpoint>{{pub_a, replay_a, KvWorker{7, 0}, "kv"},
                                                     {pub_b, replay_b, KvWorker{7, 1}, ""},
-                                                    {pub_c, replay_c, KvWorker{7, 2}, ""}});
+                                                    {pub_c, replay_c, KvWorker{7, 2}, ""}},
+      // The publisher is a Python process that serves replays between its
+      // steps; on a loaded machine (sanitizers, parallel tests) an answer can
+      // take seconds, and a replay taken for silent would reset a view.
+      patient_options());
   promptcache::ZmqKvSubscriber& sub = *sc.sub;
   bool done = false;
   for (;;) {
