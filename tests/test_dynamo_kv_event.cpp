@@ -324,8 +324,13 @@ TEST_CASE("Dynamo decoding rejects malformed input with the documented status") 
   CHECK(decode_json("{\"a\x01\":1}") == DynamoErrc::invalid_syntax);
   CHECK(decode_json("{\"\\ud800\":1}") == DynamoErrc::invalid_syntax);
   CHECK(decode_json("{\"\xc3\x28\":1}") == DynamoErrc::invalid_syntax);
-  CHECK(decode_json(std::string(kClearedJson) + " x") == DynamoErrc::trailing_bytes);
-  CHECK(decode_json(std::string(kClearedJson) + "{}") == DynamoErrc::trailing_bytes);
+  // Built by append rather than operator+: g++ 12 at -O2 reports a false
+  // -Warray-bounds on operator+(string&&, const char*) here.
+  for (const std::string_view tail : {std::string_view(" x"), std::string_view("{}")}) {
+    std::string text(kClearedJson);
+    text.append(tail);
+    CHECK(decode_json(text) == DynamoErrc::trailing_bytes);
+  }
   // Every strict prefix of a fixture is truncated (or empty).
   for (const Fixture& f : fixtures()) {
     INFO(f.name);
