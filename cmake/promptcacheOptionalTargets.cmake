@@ -9,6 +9,8 @@
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
 #                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
 #                                    the thread library
+#   promptcache::kv_event_publisher  kv_event_publisher.hpp: msgpack-cxx (through
+#                                    kv_event_wire), cppzmq and libzmq
 include_guard(GLOBAL)
 
 promptcache_add_component(
@@ -29,6 +31,14 @@ promptcache_add_component(
   PKG_CONFIG cppzmq
   PKG_CONFIG_LIBS -pthread)
 
+promptcache_add_component(
+  kv_event_publisher ONLY_WHEN_FOUND
+  DESCRIPTION "vLLM-format KV event publisher over ZeroMQ (kv_event_publisher.hpp)"
+  REQUIRES kv_event_wire
+  FIND cppzmq
+  LINK cppzmq
+  PKG_CONFIG cppzmq)
+
 if(NOT TARGET promptcache::zmq_kv_subscriber)
   message(STATUS "promptcache: the tests, benchmarks and examples that need msgpack-cxx or ZeroMQ are "
                  "skipped (Debian: libmsgpack-cxx-dev, cppzmq-dev, libzmq3-dev)")
@@ -37,7 +47,9 @@ endif()
 # promptcache_optional_requirement(<name> <out-var>): the optional target that
 # the test, benchmark, example or header called <name> needs ("" for none).
 function(promptcache_optional_requirement name out)
-  if(name MATCHES "zmq")
+  if(name MATCHES "kv_event_publisher")
+    set(${out} promptcache::kv_event_publisher PARENT_SCOPE)
+  elseif(name MATCHES "zmq")
     set(${out} promptcache::zmq_kv_subscriber PARENT_SCOPE)
   elseif(name MATCHES "kv_event_wire")
     set(${out} promptcache::kv_event_wire PARENT_SCOPE)
