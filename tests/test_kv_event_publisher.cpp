@@ -581,3 +581,81 @@ TEST_CASE("a dump of an empty cache is one batch without events, before the firs
   pub.answer_replay(req, send);
   CHECK(seqs == std::vector<std::uint64_t>{0, KvEventPublisher::end_marker});
 }
+
+TEST_CASE("a dump that is absent, mixes seqs or does not decode leaves the view as the gap left it",
+          "[kv_event_publisher]") {
+  // A batch storing one root block `name` of 4 tokens.
+  const auto batch_of = [](std::uint64_t name) {
+    KvEventPublisher enc;
+    feed(enc, Ev{"stored", {name}, std::nullopt, {1, 2, 3, static_cast<std::uint32_t>(name)}, 0});
+    const auto b = enc.flush();
+    return std::string(b->payload.data(), b->payload.size());
+  };
+  const auto seq = [](std::uint64_t v) {
+    std::string s(8, '\0');
+    for (std::size_t k = 0; k < 8; ++k)
+      s[k] = static_cast<char>(v >> (56U - 8U * k));
+    return s;
+  };
+  const std::string end(8, '\xff');
+  enum class Dump { none, mixed_seqs, garbage };
+  for (const Dump kind : {Dump::none, Dump::mixed_seqs, Dump::garbage}) {
+    CAPTURE(static_cast<int>(kind));
+    zmq::context_t ctx;
+    zmq::socket_t pub(ctx, zmq::socket_type::pub), router(ctx, zmq::socket_type::router);
+    pub.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::linger, 0);
+    pub.bind("tcp://127.0.0.1:*");
+    router.bind("tcp://127.0.0.1:*");
+    ZmqKvSubscriber sub(
+        {{pub.get(zmq::sockopt::last_endpoint), router.get(zmq::sockopt::last_endpoint), W, ""}},
+        sub_options(true));
+    sub.start();
+    const std::string live = batch_of(50);
+    // Serves one request: a replay finds nothing buffered; a dump gets `kind`.
+    const auto serve = [&] {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, 5ms) <= 0) return;
+      std::vector<zmq::message_t> req;
+      REQUIRE(zmq::recv_multipart(router, std::back_inserter(req)));
+      REQUIRE(req.size() == 3);
+      const auto reply = [&](const std::string& s, const std::string& payload) {
+        std::array<zmq::const_buffer, 4> m = {zmq::buffer(req[0].data(), req[0].size()),
+                                              zmq::const_buffer(nullptr, 0), zmq::buffer(s),
+                                              zmq::buffer(payload)};
+        REQUIRE(zmq::send_multipart(router, m));
+      };
+      if (req[2].to_string() == seq(KvEventPublisher::dump_request)) {
+        if (kind == Dump::mixed_seqs) {
+          reply(seq(5), batch_of(60));
+          reply(seq(6), batch_of(61));
+        } else if (kind == Dump::garbage) {
+          reply(seq(5), "\xc1 not msgpack");
+        }
+      }
+      reply(end, "");
+    };
+    for (int round = 0; round < 2000 && sub.counters(0).dumps_unavailable == 0; ++round) {
+      if (sub.counters(0).messages == 0) {
+        std::array<zmq::const_buffer, 3> m = {zmq::const_buffer(nullptr, 0), zmq::buffer(seq(5)),
+                                              zmq::buffer(live)};
+        REQUIRE(zmq::send_multipart(pub, m));
+      }
+      serve();
+    }
+    sub.stop();
+    const auto c = sub.counters(0);
+    CHECK(c.dumps_unavailable == 1);
+    CHECK(c.dumps == 0);
+    CHECK(c.gaps_unrecoverable == 1);
+    CHECK(c.malformed == (kind == Dump::garbage ? 1U : 0U));
+    // The live batch alone: the view the gap left.
+    KvIndex expected;
+    promptcache::KvEventWireDecoder decoder;
+    promptcache::KvWireBatch b;
+    REQUIRE(decoder.decode(live.data(), live.size(), b).ok());
+    REQUIRE(expected.apply(W, KvEvent{0, b.events[0]}).ok());
+    CHECK(view(sub.index(), W) == view(expected, W));
+    CHECK(sub.last_seq(0) == 5U);
+  }
+}
