@@ -48,6 +48,11 @@
 //     stream restarts at seq 0 (replaying [0, seq) if seq > 0).
 //   * A payload that does not decode consumes its seq, applies nothing, and is
 //     counted (a replay would return the same bytes).
+//   * After a gap the replay could not fill (but did answer), the subscriber
+//     asks for the publisher's state dump (start seq 2^64 - 2, see
+//     kv_event_publisher.hpp): when one comes, the worker's view is replaced
+//     with it (KvIndex::replace_worker) and the stream continues from the seq
+//     it is current at. vLLM answers with the end marker alone: nothing changes.
 //
 // Two ways to drive it: call poll(timeout) from your own event loop, or
 // start() a background thread; with the thread, read the index through
@@ -6205,6 +6210,12 @@ struct ZmqKvSubscriberOptions {
   /// Called on the polling thread; an exception it throws ends poll() (or the
   /// start() thread, kept in thread_error()).
   std::function<std::chrono::steady_clock::time_point()> clock;
+  /// After a gap the replay buffer cannot fill (a late join, a long outage, a restart
+  /// whose first batches are gone), ask the publisher's replay socket for its state dump
+  /// (docs/kv_event_publisher.md) and replace the worker's view with it. A publisher
+  /// without dumps (vLLM, SGLang) answers with the end marker alone: one round trip,
+  /// then the view continues as it would without this option.
+  bool state_dumps = true;
 };
 
 /// What happened to one publisher's stream, since construction.
@@ -6229,6 +6240,9 @@ struct KvPublisherCounters {
   std::uint64_t unknown_events = 0;      ///< Events with an unknown tag (skipped).
   std::uint64_t ignored_events = 0;      ///< Events skipped by KvWireOptions rules.
   std::uint64_t dropped_blocks = 0;      ///< Stored blocks without full tokens (skipped).
+  std::uint64_t dumps = 0;               ///< Views replaced by the publisher's state dump.
+  std::uint64_t dumps_unavailable = 0;   ///< Dumps asked for but not applied (none offered,
+                                         ///< silent, malformed, or refused by the index).
   KvWireErrc last_error = KvWireErrc::ok;  ///< The last decode error.
 
   /// Adds `o` into this. O(1).
@@ -6252,6 +6266,8 @@ struct KvPublisherCounters {
     unknown_events += o.unknown_events;
     ignored_events += o.ignored_events;
     dropped_blocks += o.dropped_blocks;
+    dumps += o.dumps;
+    dumps_unavailable += o.dumps_unavailable;
     if (o.last_error != KvWireErrc::ok) last_error = o.last_error;
     return *this;
   }
@@ -6410,6 +6426,11 @@ class ZmqKvSubscriber {
     // Hash of the payload bytes applied as the cursor's last seq: a replay
     // returning other bytes for that seq comes from a restarted publisher.
     std::uint64_t last_hash = 0;
+    // The cursor's last seq came from a state dump: its bytes are unknown, so the
+    // first replay reply for it is taken as its bytes rather than checked.
+    bool last_unverified = false;
+    // An unrecoverable gap since the last message: ask for a state dump.
+    bool want_dump = false;
     // The last applied batch a replay question about fell silent: asked
     // about once.
     bool verified = false;
@@ -6436,6 +6457,8 @@ class ZmqKvSubscriber {
   };
 
   static constexpr std::uint64_t end_marker = ~std::uint64_t{0};
+  // The start seq that asks for a state dump (no batch ever has it).
+  static constexpr std::uint64_t dump_request = ~std::uint64_t{0} - 1U;
 
   // How a replay ended.
   enum class ReplayEnd : std::uint8_t { done, timed_out, restarted };
@@ -6493,6 +6516,10 @@ class ZmqKvSubscriber {
           continue;
         }
         live(p, Frame{*seq, &frames_[2]});
+        if (p.want_dump) {
+          p.want_dump = false;
+          resync_from_dump(p);
+        }
       }
     }
     return handled;
@@ -6514,6 +6541,7 @@ class ZmqKvSubscriber {
   static void consume(Pub& p, std::uint64_t seq, const zmq::message_t& payload) noexcept {
     p.cursor = p.cursor.advance_to(seq);
     p.last_hash = payload_hash(payload);
+    p.last_unverified = false;
     if (!p.recent.empty())
       p.recent[static_cast<std::size_t>(seq % p.recent.size())] = {seq, p.last_hash, true};
   }
@@ -6709,6 +6737,7 @@ class ZmqKvSubscriber {
         ++c.gaps;
         ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
       }
+      if (lost) p.want_dump = true;
       return;
     }
     ++c.gaps;
@@ -6728,6 +6757,9 @@ class ZmqKvSubscriber {
       ++c.gaps_unrecoverable;
     else if (!timed_out)
       ++c.gaps_recovered;
+    // A replay that answered but no longer reaches back: the dump, if offered,
+    // restores what was lost. A silent one would leave the dump silent too.
+    if (lost && !timed_out) p.want_dump = true;
   }
 
   // Whether the publisher restarted, asked of its replay buffer when an old
@@ -6754,6 +6786,7 @@ class ZmqKvSubscriber {
     if (lost) {
       ++c.gaps;
       ++c.gaps_unrecoverable;
+      if (end != ReplayEnd::timed_out) p.want_dump = true;
     }
     if (end == ReplayEnd::restarted) return true;
     if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
@@ -6765,6 +6798,96 @@ class ZmqKvSubscriber {
       p.verified_hash = p.last_hash;
     }
     return std::nullopt;
+  }
+
+  // Asks the replay socket for the publisher's state dump and, when one comes
+  // whole (every reply tagged with one seq S, each a batch that decodes, then
+  // the end marker), replaces the worker's view with its events and moves the
+  // cursor to S. Anything else (the end marker alone, silence, a bad reply, a
+  // dump the index refuses) leaves the view as it was. Returns whether applied.
+  bool resync_from_dump(Pub& p) {
+    if (!options_.state_dumps || !p.has_replay) return false;
+    KvPublisherCounters& c = p.counters;
+    unsigned char start[8];
+    for (std::size_t i = 0; i < 8; ++i)
+      start[i] = static_cast<unsigned char>(dump_request >> (56U - 8U * i));
+    std::array<zmq::const_buffer, 2> request = {zmq::const_buffer(nullptr, 0),
+                                                zmq::const_buffer(start, sizeof start)};
+    if (!zmq::send_multipart(p.replay, request, zmq::send_flags::dontwait)) {
+      ++c.dumps_unavailable;
+      return false;
+    }
+    std::vector<KvEvent> events;
+    KvWireStreamState groups = p.wire;
+    std::optional<std::uint64_t> seq;
+    bool bad = false;
+    auto deadline = now() + options_.replay_timeout;
+    std::vector<zmq::message_t> reply;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now());
+      if (left.count() < 0) {
+        // Silent: its late answer must not be read as the next request's.
+        reopen_replay(p);
+        ++c.replay_timeouts;
+        ++c.dumps_unavailable;
+        return false;
+      }
+      zmq::pollitem_t item{p.replay.handle(), 0, ZMQ_POLLIN, 0};
+      int ready = 0;
+      {
+        const Unlocked unlocked(held_);
+        ready = zmq::poll(&item, 1, left);
+      }
+      if (ready == 0) continue;
+      reply.clear();
+      if (!zmq::recv_multipart(p.replay, std::back_inserter(reply), zmq::recv_flags::dontwait))
+        continue;
+      deadline = now() + options_.replay_timeout;
+      const std::optional<std::uint64_t> r =
+          (reply.size() == 3 || reply.size() == 4) && reply[0].size() == 0
+              ? read_seq(reply[reply.size() - 2])
+              : std::nullopt;
+      if (!r) {
+        ++c.bad_frames;
+        bad = true;
+        continue;
+      }
+      if (*r == end_marker) break;
+      if (bad || (seq && *seq != *r)) {
+        bad = true;  // read on to the end marker, apply nothing
+        continue;
+      }
+      seq = *r;
+      const zmq::message_t& payload = reply.back();
+      const KvWireStatus st = decoder_.decode(payload.data(), payload.size(), batch_, groups);
+      if (!st.ok()) {
+        ++c.malformed;
+        c.last_error = st.code;
+        bad = true;
+        continue;
+      }
+      for (KvEventData& e : batch_.events)
+        events.push_back(KvEvent{events.size(), std::move(e)});
+    }
+    if (bad || !seq) {
+      ++c.dumps_unavailable;
+      return false;
+    }
+    const std::uint64_t last_id = events.empty() ? 0 : events.size() - 1U;
+    if (!index_.replace_worker(p.cfg.worker, events, last_id).ok) {
+      ++c.dumps_unavailable;
+      return false;
+    }
+    ++c.dumps;
+    p.next_event_id = last_id + 1U;
+    p.cursor = CursorState<>::live(*seq);
+    p.last_unverified = true;
+    p.wire = groups;
+    p.verified = false;
+    p.replayed_lo = 1;
+    p.replayed_hi = 0;
+    std::fill(p.recent.begin(), p.recent.end(), Pub::Applied{});
+    return true;
   }
 
   void reopen_replay(Pub& p) {
@@ -6842,7 +6965,12 @@ class ZmqKvSubscriber {
       const zmq::message_t& payload = reply[at + 1U];
       if (first && verify && r == from) {
         // A restarted publisher numbers new batches from 0 again: the same
-        // seq with other bytes is a different batch.
+        // seq with other bytes is a different batch. After a dump the bytes of
+        // its seq are learned here.
+        if (p.last_unverified) {
+          p.last_hash = payload_hash(payload);
+          p.last_unverified = false;
+        }
         if (payload_hash(payload) != p.last_hash) return ReplayEnd::restarted;
         first = false;
         continue;
