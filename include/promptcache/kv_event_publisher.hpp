@@ -174,8 +174,9 @@ class KvEventPublisher {
 
   /// Ends the step: encodes the recorded events as one batch with the next seq, buffers
   /// it for replay and applies it to the dump state. Nothing recorded: no batch (as vLLM,
-  /// which publishes only steps with events), nullopt. O(events + tokens); with a full
-  /// buffer, reuses the oldest batch's storage. Strong guarantee (std::bad_alloc).
+  /// which publishes only steps with events), nullopt. O(events + tokens). Strong guarantee
+  /// (std::bad_alloc), except that a dump state that cannot be updated is dropped (dumps
+  /// are then refused) rather than left wrong. Invalidates the previous batch's span.
   std::optional<KvEncodedBatch> flush() {
     if (pending_.empty()) return std::nullopt;
     encode(scratch_, pending_);

@@ -36,20 +36,12 @@ class KvPubRing {
   explicit KvPubRing(std::size_t capacity) noexcept : capacity_(capacity) {}
 
   // Keeps `bytes` as `seq`, dropping the oldest entry when full (nothing is
-  // kept with capacity 0). Strong guarantee.
+  // kept with capacity 0). Strong guarantee: the copy and the append come
+  // before the drop, which cannot throw.
   void push(std::uint64_t seq, const std::vector<char>& bytes) {
     if (capacity_ == 0) return;
-    if (entries_.size() == capacity_) {
-      // The oldest entry's buffer is reused: a full ring allocates only when a
-      // batch outgrows the one it replaces.
-      Entry e = std::move(entries_.front());
-      e.seq = seq;
-      e.bytes.assign(bytes.begin(), bytes.end());
-      entries_.pop_front();
-      entries_.push_back(std::move(e));
-      return;
-    }
     entries_.push_back(Entry{seq, bytes});
+    if (entries_.size() > capacity_) entries_.pop_front();
   }
 
   // f(seq, bytes) for every entry with seq >= start, oldest first.
