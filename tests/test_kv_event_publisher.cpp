@@ -637,7 +637,8 @@ TEST_CASE("a dump that is absent, mixes seqs or does not decode leaves the view 
     };
     for (int round = 0; round < 2000 && sub.counters(0).dumps_unavailable == 0; ++round) {
       if (sub.counters(0).messages == 0) {
-        std::array<zmq::const_buffer, 3> m = {zmq::const_buffer(nullptr, 0), zmq::buffer(seq(5)),
+        const std::string five = seq(5);
+        std::array<zmq::const_buffer, 3> m = {zmq::const_buffer(nullptr, 0), zmq::buffer(five),
                                               zmq::buffer(live)};
         REQUIRE(zmq::send_multipart(pub, m));
       }

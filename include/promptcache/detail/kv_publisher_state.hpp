@@ -63,7 +63,8 @@ class KvPubRing {
 // The blocks a stream of published events leaves the engine holding.
 class KvPubMirror {
  public:
-  // Applies one published event. Strong guarantee.
+  // Applies one published event. Basic guarantee: std::bad_alloc may leave a
+  // stored chain partly applied (the publisher then drops the whole mirror).
   void apply(const KvPubEvent& e) {
     switch (e.kind) {
       case KvPubEvent::Kind::stored: {
