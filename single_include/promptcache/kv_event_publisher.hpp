@@ -316,20 +316,12 @@ class KvPubRing {
   explicit KvPubRing(std::size_t capacity) noexcept : capacity_(capacity) {}
 
   // Keeps `bytes` as `seq`, dropping the oldest entry when full (nothing is
-  // kept with capacity 0). Strong guarantee.
+  // kept with capacity 0). Strong guarantee: the copy and the append come
+  // before the drop, which cannot throw.
   void push(std::uint64_t seq, const std::vector<char>& bytes) {
     if (capacity_ == 0) return;
-    if (entries_.size() == capacity_) {
-      // The oldest entry's buffer is reused: a full ring allocates only when a
-      // batch outgrows the one it replaces.
-      Entry e = std::move(entries_.front());
-      e.seq = seq;
-      e.bytes.assign(bytes.begin(), bytes.end());
-      entries_.pop_front();
-      entries_.push_back(std::move(e));
-      return;
-    }
     entries_.push_back(Entry{seq, bytes});
+    if (entries_.size() > capacity_) entries_.pop_front();
   }
 
   // f(seq, bytes) for every entry with seq >= start, oldest first.
@@ -351,7 +343,8 @@ class KvPubRing {
 // The blocks a stream of published events leaves the engine holding.
 class KvPubMirror {
  public:
-  // Applies one published event. Strong guarantee.
+  // Applies one published event. Basic guarantee: std::bad_alloc may leave a
+  // stored chain partly applied (the publisher then drops the whole mirror).
   void apply(const KvPubEvent& e) {
     switch (e.kind) {
       case KvPubEvent::Kind::stored: {
@@ -8814,8 +8807,9 @@ class KvEventPublisher {
 
   /// Ends the step: encodes the recorded events as one batch with the next seq, buffers
   /// it for replay and applies it to the dump state. Nothing recorded: no batch (as vLLM,
-  /// which publishes only steps with events), nullopt. O(events + tokens); with a full
-  /// buffer, reuses the oldest batch's storage. Strong guarantee (std::bad_alloc).
+  /// which publishes only steps with events), nullopt. O(events + tokens). Strong guarantee
+  /// (std::bad_alloc), except that a dump state that cannot be updated is dropped (dumps
+  /// are then refused) rather than left wrong. Invalidates the previous batch's span.
   std::optional<KvEncodedBatch> flush() {
     if (pending_.empty()) return std::nullopt;
     encode(scratch_, pending_);

@@ -6518,7 +6518,13 @@ class ZmqKvSubscriber {
         live(p, Frame{*seq, &frames_[2]});
         if (p.want_dump) {
           p.want_dump = false;
-          resync_from_dump(p);
+          try {
+            resync_from_dump(p);
+          } catch (...) {
+            // The rest of the answer must not be read as the next request's.
+            reopen_replay(p);
+            throw;
+          }
         }
       }
     }
