@@ -12,8 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -659,4 +661,104 @@ TEST_CASE("a dump that is absent, mixes seqs or does not decode leaves the view 
     CHECK(view(sub.index(), W) == view(expected, W));
     CHECK(sub.last_seq(0) == 5U);
   }
+}
+
+TEST_CASE("a dump holds exactly the blocks the events leave, parents first, whatever the order",
+          "[kv_event_publisher]") {
+  // Events a paged cache never sends (inner removals, stores under parents not held that
+  // are stored later), checked against a map of hash -> (parent, tokens).
+  struct Held {
+    std::optional<std::uint64_t> parent;
+    std::vector<std::uint32_t> tokens;
+  };
+  std::map<std::uint64_t, Held> model;
+  KvEventPublisher pub;
+  std::mt19937_64 rng(7);
+  std::uint64_t next = 1;
+  const auto pick = [&]() -> std::optional<std::uint64_t> {
+    if (model.empty()) return std::nullopt;
+    auto it = model.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % model.size()));
+    return it->first;
+  };
+  const auto check_dump = [&] {
+    std::vector<std::byte> req(8, std::byte{0xff});
+    req[7] = std::byte{0xfe};
+    std::vector<std::string> payloads;
+    pub.answer_replay(req, [&](std::uint64_t s, std::span<const char> p) {
+      if (s != KvEventPublisher::end_marker) payloads.emplace_back(p.data(), p.size());
+    });
+    std::map<std::uint64_t, std::pair<std::optional<std::uint64_t>, std::uint64_t>> seen;
+    promptcache::KvEventWireDecoder decoder;
+    for (const std::string& p : payloads) {
+      promptcache::KvWireBatch b;
+      REQUIRE(decoder.decode(p.data(), p.size(), b).ok());
+      for (const auto& ev : b.events) {
+        const auto& s = std::get<kv_event::Stored>(ev);
+        std::optional<std::uint64_t> parent = s.parent_hash;
+        for (const KvBlock& blk : s.blocks) {
+          // A held parent comes first.
+          if (parent && model.count(*parent) != 0) CHECK(seen.count(*parent) == 1);
+          CHECK(seen.emplace(blk.block_hash, std::make_pair(parent, blk.tokens_hash)).second);
+          parent = blk.block_hash;
+        }
+      }
+    }
+    REQUIRE(seen.size() == model.size());
+    for (const auto& [h, held] : model) {
+      REQUIRE(seen.count(h) == 1);
+      CHECK(seen[h].first == held.parent);
+      CHECK(seen[h].second == promptcache::local_block_hashes(held.tokens, 2).at(0));
+    }
+  };
+  std::map<std::uint64_t, int> waiters;  // unheld parent -> blocks stored under it
+  for (int op = 0; op < 3000; ++op) {
+    const auto r = rng() % 100;
+    if (r < 55) {
+      // A chain of 1-3 blocks under a held parent, no parent, or one stored later.
+      std::optional<std::uint64_t> parent;
+      const auto how = rng() % 4;
+      if (how < 2) parent = pick();
+      if (how == 3) parent = next + 3 + rng() % 20;  // past this chain
+      // Blocks waiting for `next` go under it: its parent must not descend from them.
+      if (parent && waiters.count(next) != 0) {
+        std::vector<std::uint64_t> todo = {next};
+        std::set<std::uint64_t> below;
+        while (!todo.empty()) {
+          const std::uint64_t x = todo.back();
+          todo.pop_back();
+          for (const auto& [h, held] : model)
+            if (held.parent == x && below.insert(h).second) todo.push_back(h);
+        }
+        if (below.count(*parent) != 0) parent.reset();
+      }
+      if (parent && model.count(*parent) == 0) ++waiters[*parent];
+      Ev e{"stored", {}, parent, {}, 0};
+      const std::size_t n = 1 + rng() % 3;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t h = next++;
+        e.hashes.push_back(h);
+        const std::vector<std::uint32_t> t = {static_cast<std::uint32_t>(rng()),
+                                              static_cast<std::uint32_t>(h)};
+        e.tokens.insert(e.tokens.end(), t.begin(), t.end());
+        model[h] = Held{i == 0 ? parent : std::optional<std::uint64_t>(h - 1), t};
+        if (i + 1 < n && waiters.count(next) != 0) break;
+      }
+      // A chain cut short by the cycle guard keeps what it stored.
+      e.tokens.resize(e.hashes.size() * 2);
+      feed(pub, e);
+    } else if (r < 95) {
+      if (const auto h = pick()) {
+        feed(pub, Ev{"removed", {*h}, std::nullopt, {}, 0});
+        model.erase(*h);
+      }
+    } else if (r < 96) {
+      feed(pub, Ev{"cleared", {}, std::nullopt, {}, 0});
+      model.clear();
+    }
+    pub.flush();
+    if (op % 250 == 0) check_dump();
+  }
+  check_dump();
+  CHECK(pub.state_blocks() == model.size());
 }
