@@ -75,9 +75,11 @@ class KvPubMirror {
       case KvPubEvent::Kind::stored: {
         const std::size_t bs = e.block_size;
         std::optional<std::uint64_t> parent = e.parent;
+        std::uint32_t slot = npos;  // the previous block's: a chain needs no parent lookup
         for (std::size_t i = 0; i < e.hashes.size(); ++i) {
           const auto first = e.tokens.begin() + static_cast<std::ptrdiff_t>(i * bs);
-          store(e.hashes[i], parent, e.ns, first, first + static_cast<std::ptrdiff_t>(bs));
+          slot = store(e.hashes[i], parent, slot, e.ns, first,
+                       first + static_cast<std::ptrdiff_t>(bs));
           parent = e.hashes[i];
         }
         return;
@@ -162,10 +164,15 @@ class KvPubMirror {
     std::vector<std::uint32_t> tokens;
   };
 
+  // Stores block h (parent_slot: its parent's slot if known, else npos) and
+  // returns its slot.
   template <class It>
-  void store(std::uint64_t h, const std::optional<std::uint64_t>& parent_hash, std::uint64_t ns,
-             It first, It last) {
-    if (index_.count(h) != 0) remove(h);  // stored again: its new place counts
+  std::uint32_t store(std::uint64_t h, const std::optional<std::uint64_t>& parent_hash,
+                      std::uint32_t parent_slot, std::uint64_t ns, It first, It last) {
+    if (index_.count(h) != 0) {
+      remove(h);           // stored again: its new place counts
+      parent_slot = npos;  // the removal may have moved the parent
+    }
     std::uint32_t x = npos;
     if (!free_.empty()) {
       x = free_.back();
@@ -185,8 +192,8 @@ class KvPubMirror {
     index_.emplace(h, x);
     // A block named as its own parent is garbage: a root, never waiting.
     const bool has_parent = parent_hash && *parent_hash != h;
-    std::uint32_t p = npos;
-    if (has_parent) {
+    std::uint32_t p = has_parent ? parent_slot : npos;
+    if (has_parent && p == npos) {
       const auto it = index_.find(*parent_hash);
       if (it != index_.end()) p = it->second;
     }
@@ -201,6 +208,7 @@ class KvPubMirror {
       }
       waiting_.erase(b, e);
     }
+    return x;
   }
 
   void remove(std::uint64_t h) {
