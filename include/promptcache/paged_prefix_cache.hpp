@@ -90,6 +90,15 @@ struct PagedCacheStats {
   std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
 };
 
+/// What a token sink (PagedPrefixCache's second sink form) receives beside each event:
+/// for a Stored event, the namespace and the token ids of the new pages, which a
+/// publisher needs to send them on (vLLM's BlockStored carries token ids). Empty for
+/// other events. Valid only during the sink call.
+struct PagedStoredPages {
+  std::uint64_t ns = 0;                   ///< The namespace the pages were stored in.
+  std::span<const std::uint32_t> tokens;  ///< page_size tokens per new page, root side first.
+};
+
 /// Memory held by a PagedPrefixCache, split into the index and the token ids it indexes.
 struct PagedCacheMemory {
   std::size_t index_bytes = 0;  ///< Nodes, page ids, block hashes, edge table, heap, namespaces.
@@ -129,6 +138,8 @@ class PagedPrefixCache {
   // assignment, does (the vectors and the edge table never do).
   static constexpr bool nothrow_take =
       std::is_nothrow_move_assignable_v<std::function<void(const KvEvent&)>> &&
+      std::is_nothrow_move_assignable_v<
+          std::function<void(const KvEvent&, const PagedStoredPages&)>> &&
       std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
   static constexpr bool nothrow_move_construct =
       std::is_nothrow_move_constructible_v<Policy> && nothrow_take;
@@ -145,6 +156,8 @@ class PagedPrefixCache {
   /// Receives the KV events. It may read the cache through const members; a non-const
   /// call from it throws std::logic_error (see the class comment).
   using event_sink = std::function<void(const KvEvent&)>;
+  /// The second sink form: also receives the tokens of stored pages (PagedStoredPages).
+  using token_sink = std::function<void(const KvEvent&, const PagedStoredPages&)>;
 
   /// What match() found.
   struct MatchResult {
@@ -177,6 +190,16 @@ class PagedPrefixCache {
         policy_(std::move(policy)),
         sink_(std::move(sink)),
         hashes_(static_cast<bool>(sink_)) {}
+  /// As above, publishing to a token sink: `sink(event, pages)`, with the tokens of a
+  /// Stored event's pages (the cache keeps them anyway: passing them costs nothing).
+  /// Chosen for a callable taking both arguments. O(1).
+  template <class TokenSink>
+  requires std::is_invocable_v<TokenSink&, const KvEvent&, const PagedStoredPages&>
+  PagedPrefixCache(std::size_t page_size, Policy policy, TokenSink sink)
+      : page_size_(check_page_size(page_size)),
+        policy_(std::move(policy)),
+        token_sink_(std::move(sink)),
+        hashes_(static_cast<bool>(token_sink_)) {}
 
   /// Not copyable (one cache per engine).
   PagedPrefixCache(const PagedPrefixCache&) = delete;
@@ -491,7 +514,8 @@ class PagedPrefixCache {
     const std::uint64_t leaf_hash = event ? event->blocks.back().block_hash : 0;
     if (event) {
       try {
-        publish(std::move(*event));
+        publish(std::move(*event),
+                PagedStoredPages{ns, tokens.subspan(pos * page_size_, new_pages * page_size_)});
       } catch (...) {
         if (it == ns_index_.end()) drop_empty_namespace(ns);
         throw;
@@ -804,6 +828,7 @@ class PagedPrefixCache {
   // contents.
   void take_contents(PagedPrefixCache& other) noexcept(nothrow_take) {
     sink_ = std::exchange(other.sink_, nullptr);
+    token_sink_ = std::exchange(other.token_sink_, nullptr);
     hashes_ = std::exchange(other.hashes_, false);
     nodes_ = std::exchange(other.nodes_, {});
     free_head_ = std::exchange(other.free_head_, npos);
@@ -1517,8 +1542,8 @@ class PagedPrefixCache {
   // The payload is emplaced into the event: building a variant first and moving
   // it in trips GCC's maybe-uninitialized analysis at -O1 and above.
   template <class Payload>
-  void publish(Payload&& payload) {
-    if (!sink_) return;
+  void publish(Payload&& payload, const PagedStoredPages& pages = {}) {
+    if (!hashes_) return;
     KvEvent ev;
     ev.event_id = next_event_id_++;
     ev.data.template emplace<std::decay_t<Payload>>(std::forward<Payload>(payload));
@@ -1530,7 +1555,10 @@ class PagedPrefixCache {
       bool& flag;
       ~Reset() { flag = false; }
     } reset{publishing_};
-    sink_(ev);
+    if (sink_)
+      sink_(ev);
+    else
+      token_sink_(ev, pages);
   }
 
   // A non-const member called from the event sink: refused, nothing changed.
@@ -1670,6 +1698,7 @@ class PagedPrefixCache {
   std::size_t page_size_;
   Policy policy_;
   event_sink sink_;
+  token_sink token_sink_;  // set instead of sink_ by the token-sink constructor
   bool hashes_;
   std::vector<Node> nodes_;
   std::uint32_t free_head_ = npos;
