@@ -44,8 +44,11 @@
 // applied: the server keeps what a subscriber has not yet read, and a
 // subscriber constructed again with the same consumer name resumes after the
 // last batch acknowledged (its new index then fills the rest from the
-// publishers' replay, as any gap). Driving it: poll(timeout) from your own loop, or start() a
-// thread and read through with_index(), exactly as ZmqKvSubscriber.
+// publishers' replay, as any gap). A replica of a fleet instead restores
+// another's snapshot() (current at stream_sequence() S) and reads from S + 1:
+// nats_kv_snapshot_store.hpp. Driving it: poll(timeout) from your own
+// loop, or start() a thread and read through with_index(), exactly as
+// ZmqKvSubscriber.
 // Needs the NATS C client (libnats) besides msgpack-cxx and xxHash.
 #pragma once
 
