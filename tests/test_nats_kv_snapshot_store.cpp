@@ -101,6 +101,44 @@ std::vector<std::string> worker_stream(std::uint64_t base, std::size_t n) {
   return out;
 }
 
+// `n` batches of `events` stored chains of two blocks each, names from `base`.
+std::vector<std::string> multi_event_stream(std::uint64_t base, std::size_t n, std::size_t events) {
+  std::vector<std::string> out;
+  std::uint64_t name = base;
+  for (std::size_t i = 0; i < n; ++i) {
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> p(buf);
+    p.pack_array(3);
+    p.pack(1.5);
+    p.pack_array(static_cast<std::uint32_t>(events));
+    for (std::size_t e = 0; e < events; ++e, name += 2) {
+      p.pack_array(8);
+      p.pack(std::string("BlockStored"));
+      p.pack(std::vector<std::uint64_t>{name, name + 1});
+      p.pack_nil();
+      std::vector<std::uint32_t> tokens;
+      for (std::uint64_t b = name; b < name + 2; ++b)
+        for (std::uint32_t t = 0; t < 4; ++t)
+          tokens.push_back(static_cast<std::uint32_t>(b * 4 + t));
+      p.pack(tokens);
+      p.pack(4);
+      p.pack_nil();
+      p.pack(std::string("GPU"));
+      p.pack_nil();
+    }
+    p.pack_nil();
+    out.emplace_back(buf.data(), buf.size());
+  }
+  return out;
+}
+
+// The stream sequence a replica document is current at (after the magic and
+// the version).
+std::uint64_t seq_of(const std::vector<std::byte>& doc) {
+  promptcache::detail::NatsReplicaReader r(std::span<const std::byte>(doc).subspan(16, 8));
+  return r.u(8);
+}
+
 void apply_direct(KvIndex& index, const KvWorker& worker, const std::vector<std::string>& batches) {
   KvEventWireDecoder decoder;
   KvWireStreamState state;
@@ -527,29 +565,62 @@ TEST_CASE("durable replicas: snapshots taken while the thread applies are at mes
           "[nats]") {
   NatsServer server;
   create_stream(server);
-  Fleet fleet(server, 60, false);
+  Fleet fleet(server, 40, false);
+  // Batches of eight events: with one block per lock hold the thread lets
+  // readers in between the events of a batch, where no snapshot may be taken.
+  for (std::size_t i = 0; i < fleet.batches.size(); ++i)
+    fleet.batches[i] = multi_event_stream(100000 * (i + 1), 40, 8);
   NatsKvSnapshotStore store(store_options(server));
+  fleet.publish(0, 40);
+  const std::uint64_t last = store.stream_bounds().last;
+  REQUIRE(last == 120);
   auto ao = sub_options(server, "a");
-  ao.max_blocks_per_lock = 1;  // the lock is let go between the events of a batch
+  ao.max_blocks_per_lock = 1;
+  ao.max_messages_per_round = 1;
   NatsKvSubscriber a(ao);
   a.start();
-  std::size_t saved = 0;
-  for (std::size_t s = 0; s < 60; s += 6) {
-    fleet.publish(s, s + 6);
-    if (store.save(a)) ++saved;
+  // Every snapshot's sequence and bytes (hashed): between two messages the
+  // state is a function of the sequence, so two snapshots at one sequence
+  // with other bytes would be one taken inside a message.
+  std::uint64_t prev_seq = 0;
+  std::uint64_t prev_hash = 0;
+  std::size_t taken = 0;
+  std::size_t inside_a_message = 0;
+  std::vector<std::vector<std::byte>> docs;  // a sample, to restore
+  for (int i = 0; i < 1000000 && a.stream_sequence() < last; ++i) {
+    std::vector<std::byte> doc = a.snapshot();
+    ++taken;
+    const std::uint64_t s = seq_of(doc);
+    const std::uint64_t h = promptcache::detail::xxh3_64(doc.data(), doc.size());
+    if (s == prev_seq && h != prev_hash && taken > 1) ++inside_a_message;
+    if (s != prev_seq && s >= docs.size() * last / 8 && docs.size() < 8) docs.push_back(doc);
+    prev_seq = s;
+    prev_hash = h;
+    if (i % 64 == 0) (void)store.save(a);
   }
-  CHECK(saved >= 1);
+  a.stop();
+  REQUIRE(caught_up(a, store));
+  require_same(a.index(), fleet.direct());
+  CHECK(inside_a_message == 0);
+  CHECK_FALSE(docs.empty());
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    auto o = sub_options(server, "r" + std::to_string(i));
+    o.jetstream.start_sequence = seq_of(docs[i]) + 1;
+    NatsKvSubscriber b(o);
+    REQUIRE(b.restore(docs[i]).ok());
+    INFO("snapshot at " << b.stream_sequence());
+    REQUIRE(caught_up(b, store));
+    const KvPublisherCounters c = b.total_counters();
+    CHECK(c.gaps == 0);
+    CHECK(c.resets == 0);
+    require_same(b.index(), fleet.direct());
+  }
+  // And through the store: the latest snapshot saved while the thread ran.
   NatsKvJoinReport r;
   auto b = store.join(sub_options(server, "b"), r);
   CHECK(r.start == NatsKvJoinStart::snapshot);
-  a.stop();
   REQUIRE(caught_up(*b, store));
-  REQUIRE(caught_up(a, store));
-  const KvPublisherCounters c = b->total_counters();
-  CHECK(c.gaps == 0);
-  CHECK(c.resets == 0);
   require_same(b->index(), fleet.direct());
-  require_same(a.index(), fleet.direct());
 }
 
 TEST_CASE("durable replicas: bad options", "[nats]") {
