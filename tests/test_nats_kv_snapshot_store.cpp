@@ -646,6 +646,10 @@ TEST_CASE("durable replicas: bad options", "[nats]") {
   auto other = sub_options(server, "x");
   other.jetstream.stream = "OTHER";
   CHECK_THROWS_AS(store.join(other, r), std::invalid_argument);
+  // A subscriber that cannot be constructed: the join's registration goes.
+  auto bad = sub_options(server, "y");
+  bad.max_pending = 0;
+  CHECK_THROWS_AS(store.join(bad, r), std::invalid_argument);
   CHECK(store.load_latest().found == NatsKvSnapshotFound::none);
   CHECK(store.replicas().empty());
 }
