@@ -641,6 +641,7 @@ TEST_CASE("durable replicas: bad options", "[nats]") {
   NatsKvSnapshotStore store(store_options(server));
   CHECK_THROWS_AS(store.heartbeat("a.b", 1), std::invalid_argument);
   CHECK_THROWS_AS(store.heartbeat("", 1), std::invalid_argument);
+  CHECK_THROWS_AS(store.save(std::vector<std::byte>{}, 5), std::invalid_argument);
   NatsKvJoinReport r;
   CHECK_THROWS_AS(store.join(sub_options(server, ""), r), std::invalid_argument);
   auto other = sub_options(server, "x");

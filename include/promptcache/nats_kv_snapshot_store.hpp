@@ -246,8 +246,9 @@ class NatsKvSnapshotStore {
   /// at the same or a later sequence; then purges the previous snapshot's
   /// chunks. True when it became the latest. Throws NatsKvError when the
   /// server refuses a write (nothing changes for readers: the manifest moves
-  /// last). O(document).
+  /// last), std::invalid_argument for an empty document. O(document).
   bool save(std::span<const std::byte> document, std::uint64_t stream_sequence) {
+    if (document.empty()) throw std::invalid_argument("NatsKvSnapshotStore::save: no bytes");
     std::optional<detail::NatsSnapshotManifest> old;
     std::uint64_t rev = 0;
     if (!read_manifest(old, rev)) old.reset();  // a corrupt manifest is replaced
