@@ -8638,10 +8638,10 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
 
   /// Restores a replica document (snapshot()) into this subscriber, which
   /// must not have handled a message: index, streams and stream_sequence()
-  /// are then the snapshotted replica's, and messages at or below that
-  /// sequence are acknowledged without being applied (construct with
-  /// jetstream.start_sequence = stream_sequence() + 1 to skip them
-  /// server-side). All or nothing: on any error nothing changes and the
+  /// are then the snapshotted replica's (counters start at zero), and
+  /// messages at or below that sequence are acknowledged without being
+  /// applied (construct with jetstream.start_sequence = stream_sequence() + 1
+  /// to skip them server-side). All or nothing: on any error nothing changes and the
   /// status says why (index_not_empty after a message). Throws logic_error
   /// while the start() thread runs. O(document + blocks restored).
   KvSnapshotStatus restore(std::span<const std::byte> document) {
@@ -9385,8 +9385,9 @@ class NatsKvSnapshotStore {
   /// at the same or a later sequence; then purges the previous snapshot's
   /// chunks. True when it became the latest. Throws NatsKvError when the
   /// server refuses a write (nothing changes for readers: the manifest moves
-  /// last). O(document).
+  /// last), std::invalid_argument for an empty document. O(document).
   bool save(std::span<const std::byte> document, std::uint64_t stream_sequence) {
+    if (document.empty()) throw std::invalid_argument("NatsKvSnapshotStore::save: no bytes");
     std::optional<detail::NatsSnapshotManifest> old;
     std::uint64_t rev = 0;
     if (!read_manifest(old, rev)) old.reset();  // a corrupt manifest is replaced

@@ -8583,10 +8583,10 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
 
   /// Restores a replica document (snapshot()) into this subscriber, which
   /// must not have handled a message: index, streams and stream_sequence()
-  /// are then the snapshotted replica's, and messages at or below that
-  /// sequence are acknowledged without being applied (construct with
-  /// jetstream.start_sequence = stream_sequence() + 1 to skip them
-  /// server-side). All or nothing: on any error nothing changes and the
+  /// are then the snapshotted replica's (counters start at zero), and
+  /// messages at or below that sequence are acknowledged without being
+  /// applied (construct with jetstream.start_sequence = stream_sequence() + 1
+  /// to skip them server-side). All or nothing: on any error nothing changes and the
   /// status says why (index_not_empty after a message). Throws logic_error
   /// while the start() thread runs. O(document + blocks restored).
   KvSnapshotStatus restore(std::span<const std::byte> document) {
