@@ -10,7 +10,8 @@
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
 #                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
 #                                    the thread library
-#   promptcache::nats_kv_subscriber  nats_kv_subscriber.hpp: kv_event_wire plus the
+#   promptcache::nats_kv_subscriber  nats_kv_subscriber.hpp, nats_kv_snapshot_store.hpp:
+#                                    kv_event_wire plus the
 #                                    NATS C client, libnats (cmake/FindNatsC.cmake),
 #                                    and the thread library
 #   promptcache::kv_event_publisher  kv_event_publisher.hpp: msgpack-cxx (through
@@ -37,7 +38,7 @@ promptcache_add_component(
 
 promptcache_add_component(
   nats_kv_subscriber ONLY_WHEN_FOUND
-  DESCRIPTION "NATS subscriber and publisher of KV event streams (nats_kv_subscriber.hpp)"
+  DESCRIPTION "NATS subscriber and publisher of KV event streams, replica snapshots (nats_kv_subscriber.hpp, nats_kv_snapshot_store.hpp)"
   REQUIRES kv_event_wire
   FIND NatsC AND Threads
   LINK NatsC::nats Threads::Threads
