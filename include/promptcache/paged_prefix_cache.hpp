@@ -379,8 +379,7 @@ class PagedPrefixCache {
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
     if (state_.events.publishing()) detail::paged_throw_reentered();
-    const std::size_t ps = state_.blocks.page_size();
-    const std::size_t q_pages = tokens.size() / ps;
+    const std::size_t q_pages = tokens.size() / page_size();
     if (pages.size() < q_pages)
       throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
     InsertResult r;
@@ -411,8 +410,8 @@ class PagedPrefixCache {
       typename Tree::Found f;
       while (pos < q_pages) {
         f = Tree::template find_child<false>(state_, state_.nodes.data(), state_.edges.view(), cur,
-                                             tokens.data() + pos * ps, q_pages - pos, f.next,
-                                             f.ahead, nullptr);
+                                             tokens.data() + pos * page_size(), q_pages - pos,
+                                             f.next, f.ahead, nullptr);
         if (f.node == npos) break;
         const Node& x = state_.nodes[f.node];
         for (std::size_t i = 0; i < f.pages; ++i)
@@ -440,8 +439,9 @@ class PagedPrefixCache {
         parent = Tree::head_hash(state_, state_.nodes[split_node], split_pages);
       else if (pos > 0)
         parent = state_.nodes[cur].last_hash;
-      event.emplace(detail::paged_stored_event(tokens.subspan(pos * ps, new_pages * ps), ps,
-                                               new_pages, seed, parent));
+      event.emplace(
+          detail::paged_stored_event(tokens.subspan(pos * page_size(), new_pages * page_size()),
+                                     page_size(), new_pages, seed, parent));
     }
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
     Tree::reserve_nodes(state_, extra_nodes + 1);  // + a root for a new namespace
@@ -474,7 +474,7 @@ class PagedPrefixCache {
       Order::touch_insert(state_, cur, ns, priority);
     }
     if (new_pages > 0) {
-      cur = Tree::add_leaf(state_, cur, tokens.data() + pos * ps, pages.data() + pos,
+      cur = Tree::add_leaf(state_, cur, tokens.data() + pos * page_size(), pages.data() + pos,
                            static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns,
                            priority, leaf_hash);
     }

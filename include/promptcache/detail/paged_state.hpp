@@ -119,11 +119,11 @@ struct PagedCacheState {
   std::uint64_t tick = 0;           ///< the policy's clock: one tick per match or insert
   typename Types::Stats stats;      ///< counters and gauges
 
-  /// An empty cache's state.
-  PagedCacheState(std::size_t page_size, Policy&& p, typename Types::Sink&& sink)
-      : blocks(page_size), policy(std::move(p)), events(std::move(sink)) {}
-  /// An empty state with `page_size` and `p` and no sink (for the moves).
-  PagedCacheState(std::size_t page_size, Policy&& p) : blocks(page_size), policy(std::move(p)) {}
+  /// An empty cache's state, its publisher built from `sink` (none: no sink, as the
+  /// moves want it before they take the contents).
+  template <class... Sink>
+  PagedCacheState(std::size_t page_size, Policy&& p, Sink&&... sink)
+      : blocks(page_size), policy(std::move(p)), events(std::forward<Sink>(sink)...) {}
 
   /// The moves' common part: takes everything but the policy from `other` and leaves
   /// `other` empty (a moved-from standard container is only "valid but unspecified", and

@@ -231,9 +231,10 @@ struct PagedTree {
     return p.last_hash;
   }
 
-  /// The sequence hash of node x's first k pages.
-  [[nodiscard]] static std::uint64_t head_hash(const State& st, const Node& x,
-                                               std::size_t k) noexcept {
+  /// The sequence hash of node x's first k pages. Forced inline (see paged_chain_hashes).
+  [[nodiscard]] [[gnu::always_inline]] static std::uint64_t head_hash(const State& st,
+                                                                      const Node& x,
+                                                                      std::size_t k) noexcept {
     return paged_last_hash(parent_hash(st, x), x.tok, k, st.blocks.page_size(),
                            st.namespaces[x.ns].seed);
   }
