@@ -5962,10 +5962,14 @@ namespace promptcache::detail {
 /// Walks the sequence hashes of `n` pages of `page_size` tokens at `tokens` following
 /// `parent` (none at the root), calling f(page index, hash) for each; returns the last
 /// one. Allocates nothing.
+/// These helpers are forced inline, as the loops were when each caller spelled them out:
+/// GCC outlines a helper reached from several callers, and the call, the spilled
+/// registers and an out-of-line vector resize then cost an insert or an evict 1-3%.
 template <class F>
-std::uint64_t paged_chain_hashes(std::optional<std::uint64_t> parent, const std::uint32_t* tokens,
-                                 std::size_t n, std::size_t page_size, std::uint64_t seed,
-                                 F&& f) noexcept {
+[[gnu::always_inline]] inline std::uint64_t paged_chain_hashes(std::optional<std::uint64_t> parent,
+                                                               const std::uint32_t* tokens,
+                                                               std::size_t n, std::size_t page_size,
+                                                               std::uint64_t seed, F&& f) noexcept {
   constexpr std::size_t batch = 32;
   std::uint64_t locals[batch];
   BlockHashOptions opts;
@@ -5985,19 +5989,19 @@ std::uint64_t paged_chain_hashes(std::optional<std::uint64_t> parent, const std:
 }
 
 /// The sequence hash of the last of `n` pages (see paged_chain_hashes).
-inline std::uint64_t paged_last_hash(std::optional<std::uint64_t> parent,
-                                     const std::uint32_t* tokens, std::size_t n,
-                                     std::size_t page_size, std::uint64_t seed) noexcept {
+[[gnu::always_inline]] inline std::uint64_t paged_last_hash(std::optional<std::uint64_t> parent,
+                                                            const std::uint32_t* tokens,
+                                                            std::size_t n, std::size_t page_size,
+                                                            std::uint64_t seed) noexcept {
   return paged_chain_hashes(parent, tokens, n, page_size, seed,
                             [](std::uint32_t, std::uint64_t) {});
 }
 
 /// The Stored event of `new_pages` pages of `page_size` tokens at `tokens`, under the
 /// page whose sequence hash is `parent` (none at the root). Throws std::bad_alloc.
-inline kv_event::Stored paged_stored_event(std::span<const std::uint32_t> tokens,
-                                           std::size_t page_size, std::size_t new_pages,
-                                           std::uint64_t seed,
-                                           std::optional<std::uint64_t> parent) {
+[[gnu::always_inline]] inline kv_event::Stored paged_stored_event(
+    std::span<const std::uint32_t> tokens, std::size_t page_size, std::size_t new_pages,
+    std::uint64_t seed, std::optional<std::uint64_t> parent) {
   kv_event::Stored st;
   st.blocks.resize(new_pages);
   std::vector<std::uint64_t> locals(new_pages);
@@ -6017,11 +6021,10 @@ inline kv_event::Stored paged_stored_event(std::span<const std::uint32_t> tokens
 /// `tokens` (deepest first), as a Removed event names them; returns the hash of page
 /// keep - 1 (0 when keep is 0), the node's new last hash. One walk of the chain: only a
 /// node's last hash is kept. Requires capacity in `removed`.
-inline std::uint64_t paged_trimmed_hashes(std::optional<std::uint64_t> parent,
-                                          const std::uint32_t* tokens, std::size_t n,
-                                          std::uint32_t keep, std::size_t page_size,
-                                          std::uint64_t seed,
-                                          std::vector<std::uint64_t>& removed) noexcept {
+[[gnu::always_inline]] inline std::uint64_t paged_trimmed_hashes(
+    std::optional<std::uint64_t> parent, const std::uint32_t* tokens, std::size_t n,
+    std::uint32_t keep, std::size_t page_size, std::uint64_t seed,
+    std::vector<std::uint64_t>& removed) noexcept {
   const std::size_t first = removed.size();
   std::uint64_t new_last = 0;
   paged_chain_hashes(parent, tokens, n, page_size, seed, [&](std::uint32_t i, std::uint64_t h) {
@@ -6034,9 +6037,9 @@ inline std::uint64_t paged_trimmed_hashes(std::optional<std::uint64_t> parent,
 
 /// Appends to `removed` the sequence hashes of all `n` pages at `tokens` (deepest
 /// first). Requires capacity in `removed`.
-inline void paged_removed_hashes(std::optional<std::uint64_t> parent, const std::uint32_t* tokens,
-                                 std::size_t n, std::size_t page_size, std::uint64_t seed,
-                                 std::vector<std::uint64_t>& removed) noexcept {
+[[gnu::always_inline]] inline void paged_removed_hashes(
+    std::optional<std::uint64_t> parent, const std::uint32_t* tokens, std::size_t n,
+    std::size_t page_size, std::uint64_t seed, std::vector<std::uint64_t>& removed) noexcept {
   const std::size_t first = removed.size();
   paged_chain_hashes(parent, tokens, n, page_size, seed,
                      [&](std::uint32_t, std::uint64_t h) { removed.push_back(h); });
@@ -7354,11 +7357,11 @@ struct PagedCacheState {
   std::uint64_t tick = 0;           ///< the policy's clock: one tick per match or insert
   typename Types::Stats stats;      ///< counters and gauges
 
-  /// An empty cache's state.
-  PagedCacheState(std::size_t page_size, Policy&& p, typename Types::Sink&& sink)
-      : blocks(page_size), policy(std::move(p)), events(std::move(sink)) {}
-  /// An empty state with `page_size` and `p` and no sink (for the moves).
-  PagedCacheState(std::size_t page_size, Policy&& p) : blocks(page_size), policy(std::move(p)) {}
+  /// An empty cache's state, its publisher built from `sink` (none: no sink, as the
+  /// moves want it before they take the contents).
+  template <class... Sink>
+  PagedCacheState(std::size_t page_size, Policy&& p, Sink&&... sink)
+      : blocks(page_size), policy(std::move(p)), events(std::forward<Sink>(sink)...) {}
 
   /// The moves' common part: takes everything but the policy from `other` and leaves
   /// `other` empty (a moved-from standard container is only "valid but unspecified", and
@@ -8168,9 +8171,10 @@ struct PagedTree {
     return p.last_hash;
   }
 
-  /// The sequence hash of node x's first k pages.
-  [[nodiscard]] static std::uint64_t head_hash(const State& st, const Node& x,
-                                               std::size_t k) noexcept {
+  /// The sequence hash of node x's first k pages. Forced inline (see paged_chain_hashes).
+  [[nodiscard]] [[gnu::always_inline]] static std::uint64_t head_hash(const State& st,
+                                                                      const Node& x,
+                                                                      std::size_t k) noexcept {
     return paged_last_hash(parent_hash(st, x), x.tok, k, st.blocks.page_size(),
                            st.namespaces[x.ns].seed);
   }
@@ -8998,8 +9002,7 @@ class PagedPrefixCache {
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
     if (state_.events.publishing()) detail::paged_throw_reentered();
-    const std::size_t ps = state_.blocks.page_size();
-    const std::size_t q_pages = tokens.size() / ps;
+    const std::size_t q_pages = tokens.size() / page_size();
     if (pages.size() < q_pages)
       throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
     InsertResult r;
@@ -9030,8 +9033,8 @@ class PagedPrefixCache {
       typename Tree::Found f;
       while (pos < q_pages) {
         f = Tree::template find_child<false>(state_, state_.nodes.data(), state_.edges.view(), cur,
-                                             tokens.data() + pos * ps, q_pages - pos, f.next,
-                                             f.ahead, nullptr);
+                                             tokens.data() + pos * page_size(), q_pages - pos,
+                                             f.next, f.ahead, nullptr);
         if (f.node == npos) break;
         const Node& x = state_.nodes[f.node];
         for (std::size_t i = 0; i < f.pages; ++i)
@@ -9059,8 +9062,9 @@ class PagedPrefixCache {
         parent = Tree::head_hash(state_, state_.nodes[split_node], split_pages);
       else if (pos > 0)
         parent = state_.nodes[cur].last_hash;
-      event.emplace(detail::paged_stored_event(tokens.subspan(pos * ps, new_pages * ps), ps,
-                                               new_pages, seed, parent));
+      event.emplace(
+          detail::paged_stored_event(tokens.subspan(pos * page_size(), new_pages * page_size()),
+                                     page_size(), new_pages, seed, parent));
     }
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
     Tree::reserve_nodes(state_, extra_nodes + 1);  // + a root for a new namespace
@@ -9093,7 +9097,7 @@ class PagedPrefixCache {
       Order::touch_insert(state_, cur, ns, priority);
     }
     if (new_pages > 0) {
-      cur = Tree::add_leaf(state_, cur, tokens.data() + pos * ps, pages.data() + pos,
+      cur = Tree::add_leaf(state_, cur, tokens.data() + pos * page_size(), pages.data() + pos,
                            static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns,
                            priority, leaf_hash);
     }
