@@ -9037,8 +9037,10 @@ class PagedPrefixCache {
                                              f.next, f.ahead, nullptr);
         if (f.node == npos) break;
         const Node& x = state_.nodes[f.node];
+        // A local: push_back may write any memory, after which x.ids would be reloaded.
+        const PageId* ids = x.ids;
         for (std::size_t i = 0; i < f.pages; ++i)
-          if (x.ids[i] != pages[pos + i]) r.duplicates.push_back(pages[pos + i]);
+          if (ids[i] != pages[pos + i]) r.duplicates.push_back(pages[pos + i]);
         pos += f.pages;
         if (f.pages < x.n) {
           split_node = f.node;
