@@ -104,7 +104,8 @@ TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to 
   Cache c(1, eviction::Adaptive(8));
   c.insert(Tokens{1, 2}, Pages{1, 2});
   REQUIRE(c.match(Tokens{1}).matched == 1);  // splits: [1] used again, [2] still once
-  CHECK(c.class_pages(0) == 1);
+  // [1, 2] was stored cold (2 new pages, no prefix): T1 is classes 0 and 2.
+  CHECK(c.class_pages(2) == 1);
   CHECK(c.class_pages(1) == 1);
   // T1 first: [2]; then T1 is empty and [1] (a leaf now) goes.
   CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
@@ -115,7 +116,7 @@ TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to 
   REQUIRE(d.lock(x.handle));
   d.insert(Tokens{6}, Pages{6});
   CHECK(d.match(Tokens{6}).matched == 1);
-  CHECK(d.class_pages(0) == 1);
+  CHECK(d.class_pages(0) + d.class_pages(2) == 1);
   CHECK(evict(d, 2) == std::vector<std::uint32_t>{6});  // only what is evictable
   CHECK(d.cached_pages() == 1);
   CHECK(d.check_invariants());
@@ -155,7 +156,7 @@ TEST_CASE("adaptive: a run of pages that brings new ones is filed as used once")
   // [1, 2] come back with a new page 3 behind them: one node, used once; both
   // ghosts still move the target.
   c.insert(Tokens{1, 2, 3}, Pages{4, 5, 6});
-  CHECK(c.class_pages(0) == 3);
+  CHECK(c.class_pages(0) + c.class_pages(2) == 3);
   CHECK(c.class_pages(1) == 0);
   CHECK(c.policy().target() == 2.0);
   CHECK(c.policy().ghosts_once() == 0);
@@ -474,21 +475,30 @@ TEST_CASE("adaptive (learned): a thrashing cache keeps pages used again") {
   CHECK(ad.check_invariants());
 }
 
-TEST_CASE("adaptive (learned): choose_class with too few tops falls back on the page counts") {
-  eviction::Adaptive p(0);  // no history: the LRU rule decides, with no probe
-  const std::size_t pages[2] = {3, 2};
+TEST_CASE("adaptive (learned): choose_class with too few tops or classes falls back") {
+  eviction::Adaptive p(0);  // no history: the LRU rule decides
+  const std::size_t pages[3] = {3, 2, 0};
   const std::uint64_t older = 5, newer = 9;
-  const std::uint64_t* tops[2] = {&newer, &older};
-  // With both tops, the class whose next victim is older: T2.
+  const std::uint64_t* tops[3] = {&newer, &older, nullptr};
+  // With every top, the class whose next victim is older: T2.
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops)) == 1);
   // A class with no evictable leaf is never the LRU rule's choice.
-  const std::uint64_t* t1_only[2] = {&newer, nullptr};
+  const std::uint64_t* t1_only[3] = {&newer, nullptr, nullptr};
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(t1_only)) == 0);
-  // Too few tops: as choose_class(pages), which knows no evictions yet (both
-  // classes at key 0) and takes T1.
+  const std::uint64_t* cold_only[3] = {nullptr, nullptr, &older};
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(cold_only)) == 2);
+  // Too few tops: as choose_class(pages), which knows no evictions yet (every
+  // class at key 0) and takes T1.
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops, 1)) == 0);
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>()) == 0);
   CHECK(p.choose_class(std::span<const std::size_t>(pages)) == 0);
+  // Too few page counts: class 0 unless the only count given is of an empty T1.
+  CHECK(p.choose_class(std::span<const std::size_t>(pages, 2)) == 0);
+  const std::size_t empty_t1[2] = {0, 4};
+  CHECK(p.choose_class(std::span<const std::size_t>(empty_t1)) == 1);
+  CHECK(p.choose_class(std::span<const std::size_t>()) == 0);
+  CHECK(p.choose_class(std::span<const std::size_t>(pages, 2),
+                       std::span<const std::uint64_t* const>(tops)) == 0);
 }
 
 TEST_CASE("adaptive (learned): the rule whose miniature serves more leads, without thrashing") {
@@ -632,4 +642,43 @@ TEST_CASE("shadow cache: many keys through a small shadow keep the index consist
   }
   CHECK(s.size(0) + s.size(1) == 64);
   CHECK(hits > 0);
+}
+
+TEST_CASE("adaptive (learned): long one-off runs stored cold leave growing conversations cached") {
+  // Two conversations under a shared first page, each turn adding one page to
+  // its previous prompt (restarting after 6 pages), each turn followed by a
+  // one-off prompt of 5 new pages: LRU lets the one-off pages push out every
+  // conversation before its next turn. The one-off runs bring more new pages
+  // than the prefix they extend (none), so they are stored cold; following
+  // cold first evicts them before anything else, and the conversations stay.
+  // Used-once first would also evict each conversation's newest page (used
+  // once), which its next turn needs: its miniature serves fewer hits.
+  PagedPrefixCache<std::uint32_t, eviction::Lru> lru(1);
+  Cache ad(1, eviction::Adaptive(12));
+  std::vector<std::uint32_t> free_lru, free_ad;
+  for (std::uint32_t p = 0; p < 12; ++p) {
+    free_lru.push_back(p);
+    free_ad.push_back(p);
+  }
+  std::uint32_t once = 100000, fresh = 1000;
+  Tokens conv[2] = {{7}, {7}};
+  std::size_t hits_lru = 0, hits_ad = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (Tokens& t : conv) {
+      if (t.size() >= 6) t = {7};
+      t.push_back(fresh++);
+      hits_lru += serve(lru, t, free_lru);
+      hits_ad += serve(ad, t, free_ad);
+      Tokens o;
+      for (int j = 0; j < 5; ++j)
+        o.push_back(once++);
+      (void)serve(lru, o, free_lru);
+      (void)serve(ad, o, free_ad);
+    }
+  }
+  CHECK(ad.policy().leader() == 3);
+  for (std::size_t e = 0; e < 3; ++e)
+    CHECK(ad.policy().sampled_hits(3) > ad.policy().sampled_hits(e));
+  CHECK(hits_ad > 2 * hits_lru);
+  CHECK(ad.check_invariants());
 }

@@ -415,13 +415,16 @@ struct Filo {
 /// new pages. A later match or insert through a node counts as a use.
 class Adaptive {
  public:
-  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
-  static constexpr std::size_t experts = 3;      ///< LRU (0), ARC (1), used-once first (2).
+  /// 0: used once (T1), 1: used again (T2), 2: used once and stored cold (part of T1).
+  static constexpr std::size_t key_classes = 3;
+  /// LRU (0), ARC (1), used-once first (2), cold first (3).
+  static constexpr std::size_t experts = 4;
 
   /// Last access tick and whether the node was used again.
   struct meta_type {
     std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
     std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+    std::uint8_t cold = 0;          ///< 1 when stored cold (see the class comment).
   };
   using key_type = std::uint64_t;              ///< The last access tick, within a class.
   static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
@@ -457,6 +460,7 @@ class Adaptive {
     shadows_[0] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::lru);
     shadows_[1] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::arc);
     shadows_[2] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
+    shadows_[3] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
   }
   /// Takes over `o`'s state, ghost history and miniatures. `o` keeps its capacity and
   /// step, with no ghost history, no miniatures and a target of 0 (as a policy of
@@ -504,7 +508,12 @@ class Adaptive {
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
-    feed(c, m.reused, true);
+    // Cold: more new pages than the prefix they extend, except one such run in
+    // 32 (so that the pages kept change as the traffic does).
+    if (mode_ == Mode::learned && m.reused == 0 && pages > c.depth_pages &&
+        ++cold_runs_ % admit_period != 0)
+      m.cold = 1;
+    feed(c, key_class(m), true);
     return m;
   }
   /// Match: used again, accessed now; its sampled pages go to the miniatures.
@@ -524,7 +533,7 @@ class Adaptive {
   /// The freed pages go on the ghost list of their class, deepest first (the
   /// order the cache frees them in). O(pages freed).
   void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
-    const std::size_t k = m.reused;
+    const std::size_t k = key_class(m);
     oldest_[k] = std::max(oldest_[k], m.last_access);
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
     const std::size_t pages = c.tokens.size() / c.page_size;
@@ -535,15 +544,16 @@ class Adaptive {
   /// Oldest access first within a class. O(1).
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
   /// T1 (0) or T2 (1). O(1).
-  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept {
+    return m.reused != 0 ? 1 : m.cold != 0 ? 2 : 0;
+  }
   /// The class of the leading expert (Mode::arc: ARC's). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
-    std::size_t lru = 0;
-    if (pages[0] == 0 || pages[1] == 0)
-      lru = pages[0] == 0 ? 1 : 0;
-    else
-      lru = oldest_[0] <= oldest_[1] ? 0 : 1;
-    return choose(pages, lru);
+    if (pages.size() < key_classes) return pages.size() > 1 && pages[0] == 0 ? 1 : 0;
+    const key_type* tops[key_classes];
+    for (std::size_t k = 0; k < key_classes; ++k)
+      tops[k] = pages[k] > 0 ? &oldest_[k] : nullptr;
+    return choose(pages, tops);
   }
 
   /// As choose_class(pages), with the LRU expert judging the classes by `tops`,
@@ -551,19 +561,18 @@ class Adaptive {
   /// them). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages,
                                          std::span<const key_type* const> tops) noexcept {
-    if (tops.size() < key_classes) return choose_class(pages);
-    const std::size_t lru = tops[0] == nullptr   ? 1
-                            : tops[1] == nullptr ? 0
-                                                 : (*tops[0] <= *tops[1] ? 0 : 1);
-    return choose(pages, lru);
+    if (tops.size() < key_classes || pages.size() < key_classes) return choose_class(pages);
+    const key_type* t[key_classes] = {tops[0], tops[1], tops[2]};
+    return choose(pages, t);
   }
 
   /// The adaptive target size of T1, in pages. O(1).
   [[nodiscard]] double target() const noexcept { return p_; }
-  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first (Mode::arc: 1). O(experts).
+  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first, 3 cold first
+  /// (Mode::arc: 1). O(experts).
   [[nodiscard]] std::size_t leader() const noexcept {
     if (mode_ == Mode::arc) return 1;
-    if (thrashing() && hits_[2] >= hits_[0]) return 2;
+    if (thrashing() && hits_[2] >= hits_[0] && hits_[2] >= hits_[3]) return 2;
     std::size_t best = 0;
     for (std::size_t e = 1; e < experts; ++e)
       if (hits_[e] > hits_[best]) best = e;
@@ -597,6 +606,8 @@ class Adaptive {
   static constexpr std::size_t shadow_pages = 2048;
   // Hit counts halve every decay x the miniature's capacity of sampled accesses.
   static constexpr double decay = 32.0;
+  // One cold run in admit_period is stored as a plain used-once run (BIP's 1/32).
+  static constexpr std::uint64_t admit_period = 32;
   // A return is far when it comes back more than far_age x capacity evictions
   // after it left, and the cache thrashes when far returns are over
   // thrash_share of all. Chosen on the shipped trace and three generated shapes
@@ -630,20 +641,30 @@ class Adaptive {
     for (std::size_t k = 0; k < key_classes; ++k)
       oldest_[k] = std::exchange(o.oldest_[k], 0);
     shift_ = std::exchange(o.shift_, 0);
+    cold_runs_ = std::exchange(o.cold_runs_, 0);
     accesses_ = std::exchange(o.accesses_, 0.0);
     returns_ = std::exchange(o.returns_, 0.0);
     far_returns_ = std::exchange(o.far_returns_, 0.0);
   }
-  // The class of the expert followed, given the LRU expert's vote.
+  // The class the leading expert evicts from, given each class's next victim
+  // (nullptr: none). T1 is classes 0 and 2, each taken by its older leaf.
   [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages,
-                                   std::size_t lru) const noexcept {
+                                   const key_type* const (&tops)[key_classes]) const noexcept {
+    auto older = [&](std::size_t a, std::size_t b) {
+      return tops[a] == nullptr ? b : tops[b] == nullptr ? a : (*tops[b] < *tops[a] ? b : a);
+    };
+    const std::size_t lru = older(older(0, 2), 1);
+    const std::size_t t1 = older(0, 2);
+    const bool t1_pages = pages[0] + pages[2] > 0 && tops[t1] != nullptr;
     switch (leader()) {
       case 0:
         return lru;
       case 1:
-        return pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
+        return t1_pages && static_cast<double>(pages[0] + pages[2]) > p_ ? t1 : 1;
+      case 2:
+        return t1_pages ? t1 : 1;
       default:
-        return pages[0] > 0 ? 0 : 1;
+        return tops[2] != nullptr ? 2 : lru;
     }
   }
   // The pages of the node `c` names, as the miniatures see them: a page is
@@ -656,8 +677,12 @@ class Adaptive {
     for (std::size_t i = 0; i < pages; ++i) {
       const std::uint64_t k = sample_key(c, i);
       if (shift_ > 0 && (k >> (64 - shift_)) != 0) continue;
+      // ARC and used-once first see cold pages as T1; cold first files them
+      // apart (list 0, evicted first) from the rest in one recency order.
+      const std::size_t t = list == 2 ? 0 : list;
+      const std::size_t to[experts] = {0, t, t, list == 2 ? 0U : 1U};
       for (std::size_t e = 0; e < experts; ++e)
-        if (shadows_[e].access(k, list, c.tick, target) && hit) hits_[e] += 1.0;
+        if (shadows_[e].access(k, to[e], c.tick, target) && hit) hits_[e] += 1.0;
       if (hit && (accesses_ += 1.0) > decay * static_cast<double>(shadows_[0].capacity())) {
         accesses_ = 0.0;
         for (double& h : hits_)
@@ -701,13 +726,14 @@ class Adaptive {
   Mode mode_;
   double p_ = 0.0;
   detail::PagedGhostHistory ghosts_;
-  detail::PagedShadowCache shadows_[experts];   // each expert's miniature cache
-  double hits_[experts] = {0.0, 0.0, 0.0};      // their recent hits
-  std::size_t shift_ = 0;                       // one page in 2^shift_ is sampled
-  double accesses_ = 0.0;                       // sampled accesses since the last halving
-  std::uint64_t oldest_[key_classes] = {0, 0};  // key of the last leaf evicted per class
-  double returns_ = 0.0;                        // pages stored again from the ghosts
-  double far_returns_ = 0.0;                    // of those, back after 2 x capacity
+  detail::PagedShadowCache shadows_[experts];      // each expert's miniature cache
+  double hits_[experts] = {0.0, 0.0, 0.0, 0.0};    // their recent hits
+  std::size_t shift_ = 0;                          // one page in 2^shift_ is sampled
+  double accesses_ = 0.0;                          // sampled accesses since the last halving
+  std::uint64_t oldest_[key_classes] = {0, 0, 0};  // key of the last leaf evicted per class
+  std::uint64_t cold_runs_ = 0;                    // runs that qualified as cold
+  double returns_ = 0.0;                           // pages stored again from the ghosts
+  double far_returns_ = 0.0;                       // of those, back after 2 x capacity
 };
 
 static_assert(PagedEvictionPolicy<Lru>);
