@@ -6278,15 +6278,23 @@ struct Filo {
 
 /// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
 /// only, with LRU as a fallback it picks online. Pages used once since they
-/// were stored (class 0, ARC's T1) and pages used again (class 1, T2) are each
-/// evicted least recently used first; before each page the policy picks the
-/// class to evict from by following one of three rules ("experts"):
+/// were stored (classes 0 and 2, ARC's T1) and pages used again (class 1, T2)
+/// are each evicted least recently used first; before each page the policy
+/// picks the class to evict from by following one of four rules ("experts"):
 ///  - LRU: the class whose least recent leaf is older (the cache passes each
 ///    class's next victim's key, so following this expert evicts exactly as
 ///    eviction::Lru does; called without the keys, the policy takes them to be
 ///    those of the last leaf it evicted per class, a bound that can be stale);
 ///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
-///  - used-once first: T1 whenever it has pages.
+///  - used-once first: T1 whenever it has pages;
+///  - cold first: the cold part of T1 whenever it has an evictable leaf, else
+///    as LRU. A run stored with more new pages than the prefix it extends (a
+///    request whose cached prefix was lost, a new document) is filed cold
+///    (class 2), except one such run in 32, so that under thrashing the cache
+///    keeps a set of prefixes whole and that set still changes with the
+///    traffic (BIP's insertion, Qureshi et al., ISCA'07). For the other
+///    rules cold pages are T1 pages (T1 is classes 0 and 2, taken by the
+///    older of their next victims).
 /// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
 /// x `capacity_pages` evictions: a page stored again while on B1 raises p, one
 /// on B2 lowers it (ARC's rule).
@@ -6304,7 +6312,7 @@ struct Filo {
 /// thrashing: no recency order can keep such pages, while keeping pages used
 /// again and letting new ones go keeps part of them, so the policy follows
 /// used-once first as long as its miniature serves at least as many hits as
-/// LRU's. The miniatures see every access whatever the policy follows (only
+/// LRU's and cold-first's. The miniatures see every access whatever the policy follows (only
 /// the classes come from the cache), so the measure hardly depends on the
 /// choice it drives, as a rate of the policy's own mistakes would. The pages
 /// one insert stores are one node, so they share a class: used again when all
@@ -6440,7 +6448,7 @@ class Adaptive {
   }
   /// Oldest access first within a class. O(1).
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
-  /// T1 (0) or T2 (1). O(1).
+  /// T1 (0), T2 (1) or T1 stored cold (2). O(1).
   [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept {
     return m.reused != 0 ? 1 : m.cold != 0 ? 2 : 0;
   }
