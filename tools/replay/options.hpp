@@ -156,7 +156,7 @@ Which paged policy to pick:
             that outgrow the cache). Costs ~34 bytes per page of 8x its
             capacity, plus up to ~200 KB of simulations.
   lru       workers behind random, round-robin or least-loaded routing (there
-            adaptive lost up to 6.5%), or when memory per page matters.
+            adaptive lost up to 3.1%), or when memory per page matters.
   priority  when requests carry priorities.
   lfu/slru  only for a hot set that never changes; mru/filo only for cyclic
             scans larger than the cache.
