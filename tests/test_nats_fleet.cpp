@@ -494,7 +494,30 @@ void run_fleet(std::uint64_t seed, std::uint64_t join_after_events, std::size_t 
   CHECK(after.restarts == before.restarts);  // no copy was taken for a restart
   CHECK(after.resets == before.resets);
 
-  // Every replica answers a routing question the same way.
+  // Every replica answers every routing question the same way: each system
+  // prompt, and each with one more page.
+  std::size_t routed = 0;
+  for (std::uint32_t system = 0; system < 24; ++system) {
+    std::vector<std::uint32_t> tokens;
+    for (std::uint32_t i = 0; i < 4 * page_size; ++i)
+      tokens.push_back(i < 3 * page_size ? 1000 + system * 100 + i : i % page_size);
+    for (const std::size_t pages : {std::size_t{3}, std::size_t{4}}) {
+      const std::vector<std::uint64_t> locals = promptcache::local_block_hashes(
+          std::span<const std::uint32_t>(tokens).first(pages * page_size), page_size);
+      const std::vector<std::uint64_t> names = promptcache::sequence_hashes(locals);
+      std::vector<std::vector<promptcache::KvWorkerMatch>> answers;
+      for (auto& r : f.replicas) {
+        auto m = r->sub().with_index(
+            [&](const KvIndex& index) { return index.find_matches(locals, names); });
+        std::sort(m.begin(), m.end());
+        answers.push_back(std::move(m));
+      }
+      for (const auto& a : answers)
+        CHECK(a == answers.front());
+      if (!answers.front().empty()) ++routed;
+    }
+  }
+  CHECK(routed > 0);
   for (auto& r : f.replicas)
     CHECK(r->sub().thread_error() == nullptr);
   std::cout << "fleet: " << f.events() << " events, 8 engines, 3 replicas, "
