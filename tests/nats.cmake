@@ -14,10 +14,12 @@ foreach(_pc_nats_test IN ITEMS test_nats_kv_subscriber test_nats_fleet)
     target_compile_definitions(${_pc_nats_test}
                                PRIVATE PROMPTCACHE_NATS_SERVER="${PROMPTCACHE_NATS_SERVER}")
     set(_pc_nats_entries ${_pc_nats_test})
+    set_tests_properties(${_pc_nats_test} PROPERTIES TIMEOUT 300)
     if(TEST ${_pc_nats_test}_long)
+      # About 3 minutes under ASan on a shared 2-core machine.
       list(APPEND _pc_nats_entries ${_pc_nats_test}_long)
+      set_tests_properties(${_pc_nats_test}_long PROPERTIES TIMEOUT 900)
     endif()
-    set_tests_properties(${_pc_nats_entries} PROPERTIES TIMEOUT 300)
     if(NOT PROMPTCACHE_NATS_SERVER)
       message(STATUS "${_pc_nats_test} disabled: nats-server not found (Debian: nats-server)")
       set_tests_properties(${_pc_nats_entries} PROPERTIES DISABLED TRUE)
