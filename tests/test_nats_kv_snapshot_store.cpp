@@ -21,7 +21,7 @@
 #include "catch.hpp"
 #include "support/nats_server.hpp"
 
-using nats_test::NatsServer;
+using NatsServer = promptcache_test::NatsServerProcess;
 using promptcache::KvEventWireDecoder;
 using promptcache::KvIndex;
 using promptcache::KvPublisherCounters;

@@ -216,6 +216,14 @@ std::vector<std::string> mixed_stream(std::uint64_t base) {
           stored({base + 9}, base + 7)};
 }
 
+// An index with the subscriber's default options: chains under a parent it
+// never saw are kept as orphan chains.
+KvIndex subscriber_index() {
+  return KvIndex(
+      promptcache::KvIndexOptions{.on_gap = promptcache::KvGapPolicy::report,
+                                  .on_unknown_parent = promptcache::KvUnknownParent::keep_orphan});
+}
+
 // `batches` applied straight to `index` as `worker`'s, as the subscriber applies them.
 void apply_direct(KvIndex& index, const KvWorker& worker, const std::vector<std::string>& batches) {
   KvEventWireDecoder decoder;
@@ -287,7 +295,7 @@ TEST_CASE("nats: stored, removed and cleared through nats-server equal a direct 
   CHECK(pubs[0]->subject() == "namespace.test.component.backend.kv-events.7");
   CHECK(pubs[0]->replay_subject() == "namespace.test.component.backend.kv-events.7.replay");
 
-  KvIndex want;
+  KvIndex want = subscriber_index();
   for (std::size_t i = 0; i < workers.size(); ++i) {
     const auto batches = mixed_stream(100 * (i + 1));
     for (std::size_t s = 0; s < batches.size(); ++s)
@@ -320,7 +328,7 @@ TEST_CASE("nats: a lost batch is replayed over request-reply", "[nats]") {
       REQUIRE(pub.publish(s, batches[s]));
   }
   REQUIRE(reached(sub, w, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -356,7 +364,7 @@ TEST_CASE("nats: a worker list limits the subjects; only the lost rank's publish
   }
   REQUIRE(reached(sub, KvWorker{7, 0}, 7));
   REQUIRE(reached(sub, KvWorker{7, 1}, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, KvWorker{7, 0}, a);
   apply_direct(want, KvWorker{7, 1}, b);
   require_same(sub.index(), want);
@@ -379,17 +387,52 @@ TEST_CASE("nats: a replay buffer that no longer reaches the gap resets the view"
   REQUIRE(pub.publish(0, batches[0]));
   REQUIRE(reached(sub, w, 0));
   for (std::size_t s = 1; s < 6; ++s)
-    pub.remember(s, batches[s]);  // lost; the buffer keeps 4 and 5 only
-  REQUIRE(pub.publish(6, batches[6]));
+    pub.remember(s, batches[s]);        // lost
+  REQUIRE(pub.publish(6, batches[6]));  // the buffer keeps 5 and 6 only
   REQUIRE(reached(sub, w, 6));
   const KvPublisherCounters c = sub.counters(w);
   CHECK(c.gaps == 1);
   CHECK(c.gaps_unrecoverable == 1);
   CHECK(c.resets == 1);
-  // The view starts over from the oldest batch still buffered.
-  KvIndex want;
-  apply_direct(want, w, {batches[4], batches[5], batches[6]});
+  // The view starts over from the oldest batch still buffered; its chain,
+  // stored under a parent the view never saw, is kept as an orphan chain.
+  KvIndex want = subscriber_index();
+  apply_direct(want, w, {batches[5], batches[6]});
   require_same(sub.index(), want);
+  CHECK(sub.index().orphan_count(w) == 2);
+  CHECK(sub.index().block_hashes(w) == std::vector<std::uint64_t>{6, 7});
+}
+
+TEST_CASE("nats: a late subscriber routes to a worker once it stores a block extending a prefix",
+          "[nats]") {
+  NatsServer server;
+  const KvWorker w{8, 0};
+  auto po = pub_options(server, w);
+  po.buffer_batches = 0;  // the history is gone for a late joiner
+  NatsKvPublisher pub(po);
+  // The engine stores blocks 1..6 (a shared system prompt) before the router starts.
+  REQUIRE(pub.publish(0, stored({1, 2, 3, 4, 5, 6})));
+  REQUIRE(pub.flush(2000ms));
+  NatsKvSubscriber sub(sub_options(server));
+  // Then a request extends the prefix by two blocks.
+  REQUIRE(pub.publish(1, stored({7, 8}, 6)));
+  REQUIRE(reached(sub, w, 1));
+  CHECK(sub.index().orphan_count(w) == 2);
+  CHECK(sub.counters(w).index_rejected == 0);
+  // A request naming blocks 1..8 (block names are chained: holding block 8
+  // implies holding its prefix) is routed to the worker for all 8.
+  const std::vector<std::uint64_t> names = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<std::uint64_t> tokens;
+  for (const std::uint64_t n : names) {
+    std::vector<std::uint32_t> t;
+    for (std::uint32_t i = 0; i < 4; ++i)
+      t.push_back(static_cast<std::uint32_t>(n * 4 + i));
+    tokens.push_back(promptcache::local_block_hashes(t, 4).front());
+  }
+  const auto m = sub.index().find_matches(tokens, names);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].worker == w);
+  CHECK(m[0].blocks == 8);
 }
 
 TEST_CASE("nats: a replay nobody answers resets the view", "[nats]") {
@@ -411,7 +454,7 @@ TEST_CASE("nats: a replay nobody answers resets the view", "[nats]") {
   CHECK(c.replay_timeouts == 1);
   CHECK(c.resets == 1);
   // The view starts over from batch 3.
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, {batches[3]});
   require_same(sub.index(), want);
 }
@@ -433,7 +476,7 @@ TEST_CASE("nats: a publisher restart (seq back to 0) is a reset", "[nats]") {
     REQUIRE(pub.publish(s, second[s]));
   REQUIRE(poll_until(sub, [&] { return sub.counters(w).batches_applied == 7; }));
   CHECK(sub.last_seq(w) == 2);
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, {second.begin(), second.begin() + 3});
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -459,7 +502,7 @@ TEST_CASE("nats: a restarted subscriber catches up from the replay buffer", "[na
   NatsKvSubscriber sub(sub_options(server));
   REQUIRE(pub.publish(7, batches[7]));
   REQUIRE(reached(sub, w, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -500,7 +543,7 @@ TEST_CASE("nats: a server killed mid-stream and restarted: reconnect and exact r
     REQUIRE(pub.publish(s, batches[s]));
   REQUIRE(reached(sub, w, 29));
 
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -596,7 +639,7 @@ TEST_CASE("nats jetstream: a durable subscriber restarted resumes where it ackno
   CHECK(c.gaps_recovered == 1);
   CHECK(c.resets == 0);
   CHECK(c.batches_applied == 8);
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
 }
@@ -627,7 +670,7 @@ TEST_CASE("nats jetstream: a server killed and restarted keeps the stream and th
   for (std::size_t s = 20; s < 30; ++s)
     REQUIRE(pub.publish(s, batches[s]));
   REQUIRE(reached(sub, w, 29));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -717,7 +760,7 @@ TEST_CASE("nats: a decoder that names the stream in the payload, on one shared s
   natsConnection_Destroy(nc);
   REQUIRE(reached(sub, wa, 7));
   REQUIRE(reached(sub, wb, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, wa, a);
   apply_direct(want, wb, b);
   require_same(sub.index(), want);

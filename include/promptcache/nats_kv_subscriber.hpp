@@ -526,7 +526,13 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   /// max_messages_per_round of 0, or jetstream options out of range;
   /// NatsKvError when the server cannot be reached within
   /// connection.connect_timeout or refuses the stream or consumer. O(workers).
-  explicit NatsKvSubscriber(NatsKvSubscriberOptions options, KvIndexOptions index_options = {})
+  /// The index keeps chains stored under a prefix it never saw as orphan chains
+  /// (KvUnknownParent::keep_orphan) by default: a replica that joins late, or a view
+  /// reset by a gap, routes to a worker as soon as it stores a block extending a prefix.
+  explicit NatsKvSubscriber(
+      NatsKvSubscriberOptions options,
+      KvIndexOptions index_options = {.on_gap = KvGapPolicy::report,
+                                      .on_unknown_parent = KvUnknownParent::keep_orphan})
       : Follower(detail::KvFollowerRules{options.restart_max_seq, options.remembered_batches,
                                          options.max_blocks_per_lock},
                  index_options),

@@ -610,6 +610,34 @@ class PagedPrefixCache {
   /// The policy object (its own state, e.g. an adaptive target). O(1).
   [[nodiscard]] const Policy& policy() const noexcept { return state_.policy; }
 
+  /// The block hash (the sequence hash its Stored event named) of every cached page, over
+  /// all namespaces, sorted ascending: the set a KvIndex fed by this cache's events holds
+  /// for its worker (KvIndex::block_hashes) when the index's view is exact. Computed from
+  /// the tokens, so it needs no sink. O(cached tokens + P log P), P = cached pages.
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes() const {
+    std::vector<std::uint64_t> out;
+    out.reserve(stats_.cached_pages);
+    std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> stack;
+    for (const NsSlot& s : ns_slots_) {
+      if (!s.live) continue;
+      for (std::uint32_t c = nodes_[s.root].first_child; c != npos; c = nodes_[c].next)
+        stack.emplace_back(c, std::nullopt);
+      while (!stack.empty()) {
+        const auto [x, parent] = stack.back();
+        stack.pop_back();
+        const Node& nd = nodes_[x];
+        std::optional<std::uint64_t> last = parent;
+        if (nd.n != 0)
+          last = chain(parent, tokens_of(nd), nd.n, s.seed,
+                       [&](std::uint32_t, std::uint64_t h) { out.push_back(h); });
+        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next)
+          stack.emplace_back(c, last);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   /// Cached pages (locked ones included) whose node is in key class `k` of the
   /// policy; 0 for k >= classes. With one class, all cached pages. O(1).
   [[nodiscard]] std::size_t class_pages(std::size_t k) const noexcept {

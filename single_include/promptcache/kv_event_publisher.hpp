@@ -594,6 +594,7 @@ class KvPubMirror {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -5069,6 +5070,24 @@ class KvIndex {
       }
       out.push_back(KvEvent{out.size(), std::move(chain)});
     }
+    return out;
+  }
+
+  /// The names (block hashes) of every block `worker` holds, in the tree and
+  /// as orphans, sorted ascending: the set an engine's cache holds when the
+  /// view is exact (compare with PagedPrefixCache::block_hashes()). Empty for
+  /// an unknown worker. O(blocks held x log blocks held).
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes(const KvWorker& worker) const {
+    std::vector<std::uint64_t> out;
+    const std::uint32_t slot = state_.workers.find(worker);
+    if (slot == detail::kv_npos) return out;
+    out.reserve(state_.workers[slot].blocks + state_.orphans.count(slot));
+    detail::kv_for_each_hold_chain(
+        state_.holds, state_.workers[slot].sentinel, [](std::uint32_t, std::uint32_t) {},
+        [&](std::uint32_t h) { out.push_back(state_.holds[h].block_hash); });
+    state_.orphans.for_each_of(
+        slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) { out.push_back(name); });
+    std::sort(out.begin(), out.end());
     return out;
   }
 
@@ -10081,6 +10100,34 @@ class PagedPrefixCache {
   [[nodiscard]] const PagedCacheStats& stats() const noexcept { return state_.stats; }
   /// The policy object (its own state, e.g. an adaptive target). O(1).
   [[nodiscard]] const Policy& policy() const noexcept { return state_.policy; }
+
+  /// The block hash (the sequence hash its Stored event named) of every cached page, over
+  /// all namespaces, sorted ascending: the set a KvIndex fed by this cache's events holds
+  /// for its worker (KvIndex::block_hashes) when the index's view is exact. Computed from
+  /// the tokens, so it needs no sink. O(cached tokens + P log P), P = cached pages.
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes() const {
+    std::vector<std::uint64_t> out;
+    out.reserve(stats_.cached_pages);
+    std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> stack;
+    for (const NsSlot& s : ns_slots_) {
+      if (!s.live) continue;
+      for (std::uint32_t c = nodes_[s.root].first_child; c != npos; c = nodes_[c].next)
+        stack.emplace_back(c, std::nullopt);
+      while (!stack.empty()) {
+        const auto [x, parent] = stack.back();
+        stack.pop_back();
+        const Node& nd = nodes_[x];
+        std::optional<std::uint64_t> last = parent;
+        if (nd.n != 0)
+          last = chain(parent, tokens_of(nd), nd.n, s.seed,
+                       [&](std::uint32_t, std::uint64_t h) { out.push_back(h); });
+        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next)
+          stack.emplace_back(c, last);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
 
   /// Cached pages (locked ones included) whose node is in key class `k` of the
   /// policy; 0 for k >= classes. With one class, all cached pages. O(1).

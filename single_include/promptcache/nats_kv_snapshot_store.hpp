@@ -1241,6 +1241,7 @@ class DynByteBuffer {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -5719,6 +5720,24 @@ class KvIndex {
     return out;
   }
 
+  /// The names (block hashes) of every block `worker` holds, in the tree and
+  /// as orphans, sorted ascending: the set an engine's cache holds when the
+  /// view is exact (compare with PagedPrefixCache::block_hashes()). Empty for
+  /// an unknown worker. O(blocks held x log blocks held).
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes(const KvWorker& worker) const {
+    std::vector<std::uint64_t> out;
+    const std::uint32_t slot = state_.workers.find(worker);
+    if (slot == detail::kv_npos) return out;
+    out.reserve(state_.workers[slot].blocks + state_.orphans.count(slot));
+    detail::kv_for_each_hold_chain(
+        state_.holds, state_.workers[slot].sentinel, [](std::uint32_t, std::uint32_t) {},
+        [&](std::uint32_t h) { out.push_back(state_.holds[h].block_hash); });
+    state_.orphans.for_each_of(
+        slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) { out.push_back(name); });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
@@ -8506,7 +8525,13 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   /// max_messages_per_round of 0, or jetstream options out of range;
   /// NatsKvError when the server cannot be reached within
   /// connection.connect_timeout or refuses the stream or consumer. O(workers).
-  explicit NatsKvSubscriber(NatsKvSubscriberOptions options, KvIndexOptions index_options = {})
+  /// The index keeps chains stored under a prefix it never saw as orphan chains
+  /// (KvUnknownParent::keep_orphan) by default: a replica that joins late, or a view
+  /// reset by a gap, routes to a worker as soon as it stores a block extending a prefix.
+  explicit NatsKvSubscriber(
+      NatsKvSubscriberOptions options,
+      KvIndexOptions index_options = {.on_gap = KvGapPolicy::report,
+                                      .on_unknown_parent = KvUnknownParent::keep_orphan})
       : Follower(detail::KvFollowerRules{options.restart_max_seq, options.remembered_batches,
                                          options.max_blocks_per_lock},
                  index_options),

@@ -1,7 +1,8 @@
-// A nats-server child for tests: JetStream on 127.0.0.1 with a free port, its
-// store and log in a temporary directory, killed by pid when destroyed (and,
-// on Linux, by the kernel should the test process die first). start() waits
-// until it accepts a connection, with bounded retries.
+// A nats-server child for the NATS tests: JetStream on, listening on
+// 127.0.0.1 on a free port, its store and log in a temporary directory.
+// Killed by pid (SIGKILL) in the destructor, and on Linux by the kernel
+// should the test process die first. start() again after kill_now() reuses
+// the port and the store. PROMPTCACHE_NATS_SERVER names the program.
 #pragma once
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 
 #include <nats/nats.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -27,10 +29,10 @@
 #error "PROMPTCACHE_NATS_SERVER must name the nats-server program"
 #endif
 
-namespace nats_test {
+namespace promptcache_test {
 
 // A free loopback TCP port (the kernel's choice for port 0, released).
-inline int free_port() {
+inline int free_loopback_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in a{};
@@ -44,17 +46,17 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-class NatsServer {
+class NatsServerProcess {
  public:
-  NatsServer() : port_(free_port()) {
+  NatsServerProcess() : port_(free_loopback_port()) {
     char tmpl[] = "/tmp/promptcache_nats_XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     dir_ = tmpl;
     start();
   }
-  NatsServer(const NatsServer&) = delete;
-  NatsServer& operator=(const NatsServer&) = delete;
-  ~NatsServer() {
+  NatsServerProcess(const NatsServerProcess&) = delete;
+  NatsServerProcess& operator=(const NatsServerProcess&) = delete;
+  ~NatsServerProcess() {
     kill_now();
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -62,6 +64,8 @@ class NatsServer {
 
   std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
 
+  // Starts the server (again, on the same port and store) and waits until it
+  // accepts a connection.
   void start() {
     REQUIRE(pid_ <= 0);
     const std::string port = std::to_string(port_);
@@ -90,6 +94,7 @@ class NatsServer {
     wait_ready();
   }
 
+  // SIGKILL, then reaps it.
   void kill_now() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
@@ -99,6 +104,7 @@ class NatsServer {
   }
 
  private:
+  // A connection with bounded retries (libnats waits between attempts).
   void wait_ready() {
     natsOptions* o = nullptr;
     REQUIRE(natsOptions_Create(&o) == NATS_OK);
@@ -118,4 +124,4 @@ class NatsServer {
   pid_t pid_ = -1;
 };
 
-}  // namespace nats_test
+}  // namespace promptcache_test
