@@ -10107,21 +10107,23 @@ class PagedPrefixCache {
   /// the tokens, so it needs no sink. O(cached tokens + P log P), P = cached pages.
   [[nodiscard]] std::vector<std::uint64_t> block_hashes() const {
     std::vector<std::uint64_t> out;
-    out.reserve(stats_.cached_pages);
+    out.reserve(state_.stats.cached_pages);
     std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> stack;
-    for (const NsSlot& s : ns_slots_) {
+    for (std::uint32_t slot = 0; slot < state_.namespaces.slot_count(); ++slot) {
+      const detail::PagedNsSlot& s = state_.namespaces[slot];
       if (!s.live) continue;
-      for (std::uint32_t c = nodes_[s.root].first_child; c != npos; c = nodes_[c].next)
+      for (std::uint32_t c = state_.nodes[s.root].first_child; c != npos; c = state_.nodes[c].next)
         stack.emplace_back(c, std::nullopt);
       while (!stack.empty()) {
         const auto [x, parent] = stack.back();
         stack.pop_back();
-        const Node& nd = nodes_[x];
+        const Node& nd = state_.nodes[x];
         std::optional<std::uint64_t> last = parent;
         if (nd.n != 0)
-          last = chain(parent, tokens_of(nd), nd.n, s.seed,
-                       [&](std::uint32_t, std::uint64_t h) { out.push_back(h); });
-        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next)
+          last =
+              detail::paged_chain_hashes(parent, nd.tok, nd.n, page_size(), s.seed,
+                                         [&](std::uint32_t, std::uint64_t h) { out.push_back(h); });
+        for (std::uint32_t c = nd.first_child; c != npos; c = state_.nodes[c].next)
           stack.emplace_back(c, last);
       }
     }
