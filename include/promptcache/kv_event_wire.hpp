@@ -307,42 +307,151 @@ class MpTape {
   // tape (cleared first); `used` is where it ended (with ok).
   MpParse parse(const unsigned char* bytes, std::size_t n, std::uint32_t max_depth,
                 std::size_t& used) {
-    size_ = 0;
-    open_.clear();
+    size_ = 0;  // an unfinished parse leaves an empty tape
     limit_ = n;
+    // Each open container took a byte, so the stack never holds more than
+    // min(max_depth, n) of them: reserved up front, it is used through a
+    // plain pointer.
+    open_.resize(std::min<std::size_t>(max_depth, n) + 1U);
+    Open* const stack = open_.data();
+    std::size_t depth = 0;
+    // The write position lives in locals, so the loop keeps it in registers
+    // (stores to the nodes could alias a member).
+    MpNode* base = nodes_.get();
+    MpNode* out = base;
+    MpNode* out_end = base + cap_;
     const unsigned char* const begin = bytes;
     const unsigned char* const end = bytes + n;
     const unsigned char* p = begin;
+    const auto at = [&](const unsigned char* q) { return static_cast<std::uint64_t>(q - begin); };
     for (;;) {
+      // Token ids and block hashes: a run of unsigned integers inside an
+      // array takes a short loop (the last element takes the general path,
+      // which closes the array).
+      if (depth != 0U && stack[depth - 1U].array) {
+        Open& o = stack[depth - 1U];
+        while (o.left > 1U && end - p >= 9 && static_cast<std::size_t>(out_end - out) != 0U) {
+          const unsigned c = *p;
+          std::uint64_t v = 0;
+          if (c <= 0x7fU) {
+            v = c;
+            p += 1;
+          } else if (c == 0xcdU) {
+            v = be16(p + 1);
+            p += 3;
+          } else if (c == 0xceU) {
+            v = be32(p + 1);
+            p += 5;
+          } else if (c == 0xccU) {
+            v = p[1];
+            p += 2;
+          } else if (c == 0xcfU) {
+            v = be64(p + 1);
+            p += 9;
+          } else {
+            break;
+          }
+          const auto node = static_cast<std::uint32_t>(out - base);
+          out->bits = v;
+          out->size = 0;
+          out->kind = MpKind::uint;
+          out->end = node + 1U;
+          ++out;
+          --o.left;
+        }
+      }
       if (p == end) return MpParse::truncated;
       const unsigned b = *p;
-      const std::size_t left = static_cast<std::size_t>(end - p) - 1U;  // after the type byte
-      if (b <= 0x7fU) {                                                 // positive fixint
-        leaf(MpKind::uint, b, 0);
+      const auto left = static_cast<std::size_t>(end - p) - 1U;  // after the type byte
+      // The value's node, written once below (one write site keeps the
+      // loop small enough to inline everything).
+      MpKind kind = MpKind::nil;
+      std::uint64_t bits = 0;
+      std::uint32_t size = 0;  // str/bin/ext bytes; array elements; map pairs
+      bool container = false;
+      if (b <= 0x7fU) {  // positive fixint
+        kind = MpKind::uint;
+        bits = b;
         p += 1;
       } else if (b >= 0xe0U) {  // negative fixint
-        leaf(MpKind::sint, static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - 256), 0);
+        kind = MpKind::sint;
+        bits = static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - 256);
         p += 1;
       } else if (b <= 0x9fU) {  // fixmap, fixarray
-        const auto r = open(b <= 0x8fU ? MpKind::map : MpKind::array, b & 0x0fU, max_depth);
-        if (r != MpParse::ok) return r;
+        container = true;
+        kind = b <= 0x8fU ? MpKind::map : MpKind::array;
+        size = b & 0x0fU;
         p += 1;
-        if ((b & 0x0fU) != 0U) continue;
       } else if (b <= 0xbfU) {  // fixstr
         const std::uint32_t len = b & 0x1fU;
         if (left < len) return MpParse::truncated;
-        leaf(MpKind::str, len == 0U ? 0U : offset(p + 1, begin), len);
+        kind = MpKind::str;
+        bits = len == 0U ? 0U : at(p + 1);
+        size = len;
         p += 1U + len;
       } else {
         switch (b) {
           case 0xc0U:
-            leaf(MpKind::nil, 0, 0);
+            kind = MpKind::nil;
             p += 1;
             break;
           case 0xc2U:
           case 0xc3U:
-            leaf(MpKind::boolean, b - 0xc2U, 0);
+            kind = MpKind::boolean;
+            bits = b - 0xc2U;
             p += 1;
+            break;
+          case 0xccU:
+            if (left < 1U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = p[1];
+            p += 2;
+            break;
+          case 0xcdU:
+            if (left < 2U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be16(p + 1);
+            p += 3;
+            break;
+          case 0xceU:
+            if (left < 4U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be32(p + 1);
+            p += 5;
+            break;
+          case 0xcfU:
+            if (left < 8U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be64(p + 1);
+            p += 9;
+            break;
+          case 0xd0U:
+          case 0xd1U:
+          case 0xd2U:
+          case 0xd3U: {  // int 8/16/32/64: a non-negative value is the same number
+            const std::size_t w = std::size_t{1} << (b - 0xd0U);
+            if (left < w) return MpParse::truncated;
+            const std::int64_t v = w == 1U   ? static_cast<std::int8_t>(p[1])
+                                   : w == 2U ? static_cast<std::int16_t>(be16(p + 1))
+                                   : w == 4U ? static_cast<std::int32_t>(be32(p + 1))
+                                             : static_cast<std::int64_t>(be64(p + 1));
+            kind = v < 0 ? MpKind::sint : MpKind::uint;
+            bits = static_cast<std::uint64_t>(v);
+            p += 1U + w;
+            break;
+          }
+          case 0xcaU:
+            if (left < 4U) return MpParse::truncated;
+            kind = MpKind::real;
+            bits = std::bit_cast<std::uint64_t>(
+                static_cast<double>(std::bit_cast<float>(be32(p + 1))));
+            p += 5;
+            break;
+          case 0xcbU:
+            if (left < 8U) return MpParse::truncated;
+            kind = MpKind::real;
+            bits = be64(p + 1);
+            p += 9;
             break;
           case 0xc4U:
           case 0xc5U:
@@ -350,66 +459,32 @@ class MpTape {
           case 0xd9U:
           case 0xdaU:
           case 0xdbU: {  // bin 8/16/32, str 8/16/32
-            const std::size_t w =
-                b <= 0xc6U ? std::size_t{1} << (b - 0xc4U) : std::size_t{1} << (b - 0xd9U);
+            const unsigned k = b <= 0xc6U ? b - 0xc4U : b - 0xd9U;
+            const std::size_t w = std::size_t{1} << k;
             if (left < w) return MpParse::truncated;
-            const std::uint64_t len = load(p + 1, w);
+            const std::uint64_t len = k == 0U ? p[1] : k == 1U ? be16(p + 1) : be32(p + 1);
             if (left - w < len) return MpParse::truncated;
-            const std::uint32_t len32 = static_cast<std::uint32_t>(len);
-            leaf(b <= 0xc6U ? MpKind::bin : MpKind::str, len == 0U ? 0U : offset(p + 1 + w, begin),
-                 len32);
+            kind = b <= 0xc6U ? MpKind::bin : MpKind::str;
+            bits = len == 0U ? 0U : at(p + 1 + w);
+            size = static_cast<std::uint32_t>(len);
             p += 1U + w + len;
             break;
           }
           case 0xc7U:
           case 0xc8U:
           case 0xc9U: {  // ext 8/16/32: the size counts the type byte
-            const std::size_t w = std::size_t{1} << (b - 0xc7U);
+            const unsigned k = b - 0xc7U;
+            const std::size_t w = std::size_t{1} << k;
             if (left < w) return MpParse::truncated;
-            const std::uint64_t len = load(p + 1, w);
+            const std::uint64_t len = k == 0U ? p[1] : k == 1U ? be16(p + 1) : be32(p + 1);
             // msgpack-cxx refuses this size where size_t has 32 bits; with
             // 64 bits it is just longer than any payload.
             if (sizeof(std::size_t) == 4U && len == 0xffffffffU) return MpParse::overflow;
             if (left - w < len + 1U) return MpParse::truncated;
-            leaf(MpKind::ext, offset(p + 1 + w, begin), static_cast<std::uint32_t>(len + 1U));
+            kind = MpKind::ext;
+            bits = at(p + 1 + w);
+            size = static_cast<std::uint32_t>(len + 1U);
             p += 2U + w + len;
-            break;
-          }
-          case 0xcaU: {
-            if (left < 4U) return MpParse::truncated;
-            const float f = std::bit_cast<float>(static_cast<std::uint32_t>(load(p + 1, 4)));
-            leaf(MpKind::real, std::bit_cast<std::uint64_t>(static_cast<double>(f)), 0);
-            p += 5;
-            break;
-          }
-          case 0xcbU:
-            if (left < 8U) return MpParse::truncated;
-            leaf(MpKind::real, load(p + 1, 8), 0);
-            p += 9;
-            break;
-          case 0xccU:
-          case 0xcdU:
-          case 0xceU:
-          case 0xcfU: {  // uint 8/16/32/64
-            const std::size_t w = std::size_t{1} << (b - 0xccU);
-            if (left < w) return MpParse::truncated;
-            leaf(MpKind::uint, load(p + 1, w), 0);
-            p += 1U + w;
-            break;
-          }
-          case 0xd0U:
-          case 0xd1U:
-          case 0xd2U:
-          case 0xd3U: {  // int 8/16/32/64: a non-negative value is the same number
-            const std::size_t w = std::size_t{1} << (b - 0xd0U);
-            if (left < w) return MpParse::truncated;
-            const std::uint64_t raw = load(p + 1, w);
-            const unsigned shift = static_cast<unsigned>(64U - 8U * w);
-            // Sign-extend the w-byte two's complement value.
-            const std::uint64_t v =
-                static_cast<std::uint64_t>(static_cast<std::int64_t>(raw << shift) >> shift);
-            leaf(static_cast<std::int64_t>(v) < 0 ? MpKind::sint : MpKind::uint, v, 0);
-            p += 1U + w;
             break;
           }
           case 0xd4U:
@@ -419,7 +494,9 @@ class MpTape {
           case 0xd8U: {  // fixext 1/2/4/8/16
             const std::size_t len = std::size_t{1} << (b - 0xd4U);
             if (left < len + 1U) return MpParse::truncated;
-            leaf(MpKind::ext, offset(p + 1, begin), static_cast<std::uint32_t>(len + 1U));
+            kind = MpKind::ext;
+            bits = at(p + 1);
+            size = static_cast<std::uint32_t>(len + 1U);
             p += 2U + len;
             break;
           }
@@ -429,27 +506,42 @@ class MpTape {
           case 0xdfU: {  // array 16/32, map 16/32
             const std::size_t w = (b & 1U) == 0U ? 2U : 4U;
             if (left < w) return MpParse::truncated;
-            const auto count = static_cast<std::uint32_t>(load(p + 1, w));
-            const auto r = open(b <= 0xddU ? MpKind::array : MpKind::map, count, max_depth);
-            if (r != MpParse::ok) return r;
+            container = true;
+            kind = b <= 0xddU ? MpKind::array : MpKind::map;
+            size = w == 2U ? be16(p + 1) : be32(p + 1);
             p += 1U + w;
-            if (count != 0U) continue;
             break;
           }
           default:  // 0xc1, never used
             return MpParse::invalid;
         }
       }
+      // A container opens even when empty (then it is complete at once), as
+      // msgpack-cxx's do.
+      if (container && depth >= max_depth) return MpParse::too_deep;
+      if (out == out_end) grow(base, out, out_end);
+      const auto node = static_cast<std::uint32_t>(out - base);
+      out->bits = bits;
+      out->size = size;
+      out->kind = kind;
+      out->end = node + 1U;
+      ++out;
+      if (container && size != 0U) {
+        const bool array = kind == MpKind::array;
+        stack[depth++] = Open{node, array, array ? size : 2U * std::uint64_t{size}};
+        continue;
+      }
       // A value ended: close the containers it completes.
       for (;;) {
-        if (open_.empty()) {
+        if (depth == 0U) {
           used = static_cast<std::size_t>(p - begin);
+          size_ = static_cast<std::size_t>(out - base);
           return MpParse::ok;
         }
-        Open& o = open_.back();
+        Open& o = stack[depth - 1U];
         if (--o.left != 0U) break;
-        nodes_[o.node].end = static_cast<std::uint32_t>(size_);
-        open_.pop_back();
+        base[o.node].end = static_cast<std::uint32_t>(out - base);
+        --depth;
       }
     }
   }
@@ -457,50 +549,35 @@ class MpTape {
  private:
   struct Open {
     std::uint32_t node;  // its node on the tape
+    bool array;          // an array (else a map)
     std::uint64_t left;  // values still to come (a map's pairs count twice)
   };
 
-  static std::uint64_t offset(const unsigned char* at, const unsigned char* begin) noexcept {
-    return static_cast<std::uint64_t>(at - begin);
+  // Big-endian integers.
+  static std::uint32_t be16(const unsigned char* q) noexcept {
+    return static_cast<std::uint32_t>((unsigned{q[0]} << 8U) | q[1]);
+  }
+  static std::uint32_t be32(const unsigned char* q) noexcept {
+    return (std::uint32_t{q[0]} << 24U) | (std::uint32_t{q[1]} << 16U) |
+           (std::uint32_t{q[2]} << 8U) | q[3];
+  }
+  static std::uint64_t be64(const unsigned char* q) noexcept {
+    return (std::uint64_t{be32(q)} << 32U) | be32(q + 4);
   }
 
-  // A big-endian integer of `w` (1, 2, 4 or 8) bytes.
-  static std::uint64_t load(const unsigned char* at, std::size_t w) noexcept {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < w; ++i)
-      v = (v << 8U) | at[i];
-    return v;
-  }
-
-  void leaf(MpKind kind, std::uint64_t bits, std::uint32_t size) {
-    if (size_ == cap_) grow();
-    MpNode& n = nodes_[size_];
-    n.bits = bits;
-    n.size = size;
-    n.kind = kind;
-    ++size_;
-    n.end = static_cast<std::uint32_t>(size_);
-  }
-
-  // A container of `count` elements (pairs for a map); an empty one is
-  // complete at once, a full one waits on the stack for its values.
-  MpParse open(MpKind kind, std::uint32_t count, std::uint32_t max_depth) {
-    if (open_.size() >= max_depth) return MpParse::too_deep;
-    const auto node = static_cast<std::uint32_t>(size_);
-    leaf(kind, 0, count);
-    if (count != 0U)
-      open_.push_back(Open{node, kind == MpKind::map ? 2U * std::uint64_t{count} : count});
-    return MpParse::ok;
-  }
-
-  // Doubles the tape, never past one node per payload byte (more never come).
-  void grow() {
+  // Doubles the tape, never past one node per payload byte (more never
+  // come); `base`, `out` and `out_end` follow it.
+  void grow(MpNode*& base, MpNode*& out, MpNode*& out_end) {
+    const auto size = static_cast<std::size_t>(out - base);
     const std::size_t want =
-        std::max(std::min(std::max<std::size_t>(cap_ * 2U, 1024), limit_), size_ + 1U);
+        std::max(std::min(std::max<std::size_t>(cap_ * 2U, 1024), limit_), size + 1U);
     auto bigger = std::make_unique_for_overwrite<MpNode[]>(want);
-    if (size_ != 0U) std::memcpy(bigger.get(), nodes_.get(), size_ * sizeof(MpNode));
+    if (size != 0U) std::memcpy(bigger.get(), base, size * sizeof(MpNode));
     nodes_ = std::move(bigger);
     cap_ = want;
+    base = nodes_.get();
+    out = base + size;
+    out_end = base + cap_;
   }
 
   std::unique_ptr<MpNode[]> nodes_;
@@ -948,7 +1025,6 @@ class KvEventWireDecoder {
   // token_ids: plain ids, or (Eagle speculative decoding) [token, next] pairs
   // from which the window of block_size + 1 tokens is rebuilt, as Dynamo does.
   std::optional<Fail> token_list(std::uint32_t i, bool& eagle) {
-    tokens_.clear();
     eagle = false;
     if (i == kNone) return Fail{KvWireErrc::bad_event, "token_ids missing"};
     if (at(i).kind != Kind::array) return Fail{KvWireErrc::bad_value, "token_ids not an array"};
@@ -957,7 +1033,8 @@ class KvEventWireDecoder {
     constexpr std::uint64_t max = std::numeric_limits<std::uint32_t>::max();
     if (!eagle) {
       // Plain ids are scalars, so id k is node i + 1 + k (the tape holds
-      // them all: the parse completed).
+      // them all: the parse completed). Not cleared first: resizing keeps
+      // the old values instead of zeroing what is overwritten anyway.
       tokens_.resize(n);
       const detail::MpNode* id = &tape_[i] + 1;
       for (std::uint32_t k = 0; k < n; ++k) {
@@ -967,6 +1044,7 @@ class KvEventWireDecoder {
       }
       return std::nullopt;
     }
+    tokens_.clear();
     tokens_.reserve(std::size_t{n} + 1U);
     std::uint32_t c = i + 1U;
     std::uint64_t last = 0;
