@@ -2,7 +2,7 @@
 // NatsKvSubscriber's index, through a nats-server, against the same batches
 // decoded and applied straight into a KvIndex in the same run (the
 // baseline: what the transport adds is the difference). Batches hold 4
-// stored chains of 64 blocks (256 blocks, ~70 KB of msgpack each).
+// stored chains of 64 blocks (256 blocks, ~22 KB of msgpack each).
 //
 // Each round: a fresh subscriber (its own thread) and publisher; the clock
 // runs from the first publish to the last batch applied. A subscriber that
