@@ -376,3 +376,58 @@ TEST_CASE("the wire parser handles each type byte alone and at its format's edge
     check(tape, empty, depth);
   }
 }
+
+TEST_CASE("the wire parser matches msgpack-cxx on long runs of unsigned integers, cut anywhere",
+          "[kv_event_wire]") {
+  // Token id lists: arrays of unsigned integers of every width, now and then
+  // another value, nested in an event array; every cut of a few of them.
+  promptcache::detail::MpTape tape;
+  Generator gen(11);
+  for (int i = 0; i < 200; ++i) {
+    Bytes b{0x92, 0x01};
+    const auto n = static_cast<std::size_t>(gen.uniform(0, 300));
+    b.push_back(0xdc);
+    b.push_back(static_cast<unsigned char>(n >> 8U));
+    b.push_back(static_cast<unsigned char>(n));
+    for (std::size_t k = 0; k < n; ++k) {
+      switch (gen.uniform(0, 12)) {
+        case 0:
+          b.push_back(0xcc);
+          b.push_back(static_cast<unsigned char>(gen.uniform(0, 255)));
+          break;
+        case 1:
+          b.push_back(0xcf);
+          for (int j = 0; j < 8; ++j)
+            b.push_back(static_cast<unsigned char>(gen.uniform(0, 255)));
+          break;
+        case 2:
+          gen.value(b, 4);
+          break;
+        case 3:
+        case 4:
+          b.push_back(static_cast<unsigned char>(gen.uniform(0, 0x7f)));
+          break;
+        case 5:
+        case 6:
+          b.push_back(0xcd);
+          b.push_back(static_cast<unsigned char>(gen.uniform(0, 255)));
+          b.push_back(static_cast<unsigned char>(gen.uniform(0, 255)));
+          break;
+        default:
+          b.push_back(0xce);
+          for (int j = 0; j < 4; ++j)
+            b.push_back(static_cast<unsigned char>(gen.uniform(0, 255)));
+          break;
+      }
+    }
+    check(tape, b, 16);
+    check(tape, b, 1);
+    for (int c = 0; c < 12 && b.size() > 1; ++c) {
+      const std::size_t cut = c < 10 ? b.size() - 1 -
+                                           static_cast<std::size_t>(gen.uniform(
+                                               0, std::min<std::size_t>(b.size() - 1, 20)))
+                                     : static_cast<std::size_t>(gen.uniform(1, b.size() - 1));
+      check(tape, Bytes(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(cut)), 16);
+    }
+  }
+}
