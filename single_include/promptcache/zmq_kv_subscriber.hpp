@@ -5880,9 +5880,13 @@ class MpTape {
       // Token ids and block hashes: a run of unsigned integers inside an
       // array takes a short loop (the last element takes the general path,
       // which closes the array).
-      if (depth != 0U && stack[depth - 1U].array) {
+      if (depth != 0U && stack[depth - 1U].array && stack[depth - 1U].left > 1U) {
         Open& o = stack[depth - 1U];
-        while (o.left > 1U && end - p >= 9 && static_cast<std::size_t>(out_end - out) != 0U) {
+        // In locals: stores to the nodes could alias the stack.
+        auto room = std::min<std::uint64_t>(o.left - 1U, static_cast<std::uint64_t>(out_end - out));
+        auto node = static_cast<std::uint32_t>(out - base);
+        MpNode* q = out;
+        while (room != 0U && end - p >= 9) {
           const unsigned c = *p;
           std::uint64_t v = 0;
           if (c <= 0x7fU) {
@@ -5903,14 +5907,15 @@ class MpTape {
           } else {
             break;
           }
-          const auto node = static_cast<std::uint32_t>(out - base);
-          out->bits = v;
-          out->size = 0;
-          out->kind = MpKind::uint;
-          out->end = node + 1U;
-          ++out;
-          --o.left;
+          q->bits = v;
+          q->size = 0;
+          q->kind = MpKind::uint;
+          q->end = ++node;
+          ++q;
+          --room;
         }
+        o.left -= static_cast<std::uint64_t>(q - out);
+        out = q;
       }
       if (p == end) return MpParse::truncated;
       const unsigned b = *p;
