@@ -6047,8 +6047,8 @@ class KvEventWireDecoder {
   /// left empty and the status says why; bad bytes never throw (only
   /// std::bad_alloc can, with `out` then unspecified but valid). Learns no
   /// attention group: an event without a kind is classified by the stateless
-  /// rule (group 0 is the main one). O(payload bytes + tokens); hashing the
-  /// tokens dominates.
+  /// rule (group 0 is the main one). O(payload bytes + tokens): one parsing
+  /// pass, then one pass over the events (hashing each block's tokens).
   KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out) {
     out.clear();
     KvWireStatus st = decode_impl(payload, out);
