@@ -9,31 +9,16 @@
 // Every wait is a poll with a timeout, bounded by a number of rounds.
 #include <promptcache/nats_kv_subscriber.hpp>
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
-
-#ifndef PROMPTCACHE_NATS_SERVER
-#error "PROMPTCACHE_NATS_SERVER must name the nats-server program"
-#endif
+#include "support/nats_server.hpp"
 
 using promptcache::KvEventWireDecoder;
 using promptcache::KvIndex;
@@ -49,101 +34,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A free loopback TCP port (the kernel's choice for port 0, released).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A nats-server child with JetStream on 127.0.0.1:<port>, its store and log
-// in a temporary directory. Killed by pid in the destructor (and, on Linux,
-// by the kernel should this process die first).
-class NatsServer {
- public:
-  NatsServer() : port_(free_port()) {
-    char tmpl[] = "/tmp/promptcache_nats_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    dir_ = tmpl;
-    start();
-  }
-  NatsServer(const NatsServer&) = delete;
-  NatsServer& operator=(const NatsServer&) = delete;
-  ~NatsServer() {
-    kill_now();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
-  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
-
-  // Starts the server (again, on the same port and store) and waits until it
-  // accepts a connection.
-  void start() {
-    REQUIRE(pid_ <= 0);
-    const std::string port = std::to_string(port_);
-    const std::string store = dir_ + "/store";
-    const std::string log = dir_ + "/server.log";
-    std::vector<std::string> argv = {
-        PROMPTCACHE_NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", port, "-sd", store};
-    std::vector<char*> args;
-    for (auto& a : argv)
-      args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-#if defined(__linux__)
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-#endif
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    wait_ready();
-  }
-
-  // SIGKILL, then reaps it.
-  void kill_now() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
- private:
-  // A connection with bounded retries (libnats waits between attempts).
-  void wait_ready() {
-    natsOptions* o = nullptr;
-    REQUIRE(natsOptions_Create(&o) == NATS_OK);
-    natsOptions_SetURL(o, url().c_str());
-    natsOptions_SetMaxReconnect(o, 1000);
-    natsOptions_SetReconnectWait(o, 5);
-    natsOptions_SetRetryOnFailedConnect(o, true, nullptr, nullptr);
-    natsConnection* nc = nullptr;
-    const natsStatus s = natsConnection_Connect(&nc, o);
-    natsOptions_Destroy(o);
-    if (nc != nullptr) natsConnection_Destroy(nc);
-    REQUIRE(s == NATS_OK);
-  }
-
-  int port_;
-  std::string dir_;
-  pid_t pid_ = -1;
-};
+using NatsServer = promptcache_test::NatsServerProcess;
 
 // ---- batches (vLLM KVEventBatch, array layout) ----
 
