@@ -22,7 +22,8 @@ class PromptcacheConan(ConanFile):
     # option: block_hash (block_hash.hpp, paged_prefix_cache.hpp: xxHash),
     # kv_event_wire (kv_event_wire.hpp, dynamo_kv_event.hpp, kv_index_snapshot.hpp:
     # msgpack-cxx, without Boost, and xxHash)
-    # and zmq_kv_subscriber (zmq_kv_subscriber.hpp: the above, cppzmq, libzmq).
+    # and zmq_kv_subscriber (zmq_kv_subscriber.hpp: the above, cppzmq, libzmq; the option
+    # also gives kv_event_publisher, kv_event_publisher.hpp, which needs the same).
     # The other headers (promptcache::promptcache) need only the standard library.
     options = {"with_block_hash": [True, False], "with_kv_event_wire": [True, False],
                "with_zmq_kv_subscriber": [True, False]}
@@ -123,3 +124,10 @@ class PromptcacheConan(ConanFile):
             zmq.requires = ["kv_event_wire", "cppzmq::cppzmq"]
             if self.settings.os in ("Linux", "FreeBSD"):
                 zmq.system_libs = ["pthread"]
+            # kv_event_publisher.hpp needs the same libraries (no thread of its own).
+            pub = self.cpp_info.components["kv_event_publisher"]
+            pub.set_property("cmake_target_name", "promptcache::kv_event_publisher")
+            pub.set_property("pkg_config_name", "promptcache-kv-event-publisher")
+            pub.bindirs = []
+            pub.libdirs = []
+            pub.requires = ["kv_event_wire", "cppzmq::cppzmq"]

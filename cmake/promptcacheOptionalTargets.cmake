@@ -10,9 +10,12 @@
 #   promptcache::zmq_kv_subscriber   zmq_kv_subscriber.hpp: the above plus
 #                                    cppzmq, libzmq (cmake/Findcppzmq.cmake) and
 #                                    the thread library
-#   promptcache::nats_kv_subscriber  nats_kv_subscriber.hpp: kv_event_wire plus the
+#   promptcache::nats_kv_subscriber  nats_kv_subscriber.hpp, nats_kv_snapshot_store.hpp:
+#                                    kv_event_wire plus the
 #                                    NATS C client, libnats (cmake/FindNatsC.cmake),
 #                                    and the thread library
+#   promptcache::kv_event_publisher  kv_event_publisher.hpp: msgpack-cxx (through
+#                                    kv_event_wire), cppzmq and libzmq
 include_guard(GLOBAL)
 
 promptcache_add_component(
@@ -35,7 +38,7 @@ promptcache_add_component(
 
 promptcache_add_component(
   nats_kv_subscriber ONLY_WHEN_FOUND
-  DESCRIPTION "NATS subscriber and publisher of KV event streams (nats_kv_subscriber.hpp)"
+  DESCRIPTION "NATS subscriber and publisher of KV event streams, replica snapshots (nats_kv_subscriber.hpp, nats_kv_snapshot_store.hpp)"
   REQUIRES kv_event_wire
   FIND NatsC AND Threads
   LINK NatsC::nats Threads::Threads
@@ -47,6 +50,14 @@ if(NOT TARGET promptcache::nats_kv_subscriber)
                  "(Debian: libnats-dev, and nats-server to run them)")
 endif()
 
+promptcache_add_component(
+  kv_event_publisher ONLY_WHEN_FOUND
+  DESCRIPTION "vLLM-format KV event publisher over ZeroMQ (kv_event_publisher.hpp)"
+  REQUIRES kv_event_wire
+  FIND cppzmq
+  LINK cppzmq
+  PKG_CONFIG cppzmq)
+
 if(NOT TARGET promptcache::zmq_kv_subscriber)
   message(STATUS "promptcache: the tests, benchmarks and examples that need msgpack-cxx or ZeroMQ are "
                  "skipped (Debian: libmsgpack-cxx-dev, cppzmq-dev, libzmq3-dev)")
@@ -55,7 +66,9 @@ endif()
 # promptcache_optional_requirement(<name> <out-var>): the optional target that
 # the test, benchmark, example or header called <name> needs ("" for none).
 function(promptcache_optional_requirement name out)
-  if(name MATCHES "zmq")
+  if(name MATCHES "kv_event_publisher")
+    set(${out} promptcache::kv_event_publisher PARENT_SCOPE)
+  elseif(name MATCHES "zmq")
     set(${out} promptcache::zmq_kv_subscriber PARENT_SCOPE)
   elseif(name MATCHES "nats")
     set(${out} promptcache::nats_kv_subscriber PARENT_SCOPE)

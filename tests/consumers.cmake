@@ -1,5 +1,7 @@
 # Consumption tests: build a tiny program against promptcache the ways users
-# do, with no network. Each configures and builds tests/consumer/ afresh.
+# do, with no network. Each configures and builds tests/consumer/ afresh, with no
+# build type (no optimization: what they check is how the package is found and
+# linked, and the optimized builds of the same code are the tests' and the demo's).
 set(_pc_consumer_src "${PROJECT_SOURCE_DIR}/tests/consumer")
 set(_pc_consumer_bin "${PROJECT_BINARY_DIR}/consumers")
 set(_pc_prefix "${_pc_consumer_bin}/prefix")
@@ -11,7 +13,7 @@ function(promptcache_add_consumer_test name mode)
     COMMAND
       "${CMAKE_CTEST_COMMAND}" --build-and-test "${_pc_consumer_src}" "${_pc_consumer_bin}/${name}"
       --build-generator "${CMAKE_GENERATOR}" --build-noclean --build-options
-      "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=Release"
+      "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE="
       "-DPROMPTCACHE_CONSUME=${mode}" "-DPROMPTCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
       "-DCMAKE_PREFIX_PATH=${_pc_prefix}" "-DCMAKE_INSTALL_PREFIX=${_pc_consumer_bin}/${name}-prefix"
       ${ARGN} --test-command promptcache_consumer)

@@ -1,5 +1,5 @@
 # The KV event wire tests read their fixtures from tests/kv_event_wire/.
-foreach(_pc_name IN ITEMS test_kv_event_wire test_kv_event_wire_fuzz)
+foreach(_pc_name IN ITEMS test_kv_event_wire test_kv_event_wire_fuzz test_kv_event_wire_tape)
   promptcache_test_target(${_pc_name} _pc_t)
   if(TARGET ${_pc_t})
     target_compile_definitions(
@@ -31,5 +31,31 @@ if(TARGET test_zmq_kv_subscriber)
   if(NOT _pc_e2e_ok)
     message(STATUS "test_zmq_kv_subscriber disabled: no python3 with the msgpack and zmq modules")
     set_tests_properties(test_zmq_kv_subscriber PROPERTIES DISABLED TRUE)
+  endif()
+endif()
+
+# The publisher's test follows it with ZmqKvSubscriber and checks its bytes
+# against an encoder written in Python (the msgpack module alone).
+if(TARGET test_kv_event_publisher)
+  target_link_libraries(test_kv_event_publisher PRIVATE promptcache::zmq_kv_subscriber)
+  find_program(PROMPTCACHE_PUB_PYTHON NAMES python3 HINTS /usr/bin NO_DEFAULT_PATH)
+  if(NOT PROMPTCACHE_PUB_PYTHON)
+    find_program(PROMPTCACHE_PUB_PYTHON NAMES python3)
+  endif()
+  set(_pc_pub_py_ok FALSE)
+  if(PROMPTCACHE_PUB_PYTHON)
+    execute_process(COMMAND "${PROMPTCACHE_PUB_PYTHON}" -c "import msgpack"
+                    RESULT_VARIABLE _pc_py_rc OUTPUT_QUIET ERROR_QUIET)
+    if(_pc_py_rc EQUAL 0)
+      set(_pc_pub_py_ok TRUE)
+    endif()
+  endif()
+  target_compile_definitions(
+    test_kv_event_publisher
+    PRIVATE PROMPTCACHE_PUB_PYTHON="${PROMPTCACHE_PUB_PYTHON}"
+            PROMPTCACHE_PUB_ENCODER="${CMAKE_CURRENT_SOURCE_DIR}/kv_event_wire/vllm_encoder.py")
+  if(NOT _pc_pub_py_ok)
+    message(STATUS "test_kv_event_publisher: no python3 with msgpack, its byte checks are skipped")
+    target_compile_definitions(test_kv_event_publisher PRIVATE PROMPTCACHE_PUB_NO_PYTHON=1)
   endif()
 endif()

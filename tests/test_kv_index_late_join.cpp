@@ -637,3 +637,25 @@ TEST_CASE("a late-joining router routes requests sharing hot prefixes as hits",
   CHECK(before > (requests - join) / 2U);
   CHECK(after * 20U < before);
 }
+
+TEST_CASE("block_hashes lists a worker's tree blocks and orphans, sorted",
+          "[kv_index][late_join]") {
+  KvIndex index(late_join_options());
+  const Request q = request(seq(10, 8));
+  CHECK(index.block_hashes(A).empty());  // unknown worker
+  REQUIRE(index.apply(A, stored(0, q, 0, 3)).ok());
+  REQUIRE(index.apply(B, stored(0, q, 0, 2)).ok());
+  REQUIRE(index.apply(A, stored(2, q, 5, 8)).view_reset);  // orphans 5..7 under block 4
+  Hashes want(q.names.begin() + 5, q.names.end());
+  std::sort(want.begin(), want.end());
+  CHECK(index.block_hashes(A) == want);
+  REQUIRE(index.apply(A, stored(3, q, 0, 5)).ok());  // grafts them: all 8 in the tree
+  want = q.names;
+  std::sort(want.begin(), want.end());
+  CHECK(index.block_hashes(A) == want);
+  Hashes b(q.names.begin(), q.names.begin() + 2);
+  std::sort(b.begin(), b.end());
+  CHECK(index.block_hashes(B) == b);
+  REQUIRE(index.remove_worker(A));
+  CHECK(index.block_hashes(A).empty());
+}

@@ -9,31 +9,16 @@
 // Every wait is a poll with a timeout, bounded by a number of rounds.
 #include <promptcache/nats_kv_subscriber.hpp>
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
-
-#ifndef PROMPTCACHE_NATS_SERVER
-#error "PROMPTCACHE_NATS_SERVER must name the nats-server program"
-#endif
+#include "support/nats_server.hpp"
 
 using promptcache::KvEventWireDecoder;
 using promptcache::KvIndex;
@@ -49,101 +34,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A free loopback TCP port (the kernel's choice for port 0, released).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A nats-server child with JetStream on 127.0.0.1:<port>, its store and log
-// in a temporary directory. Killed by pid in the destructor (and, on Linux,
-// by the kernel should this process die first).
-class NatsServer {
- public:
-  NatsServer() : port_(free_port()) {
-    char tmpl[] = "/tmp/promptcache_nats_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    dir_ = tmpl;
-    start();
-  }
-  NatsServer(const NatsServer&) = delete;
-  NatsServer& operator=(const NatsServer&) = delete;
-  ~NatsServer() {
-    kill_now();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
-  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
-
-  // Starts the server (again, on the same port and store) and waits until it
-  // accepts a connection.
-  void start() {
-    REQUIRE(pid_ <= 0);
-    const std::string port = std::to_string(port_);
-    const std::string store = dir_ + "/store";
-    const std::string log = dir_ + "/server.log";
-    std::vector<std::string> argv = {
-        PROMPTCACHE_NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", port, "-sd", store};
-    std::vector<char*> args;
-    for (auto& a : argv)
-      args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-#if defined(__linux__)
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-#endif
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    wait_ready();
-  }
-
-  // SIGKILL, then reaps it.
-  void kill_now() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
- private:
-  // A connection with bounded retries (libnats waits between attempts).
-  void wait_ready() {
-    natsOptions* o = nullptr;
-    REQUIRE(natsOptions_Create(&o) == NATS_OK);
-    natsOptions_SetURL(o, url().c_str());
-    natsOptions_SetMaxReconnect(o, 1000);
-    natsOptions_SetReconnectWait(o, 5);
-    natsOptions_SetRetryOnFailedConnect(o, true, nullptr, nullptr);
-    natsConnection* nc = nullptr;
-    const natsStatus s = natsConnection_Connect(&nc, o);
-    natsOptions_Destroy(o);
-    if (nc != nullptr) natsConnection_Destroy(nc);
-    REQUIRE(s == NATS_OK);
-  }
-
-  int port_;
-  std::string dir_;
-  pid_t pid_ = -1;
-};
+using NatsServer = promptcache_test::NatsServerProcess;
 
 // ---- batches (vLLM KVEventBatch, array layout) ----
 
@@ -214,6 +105,14 @@ std::vector<std::string> mixed_stream(std::uint64_t base) {
           stored({base + 7, base + 8}),
           removed({base + 8}),
           stored({base + 9}, base + 7)};
+}
+
+// An index with the subscriber's default options: chains under a parent it
+// never saw are kept as orphan chains.
+KvIndex subscriber_index() {
+  return KvIndex(
+      promptcache::KvIndexOptions{.on_gap = promptcache::KvGapPolicy::report,
+                                  .on_unknown_parent = promptcache::KvUnknownParent::keep_orphan});
 }
 
 // `batches` applied straight to `index` as `worker`'s, as the subscriber applies them.
@@ -287,7 +186,7 @@ TEST_CASE("nats: stored, removed and cleared through nats-server equal a direct 
   CHECK(pubs[0]->subject() == "namespace.test.component.backend.kv-events.7");
   CHECK(pubs[0]->replay_subject() == "namespace.test.component.backend.kv-events.7.replay");
 
-  KvIndex want;
+  KvIndex want = subscriber_index();
   for (std::size_t i = 0; i < workers.size(); ++i) {
     const auto batches = mixed_stream(100 * (i + 1));
     for (std::size_t s = 0; s < batches.size(); ++s)
@@ -320,7 +219,7 @@ TEST_CASE("nats: a lost batch is replayed over request-reply", "[nats]") {
       REQUIRE(pub.publish(s, batches[s]));
   }
   REQUIRE(reached(sub, w, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -356,7 +255,7 @@ TEST_CASE("nats: a worker list limits the subjects; only the lost rank's publish
   }
   REQUIRE(reached(sub, KvWorker{7, 0}, 7));
   REQUIRE(reached(sub, KvWorker{7, 1}, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, KvWorker{7, 0}, a);
   apply_direct(want, KvWorker{7, 1}, b);
   require_same(sub.index(), want);
@@ -379,17 +278,52 @@ TEST_CASE("nats: a replay buffer that no longer reaches the gap resets the view"
   REQUIRE(pub.publish(0, batches[0]));
   REQUIRE(reached(sub, w, 0));
   for (std::size_t s = 1; s < 6; ++s)
-    pub.remember(s, batches[s]);  // lost; the buffer keeps 4 and 5 only
-  REQUIRE(pub.publish(6, batches[6]));
+    pub.remember(s, batches[s]);        // lost
+  REQUIRE(pub.publish(6, batches[6]));  // the buffer keeps 5 and 6 only
   REQUIRE(reached(sub, w, 6));
   const KvPublisherCounters c = sub.counters(w);
   CHECK(c.gaps == 1);
   CHECK(c.gaps_unrecoverable == 1);
   CHECK(c.resets == 1);
-  // The view starts over from the oldest batch still buffered.
-  KvIndex want;
-  apply_direct(want, w, {batches[4], batches[5], batches[6]});
+  // The view starts over from the oldest batch still buffered; its chain,
+  // stored under a parent the view never saw, is kept as an orphan chain.
+  KvIndex want = subscriber_index();
+  apply_direct(want, w, {batches[5], batches[6]});
   require_same(sub.index(), want);
+  CHECK(sub.index().orphan_count(w) == 2);
+  CHECK(sub.index().block_hashes(w) == std::vector<std::uint64_t>{6, 7});
+}
+
+TEST_CASE("nats: a late subscriber routes to a worker once it stores a block extending a prefix",
+          "[nats]") {
+  NatsServer server;
+  const KvWorker w{8, 0};
+  auto po = pub_options(server, w);
+  po.buffer_batches = 0;  // the history is gone for a late joiner
+  NatsKvPublisher pub(po);
+  // The engine stores blocks 1..6 (a shared system prompt) before the router starts.
+  REQUIRE(pub.publish(0, stored({1, 2, 3, 4, 5, 6})));
+  REQUIRE(pub.flush(2000ms));
+  NatsKvSubscriber sub(sub_options(server));
+  // Then a request extends the prefix by two blocks.
+  REQUIRE(pub.publish(1, stored({7, 8}, 6)));
+  REQUIRE(reached(sub, w, 1));
+  CHECK(sub.index().orphan_count(w) == 2);
+  CHECK(sub.counters(w).index_rejected == 0);
+  // A request naming blocks 1..8 (block names are chained: holding block 8
+  // implies holding its prefix) is routed to the worker for all 8.
+  const std::vector<std::uint64_t> names = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<std::uint64_t> tokens;
+  for (const std::uint64_t n : names) {
+    std::vector<std::uint32_t> t;
+    for (std::uint32_t i = 0; i < 4; ++i)
+      t.push_back(static_cast<std::uint32_t>(n * 4 + i));
+    tokens.push_back(promptcache::local_block_hashes(t, 4).front());
+  }
+  const auto m = sub.index().find_matches(tokens, names);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].worker == w);
+  CHECK(m[0].blocks == 8);
 }
 
 TEST_CASE("nats: a replay nobody answers resets the view", "[nats]") {
@@ -411,7 +345,7 @@ TEST_CASE("nats: a replay nobody answers resets the view", "[nats]") {
   CHECK(c.replay_timeouts == 1);
   CHECK(c.resets == 1);
   // The view starts over from batch 3.
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, {batches[3]});
   require_same(sub.index(), want);
 }
@@ -433,7 +367,7 @@ TEST_CASE("nats: a publisher restart (seq back to 0) is a reset", "[nats]") {
     REQUIRE(pub.publish(s, second[s]));
   REQUIRE(poll_until(sub, [&] { return sub.counters(w).batches_applied == 7; }));
   CHECK(sub.last_seq(w) == 2);
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, {second.begin(), second.begin() + 3});
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -459,7 +393,7 @@ TEST_CASE("nats: a restarted subscriber catches up from the replay buffer", "[na
   NatsKvSubscriber sub(sub_options(server));
   REQUIRE(pub.publish(7, batches[7]));
   REQUIRE(reached(sub, w, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -500,7 +434,7 @@ TEST_CASE("nats: a server killed mid-stream and restarted: reconnect and exact r
     REQUIRE(pub.publish(s, batches[s]));
   REQUIRE(reached(sub, w, 29));
 
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -596,7 +530,7 @@ TEST_CASE("nats jetstream: a durable subscriber restarted resumes where it ackno
   CHECK(c.gaps_recovered == 1);
   CHECK(c.resets == 0);
   CHECK(c.batches_applied == 8);
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
 }
@@ -627,7 +561,7 @@ TEST_CASE("nats jetstream: a server killed and restarted keeps the stream and th
   for (std::size_t s = 20; s < 30; ++s)
     REQUIRE(pub.publish(s, batches[s]));
   REQUIRE(reached(sub, w, 29));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, w, batches);
   require_same(sub.index(), want);
   const KvPublisherCounters c = sub.counters(w);
@@ -717,7 +651,7 @@ TEST_CASE("nats: a decoder that names the stream in the payload, on one shared s
   natsConnection_Destroy(nc);
   REQUIRE(reached(sub, wa, 7));
   REQUIRE(reached(sub, wb, 7));
-  KvIndex want;
+  KvIndex want = subscriber_index();
   apply_direct(want, wa, a);
   apply_direct(want, wb, b);
   require_same(sub.index(), want);

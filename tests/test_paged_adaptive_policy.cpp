@@ -15,6 +15,7 @@
 using promptcache::PagedPrefixCache;
 namespace eviction = promptcache::eviction;
 using promptcache::detail::PagedGhostHistory;
+using promptcache::detail::PagedShadowCache;
 
 namespace {
 
@@ -103,7 +104,8 @@ TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to 
   Cache c(1, eviction::Adaptive(8));
   c.insert(Tokens{1, 2}, Pages{1, 2});
   REQUIRE(c.match(Tokens{1}).matched == 1);  // splits: [1] used again, [2] still once
-  CHECK(c.class_pages(0) == 1);
+  // [1, 2] was stored cold (2 new pages, no prefix): T1 is classes 0 and 2.
+  CHECK(c.class_pages(2) == 1);
   CHECK(c.class_pages(1) == 1);
   // T1 first: [2]; then T1 is empty and [1] (a leaf now) goes.
   CHECK(evict(c, 2) == std::vector<std::uint32_t>{2, 1});
@@ -114,7 +116,7 @@ TEST_CASE("adaptive: only leaves are evicted, and a class without one yields to 
   REQUIRE(d.lock(x.handle));
   d.insert(Tokens{6}, Pages{6});
   CHECK(d.match(Tokens{6}).matched == 1);
-  CHECK(d.class_pages(0) == 1);
+  CHECK(d.class_pages(0) + d.class_pages(2) == 1);
   CHECK(evict(d, 2) == std::vector<std::uint32_t>{6});  // only what is evictable
   CHECK(d.cached_pages() == 1);
   CHECK(d.check_invariants());
@@ -154,7 +156,7 @@ TEST_CASE("adaptive: a run of pages that brings new ones is filed as used once")
   // [1, 2] come back with a new page 3 behind them: one node, used once; both
   // ghosts still move the target.
   c.insert(Tokens{1, 2, 3}, Pages{4, 5, 6});
-  CHECK(c.class_pages(0) == 3);
+  CHECK(c.class_pages(0) + c.class_pages(2) == 3);
   CHECK(c.class_pages(1) == 0);
   CHECK(c.policy().target() == 2.0);
   CHECK(c.policy().ghosts_once() == 0);
@@ -318,7 +320,7 @@ TEST_CASE("adaptive: a moved-from policy has no history and a target of 0") {
 TEST_CASE("adaptive (learned): LRU leads at first and sees each class's next victim") {
   for (const auto mode : {eviction::Adaptive::Mode::learned, Arc}) {
     Cache c(1, eviction::Adaptive(4, 8.0, 1.0, mode));
-    CHECK(c.policy().leader() == 0);
+    CHECK(c.policy().leader() == (mode == Arc ? 1U : 0U));
     c.insert(Tokens{1}, Pages{1});             // A
     REQUIRE(c.match(Tokens{1}).matched == 1);  // A used again (T2), tick 2
     c.insert(Tokens{2}, Pages{2});             // B: T1, tick 3
@@ -332,74 +334,6 @@ TEST_CASE("adaptive (learned): LRU leads at first and sees each class's next vic
       CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
     CHECK(c.check_invariants());
   }
-}
-
-TEST_CASE("adaptive (learned): a page back soon after a split vote charges its voters") {
-  Cache c(1, eviction::Adaptive(4, 8.0, 1.0));
-  c.insert(Tokens{1}, Pages{1});  // A, used again: T2
-  REQUIRE(c.match(Tokens{1}).matched == 1);
-  c.insert(Tokens{2}, Pages{2});      // B: T1
-  CHECK(c.policy().rate(0) == 0.25);  // the prior, 1 in 4
-  // LRU (leading) evicts A, the older, against ARC's and used-once-first's vote for T1...
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});
-  CHECK(c.policy().rate(0) == 1.0 / 5.0);
-  // ... and A comes back within the capacity: LRU's rate is 2 / 5, ARC's still
-  // 1 / 4, more than 1.3 x lower, so ARC leads.
-  c.insert(Tokens{1}, Pages{4});
-  CHECK(c.policy().rate(0) == 2.0 / 5.0);
-  CHECK(c.policy().rate(1) == 0.25);
-  CHECK(c.policy().leader() == 1);
-  CHECK(c.class_pages(1) == 1);   // A, back from B2: used again
-  c.insert(Tokens{3}, Pages{3});  // C: T1, newer than A
-  // B is every expert's choice (T1's and the oldest): nobody is charged.
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{2});
-  // Now ARC decides: T1 holds 1 page > p = 0, so C goes although A is older...
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{3});
-  // ... and unanimity (T1 is empty) charges nobody.
-  CHECK(evict(c, 1) == std::vector<std::uint32_t>{4});
-  CHECK(c.policy().rate(1) == 1.0 / 5.0);  // ARC chose C against LRU: one page, not back
-  CHECK(c.check_invariants());
-}
-
-TEST_CASE("adaptive (learned): only a page back within a quarter of the capacity charges") {
-  // capacity 8: a page evicted on a split vote is charged when it comes back
-  // fewer than 8 / 4 = 2 evictions later.
-  for (const std::size_t later : {std::size_t{1}, std::size_t{2}}) {
-    Cache c(1, eviction::Adaptive(8, 8.0, 1.0));
-    c.insert(Tokens{1}, Pages{1});
-    REQUIRE(c.match(Tokens{1}).matched == 1);             // A: T2
-    c.insert(Tokens{2}, Pages{2});                        // B: T1
-    CHECK(evict(c, 1) == std::vector<std::uint32_t>{1});  // LRU's split vote
-    c.insert(Tokens{5, 6}, Pages{5, 6});
-    CHECK(evict(c, later).size() == later);  // then `later` more pages go
-    c.insert(Tokens{1}, Pages{9});           // A is back
-    if (later == 1)
-      CHECK(c.policy().rate(0) == 2.0 / 5.0);  // age 1 < 2: charged
-    else
-      CHECK(c.policy().rate(0) == 1.0 / 5.0);  // age 2: not charged
-  }
-}
-
-TEST_CASE("adaptive (learned): one eviction in 32 follows an expert that disagrees") {
-  Cache c(1, eviction::Adaptive(64, 8.0, 1.0));
-  for (std::uint32_t t = 1; t <= 40; ++t) {  // 40 pages used again (T2), the oldest
-    c.insert(Tokens{t}, Pages{t});
-    REQUIRE(c.match(Tokens{t}).matched == 1);
-  }
-  for (std::uint32_t t = 101; t <= 140; ++t)  // then 40 pages used once (T1)
-    c.insert(Tokens{t}, Pages{t});
-  std::vector<std::uint32_t> got;
-  for (int i = 0; i < 40; ++i)
-    got.push_back(evict(c, 1).at(0));
-  // LRU (the leader: nothing came back) takes the older T2 pages, against
-  // ARC's and used-once-first's vote for T1, except the 32nd eviction, which
-  // follows ARC.
-  CHECK(got[31] == 101);
-  std::uint32_t want = 1;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (i != 31) CHECK(got[i] == want++);
-  CHECK(c.policy().leader() == 0);
-  CHECK(c.check_invariants());
 }
 
 TEST_CASE("ghost history: tags keep the caller's bits and take() tells the age") {
@@ -541,19 +475,210 @@ TEST_CASE("adaptive (learned): a thrashing cache keeps pages used again") {
   CHECK(ad.check_invariants());
 }
 
-TEST_CASE("adaptive (learned): choose_class with too few tops falls back on the page counts") {
-  eviction::Adaptive p(0);  // no history: the LRU rule decides, with no probe
-  const std::size_t pages[2] = {3, 2};
+TEST_CASE("adaptive (learned): choose_class with too few tops or classes falls back") {
+  eviction::Adaptive p(0);  // no history: the LRU rule decides
+  const std::size_t pages[3] = {3, 2, 0};
   const std::uint64_t older = 5, newer = 9;
-  const std::uint64_t* tops[2] = {&newer, &older};
-  // With both tops, the class whose next victim is older: T2.
+  const std::uint64_t* tops[3] = {&newer, &older, nullptr};
+  // With every top, the class whose next victim is older: T2.
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops)) == 1);
   // A class with no evictable leaf is never the LRU rule's choice.
-  const std::uint64_t* t1_only[2] = {&newer, nullptr};
+  const std::uint64_t* t1_only[3] = {&newer, nullptr, nullptr};
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(t1_only)) == 0);
-  // Too few tops: as choose_class(pages), which knows no evictions yet (both
-  // classes at key 0) and takes T1.
+  const std::uint64_t* cold_only[3] = {nullptr, nullptr, &older};
+  CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(cold_only)) == 2);
+  // Too few tops: as choose_class(pages), which knows no evictions yet (every
+  // class at key 0) and takes T1.
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>(tops, 1)) == 0);
   CHECK(p.choose_class(pages, std::span<const std::uint64_t* const>()) == 0);
   CHECK(p.choose_class(std::span<const std::size_t>(pages)) == 0);
+  // Too few page counts: class 0 unless the only count given is of an empty T1.
+  CHECK(p.choose_class(std::span<const std::size_t>(pages, 2)) == 0);
+  const std::size_t empty_t1[2] = {0, 4};
+  CHECK(p.choose_class(std::span<const std::size_t>(empty_t1)) == 1);
+  CHECK(p.choose_class(std::span<const std::size_t>()) == 0);
+  CHECK(p.choose_class(std::span<const std::size_t>(pages, 2),
+                       std::span<const std::uint64_t* const>(tops)) == 0);
+}
+
+TEST_CASE("adaptive (learned): the rule whose miniature serves more leads, without thrashing") {
+  // 4 pages return every round, each after 8 one-off pages: 12 pages between
+  // two uses of a page, more than the 8 pages of the cache, so LRU never hits.
+  // They come back 4 evictions after they left, not far (under 2 x 8): the
+  // cache does not thrash. Used-once first keeps them (back from the ghosts:
+  // T2) and cycles the one-off pages through T1; its miniature (every page:
+  // the cache is small) sees that and the policy follows a rule that keeps them.
+  PagedPrefixCache<std::uint32_t, eviction::Lru> lru(1);
+  Cache ad(1, eviction::Adaptive(8));
+  REQUIRE(ad.policy().sample_shift() == 0);
+  REQUIRE(ad.policy().sampled_capacity() == 8);
+  std::vector<std::uint32_t> free_lru, free_ad;
+  for (std::uint32_t p = 0; p < 8; ++p) {
+    free_lru.push_back(p);
+    free_ad.push_back(p);
+  }
+  std::uint32_t once = 1000;
+  std::size_t hits_lru = 0, late_ad = 0;
+  for (int round = 0; round < 40; ++round) {
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      hits_lru += serve(lru, Tokens{k}, free_lru);
+      const std::size_t a = serve(ad, Tokens{k}, free_ad);
+      if (round >= 20) late_ad += a;
+      for (int j = 0; j < 2; ++j, ++once) {
+        (void)serve(lru, Tokens{once}, free_lru);
+        (void)serve(ad, Tokens{once}, free_ad);
+      }
+    }
+  }
+  CHECK(hits_lru == 0);
+  CHECK_FALSE(ad.policy().thrashing());
+  CHECK(ad.policy().sampled_hits(0) == 0.0);
+  CHECK(ad.policy().sampled_hits(2) > 0.0);
+  CHECK(ad.policy().leader() != 0);
+  CHECK(late_ad >= 70);  // of 80 uses in the last 20 rounds
+  CHECK(ad.check_invariants());
+}
+
+TEST_CASE("adaptive (learned): large caches sample 1 page in 2^k for miniatures of <= 2048") {
+  CHECK(eviction::Adaptive(2048).sample_shift() == 0);
+  CHECK(eviction::Adaptive(2048).sampled_capacity() == 2048);
+  CHECK(eviction::Adaptive(2049).sample_shift() == 1);
+  CHECK(eviction::Adaptive(2049).sampled_capacity() == 1024);
+  CHECK(eviction::Adaptive(5000).sample_shift() == 2);
+  CHECK(eviction::Adaptive(5000).sampled_capacity() == 1250);
+  // No history, or ARC's rule alone: no miniatures.
+  CHECK(eviction::Adaptive(0).sampled_capacity() == 0);
+  CHECK(eviction::Adaptive(100, 0.0).sampled_capacity() == 0);
+  CHECK(eviction::Adaptive(100, 8.0, 1.0, Arc).sampled_capacity() == 0);
+  // The move leaves the source without miniatures and its hits with the target.
+  eviction::Adaptive a(100);
+  eviction::Adaptive b(std::move(a));
+  CHECK(b.sampled_capacity() == 100);
+  CHECK(a.sampled_capacity() == 0);
+  CHECK(a.sampled_hits(0) == 0.0);
+}
+
+TEST_CASE("adaptive (learned): bad contexts and expert numbers feed nothing") {
+  eviction::Adaptive p(16);
+  const std::uint32_t tokens[5] = {1, 2, 3, 4, 5};
+  promptcache::PagedPolicyContext c;
+  c.tick = 1;
+  c.tokens = std::span<const std::uint32_t>(tokens);
+  c.page_size = 0;  // no page size: no page to see
+  auto m = p.on_create(c);
+  p.on_match(m, c);
+  p.on_insert_hit(m, c);
+  p.on_evict(m, c);
+  c.page_size = 8;  // tokens shorter than a page: no whole page
+  m = p.on_create(c);
+  p.on_match(m, c);
+  p.on_evict(m, c);
+  for (std::size_t e = 0; e < eviction::Adaptive::experts; ++e)
+    CHECK(p.sampled_hits(e) == 0.0);
+  CHECK(p.ghosts_once() + p.ghosts_reused() == 0);
+  CHECK(p.sampled_hits(eviction::Adaptive::experts) == 0.0);  // no such expert
+  CHECK(p.sampled_hits(std::numeric_limits<std::size_t>::max()) == 0.0);
+  c.page_size = 5;  // one whole page, matched twice: the second match is a hit
+  m = p.on_create(c);
+  p.on_match(m, c);
+  CHECK(p.sampled_hits(0) == 1.0);
+  CHECK(p.sampled_hits(1) == 1.0);
+  CHECK(p.sampled_hits(2) == 1.0);
+}
+
+TEST_CASE("shadow cache: a path touched at one tick leaves deepest first; rules pick the list") {
+  // LRU: one order over both lists.
+  PagedShadowCache s(3, PagedShadowCache::Rule::lru);
+  CHECK_FALSE(s.access(1, 0, 1, 0.0));  // a path 1 -> 2 -> 3 stored at tick 1
+  CHECK_FALSE(s.access(2, 0, 1, 0.0));
+  CHECK_FALSE(s.access(3, 1, 1, 0.0));
+  CHECK(s.size(0) == 3);                // Rule::lru keeps one list
+  CHECK_FALSE(s.access(4, 0, 2, 0.0));  // full: the deepest page of tick 1 goes (3)
+  CHECK(s.access(1, 0, 3, 0.0));
+  CHECK(s.access(2, 0, 3, 0.0));
+  CHECK_FALSE(s.access(3, 0, 3, 0.0));  // 3 was evicted; 4 (tick 2) goes now
+  CHECK_FALSE(s.access(4, 0, 4, 0.0));  // so 4 misses, evicting 3 (deepest of tick 3)
+  CHECK(s.access(1, 0, 5, 0.0));
+  CHECK(s.access(2, 0, 5, 0.0));
+
+  // Used once first: list 0 goes while it has entries.
+  PagedShadowCache u(2, PagedShadowCache::Rule::used_once);
+  CHECK_FALSE(u.access(10, 1, 1, 0.0));  // used again
+  CHECK_FALSE(u.access(11, 0, 2, 0.0));  // used once, newer
+  CHECK_FALSE(u.access(12, 0, 3, 0.0));  // evicts 11, not the older 10
+  CHECK(u.access(10, 1, 4, 0.0));
+  CHECK_FALSE(u.access(11, 0, 5, 0.0));
+  CHECK(u.size(0) == 1);
+  CHECK(u.size(1) == 1);
+
+  // ARC: list 0 while it holds more than the target, else list 1.
+  PagedShadowCache a(2, PagedShadowCache::Rule::arc);
+  CHECK_FALSE(a.access(20, 1, 1, 1.0));
+  CHECK_FALSE(a.access(21, 0, 2, 1.0));
+  CHECK_FALSE(a.access(22, 0, 3, 1.0));  // |list 0| = 1, not above 1: 20 goes
+  CHECK(a.access(21, 0, 4, 1.0));
+  CHECK_FALSE(a.access(20, 1, 5, 0.0));  // target 0: list 0's oldest (22) goes
+  CHECK(a.access(21, 0, 6, 0.0));
+
+  // No capacity: every access misses; a moved-from shadow has none.
+  PagedShadowCache z(0, PagedShadowCache::Rule::lru);
+  CHECK_FALSE(z.access(1, 0, 1, 0.0));
+  CHECK_FALSE(z.access(1, 0, 2, 0.0));
+  PagedShadowCache moved(std::move(u));
+  CHECK(moved.capacity() == 2);
+  CHECK(u.capacity() == 0);
+  CHECK_FALSE(u.access(10, 1, 9, 0.0));
+}
+
+TEST_CASE("shadow cache: many keys through a small shadow keep the index consistent") {
+  PagedShadowCache s(64, PagedShadowCache::Rule::used_once);
+  std::uint64_t x = 7;
+  std::size_t hits = 0;
+  for (std::uint64_t t = 1; t <= 20000; ++t) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const std::uint64_t key = (x >> 33) % 200;  // 200 keys, collisions in the index
+    hits += s.access(key * 0x9e3779b97f4a7c15ULL, key % 2, t, 0.0) ? 1U : 0U;
+    REQUIRE(s.size(0) + s.size(1) <= 64);
+  }
+  CHECK(s.size(0) + s.size(1) == 64);
+  CHECK(hits > 0);
+}
+
+TEST_CASE("adaptive (learned): long one-off runs stored cold leave growing conversations cached") {
+  // Two conversations under a shared first page, each turn adding one page to
+  // its previous prompt (restarting after 6 pages), each turn followed by a
+  // one-off prompt of 5 new pages: LRU lets the one-off pages push out every
+  // conversation before its next turn. The one-off runs bring more new pages
+  // than the prefix they extend (none), so they are stored cold; following
+  // cold first evicts them before anything else, and the conversations stay.
+  // Used-once first would also evict each conversation's newest page (used
+  // once), which its next turn needs: its miniature serves fewer hits.
+  PagedPrefixCache<std::uint32_t, eviction::Lru> lru(1);
+  Cache ad(1, eviction::Adaptive(12));
+  std::vector<std::uint32_t> free_lru, free_ad;
+  for (std::uint32_t p = 0; p < 12; ++p) {
+    free_lru.push_back(p);
+    free_ad.push_back(p);
+  }
+  std::uint32_t once = 100000, fresh = 1000;
+  Tokens conv[2] = {{7}, {7}};
+  std::size_t hits_lru = 0, hits_ad = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (Tokens& t : conv) {
+      if (t.size() >= 6) t = {7};
+      t.push_back(fresh++);
+      hits_lru += serve(lru, t, free_lru);
+      hits_ad += serve(ad, t, free_ad);
+      Tokens o;
+      for (int j = 0; j < 5; ++j)
+        o.push_back(once++);
+      (void)serve(lru, o, free_lru);
+      (void)serve(ad, o, free_ad);
+    }
+  }
+  CHECK(ad.policy().leader() == 3);
+  for (std::size_t e = 0; e < 3; ++e)
+    CHECK(ad.policy().sampled_hits(3) > ad.policy().sampled_hits(e));
+  CHECK(hits_ad > 2 * hits_lru);
+  CHECK(ad.check_invariants());
 }

@@ -1028,3 +1028,47 @@ TEST_CASE("paged cache: a move assignment whose policy move throws changes nothi
   CHECK(a.page_size() == 1);
   CHECK(a.peek(seq(50, 3)) == 3);
 }
+
+TEST_CASE("paged cache: block_hashes equals the block names a KvIndex fed by its events holds") {
+  Recorder rec;
+  PagedPrefixCache<std::uint32_t> c(2, eviction::Lru{}, rec.sink());
+  PagedPrefixCache<std::uint32_t> silent(2);  // no sink: hashes computed from the tokens alone
+  KvIndex index;
+  const KvWorker w{1, 0};
+  const auto feed = [&] {
+    for (const auto& e : rec.events)
+      REQUIRE(index.apply(w, e).ok());
+    rec.events.clear();
+  };
+  CHECK(c.block_hashes().empty());
+  c.configure_namespace(3, "lora-a", "salt");
+  silent.configure_namespace(3, "lora-a", "salt");
+  std::uint32_t page = 0;
+  std::uint64_t rng = 7;
+  for (int i = 0; i < 300; ++i) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    // Prompts share one of four 4-token prefixes, then 2 to 9 tokens of their own.
+    const auto prefix = static_cast<std::uint32_t>((rng >> 33) % 4);
+    Tokens t = cat(seq(prefix * 100, 4), seq(static_cast<std::uint32_t>((rng >> 40) % 50),
+                                             2 + static_cast<std::size_t>((rng >> 20) % 8)));
+    const std::uint64_t ns = (rng >> 50) % 3 == 0 ? 3 : 0;
+    for (auto* cache : {&c, &silent}) {
+      cache->insert(t, ids(page, t.size()), ns);
+      if (cache->cached_pages() > 20) cache->evict(cache->cached_pages() - 16);
+    }
+    page += static_cast<std::uint32_t>(t.size());
+    if (i % 50 == 0) {
+      feed();
+      REQUIRE(c.block_hashes() == index.block_hashes(w));
+      REQUIRE(silent.block_hashes() == c.block_hashes());
+    }
+  }
+  feed();
+  const std::vector<std::uint64_t> hashes = c.block_hashes();
+  CHECK(hashes.size() == c.cached_pages());
+  CHECK(std::is_sorted(hashes.begin(), hashes.end()));
+  CHECK(hashes == index.block_hashes(w));
+  CHECK(silent.block_hashes() == hashes);
+  CHECK(c.clear());
+  CHECK(c.block_hashes().empty());
+}

@@ -224,6 +224,7 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
       REQUIRE(index.apply(worker, e).ok());
     events.clear();
     REQUIRE(index.block_count(worker) == cache.cached_pages());
+    REQUIRE(index.block_hashes(worker) == cache.block_hashes());
     for (const Tokens& d : docs)
       for (const std::uint64_t n : namespaces)
         REQUIRE(mirror_ok(d, n));

@@ -77,6 +77,7 @@
 #define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -86,6 +87,7 @@
 #include <utility>
 
 #include "promptcache/detail/paged_ghost_history.hpp"
+#include "promptcache/detail/paged_shadow_cache.hpp"
 
 namespace promptcache {
 
@@ -378,65 +380,77 @@ struct Filo {
 };
 
 /// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
-/// only, with LRU as a fallback it learns to pick online. Pages used once since
-/// they were stored (class 0, ARC's T1) and pages used again (class 1, T2) are
-/// each evicted least recently used first; before each page the policy picks
-/// the class to evict from by following one of three rules ("experts"):
+/// only, with LRU as a fallback it picks online. Pages used once since they
+/// were stored (classes 0 and 2, ARC's T1) and pages used again (class 1, T2)
+/// are each evicted least recently used first; before each page the policy
+/// picks the class to evict from by following one of four rules ("experts"):
 ///  - LRU: the class whose least recent leaf is older (the cache passes each
 ///    class's next victim's key, so following this expert evicts exactly as
 ///    eviction::Lru does; called without the keys, the policy takes them to be
 ///    those of the last leaf it evicted per class, a bound that can be stale);
 ///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
-///  - used-once first: T1 whenever it has pages.
+///  - used-once first: T1 whenever it has pages;
+///  - cold first: the cold part of T1 whenever it has an evictable leaf, else
+///    as LRU. A run stored with more new pages than the prefix it extends (a
+///    request whose cached prefix was lost, a new document) is filed cold
+///    (class 2), except one such run in 32, so that under thrashing the cache
+///    keeps a set of prefixes whole and that set still changes with the
+///    traffic (BIP's insertion, Qureshi et al., ISCA'07). For the other
+///    rules cold pages are T1 pages (T1 is classes 0 and 2, taken by the
+///    older of their next victims).
 /// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
 /// x `capacity_pages` evictions: a page stored again while on B1 raises p, one
-/// on B2 lowers it (ARC's rule). Each ghost also records which experts voted
-/// for its eviction when they disagreed; a page stored again within
-/// `capacity_pages` / 4 evictions of its own counts against those experts
-/// (keeping it would likely have won a hit; a longer window also counts pages
-/// that any rule would have lost, and blurs the comparison). The
-/// policy follows LRU unless another expert has 1.3 x fewer such returns per
-/// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
-/// so the choice follows changes in the traffic). One signal overrides the
-/// rates: when over 65% of all pages stored again come back more than
-/// 2 x `capacity_pages` evictions after they left (counts halving as above), the
-/// cache is thrashing: no recency order can keep such pages, while keeping
-/// pages used again and letting new ones go keeps part of them, so the policy
-/// follows used-once first. The first page of one
-/// eviction in 32 follows an expert that disagrees with the leader, so that
-/// each rate stays measured at the cost of one page out of the leader's
-/// order. On traffic where keeping pages used again pays (shared prefixes
-/// among one-off tails) it follows ARC or used-once first; where recency is
-/// what pays (conversations whose every turn returns to the last
-/// one) it follows LRU. The pages one insert stores are one node, so they share
-/// a class: used again when all of them come back from the ghost lists, used
-/// once when the run also brings new pages. A later match or insert through a
-/// node counts as a use.
+/// on B2 lowers it (ARC's rule).
+///
+/// Which expert to follow is measured, not guessed: each expert runs a
+/// miniature cache (miniature simulation, Waldspurger et al., USENIX ATC'17)
+/// over a hash-sampled subset of the pages the cache sees (1 in 2^k, k the
+/// smallest with capacity_pages / 2^k <= 2048; every page for small caches) with
+/// the capacity scaled by the same rate, the classes the policy gives the pages
+/// and p scaled alike. The policy follows the expert whose miniature served the
+/// most hits, LRU on a tie (counts halve every 32 x the miniature's capacity of
+/// sampled accesses, so the choice follows changes in the traffic). One signal
+/// adds to the hits: when over 65% of all pages stored again come back more
+/// than 2 x `capacity_pages` evictions after they left, the cache is
+/// thrashing: no recency order can keep such pages, while keeping pages used
+/// again and letting new ones go keeps part of them, so the policy follows
+/// used-once first as long as its miniature serves at least as many hits as
+/// LRU's and cold-first's. The miniatures see every access whatever the policy follows (only
+/// the classes come from the cache), so the measure hardly depends on the
+/// choice it drives, as a rate of the policy's own mistakes would. The pages
+/// one insert stores are one node, so they share a class: used again when all
+/// of them come back from the ghost lists, used once when the run also brings
+/// new pages. A later match or insert through a node counts as a use.
 class Adaptive {
  public:
-  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
-  static constexpr std::size_t experts = 3;      ///< LRU (0), ARC (1), used-once first (2).
+  /// 0: used once (T1), 1: used again (T2), 2: used once and stored cold (part of T1).
+  static constexpr std::size_t key_classes = 3;
+  /// LRU (0), ARC (1), used-once first (2), cold first (3).
+  static constexpr std::size_t experts = 4;
 
   /// Last access tick and whether the node was used again.
   struct meta_type {
     std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
     std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+    std::uint8_t cold = 0;          ///< 1 when stored cold (see the class comment).
   };
   using key_type = std::uint64_t;              ///< The last access tick, within a class.
   static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
 
   /// What choose_class follows.
   enum class Mode : std::uint8_t {
-    learned,  ///< The expert with the best rate (see the class comment); the default.
+    learned,  ///< The expert whose miniature cache serves most (see the class comment); the
+              ///< default.
     arc,      ///< ARC's rule alone (the ARC expert, never LRU or used-once first).
   };
 
   /// A policy for a cache of about `capacity_pages` pages (the engine's page
-  /// pool): the target p stays in [0, capacity_pages] and the ghost history
+  /// pool): the target p stays in [0, capacity_pages], the ghost history
   /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
-  /// 34 bytes per ghost). A capacity or factor of 0 keeps no history: p stays 0,
-  /// no expert is ever charged and the policy follows LRU (Mode::arc: pages used again
-  /// are always kept over pages used once). `step` scales each
+  /// 34 bytes per ghost) and each expert's miniature cache holds up to 2048
+  /// sampled pages (about 25 bytes each). A capacity or factor of 0 keeps no
+  /// history and no miniatures: p stays 0 and the policy follows LRU (Mode::arc:
+  /// pages used again are always kept over pages used once). `step` scales each
   /// move of p (1: ARC's rule). Throws std::invalid_argument for a negative or
   /// non-finite factor or step, std::bad_alloc / std::length_error for a history
   /// too large. `mode` picks what the policy follows (Mode::arc: ARC's rule alone,
@@ -446,9 +460,19 @@ class Adaptive {
       : capacity_(capacity_pages),
         step_(check(step)),
         mode_(mode),
-        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
-  /// Takes over `o`'s state and ghost history. `o` keeps its capacity and step, with no
-  /// ghost history and a target of 0 (as a policy of capacity 0 keeps). O(1).
+        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {
+    if (mode_ != Mode::learned || ghosts_.capacity() == 0) return;
+    while ((capacity_ >> shift_) > shadow_pages)
+      ++shift_;
+    const std::size_t n = capacity_ >> shift_;
+    shadows_[0] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::lru);
+    shadows_[1] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::arc);
+    shadows_[2] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
+    shadows_[3] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
+  }
+  /// Takes over `o`'s state, ghost history and miniatures. `o` keeps its capacity and
+  /// step, with no ghost history, no miniatures and a target of 0 (as a policy of
+  /// capacity 0 keeps). O(1).
   Adaptive(Adaptive&& o) noexcept
       : capacity_(o.capacity_),
         step_(o.step_),
@@ -472,12 +496,12 @@ class Adaptive {
   Adaptive(const Adaptive&) = delete;
   /// Not copy-assignable.
   Adaptive& operator=(const Adaptive&) = delete;
-  /// Frees the ghost history. O(1).
+  /// Frees the ghost history and the miniatures. O(1).
   ~Adaptive() = default;
 
   /// New node: used again when every one of its pages was on a ghost list, else
-  /// used once; each ghost found moves the target and charges the experts that
-  /// evicted it. O(pages of the node).
+  /// used once; each ghost found moves the target. Its sampled pages go to the
+  /// miniatures. O(pages of the node).
   meta_type on_create(const PagedPolicyContext& c) noexcept {
     meta_type m{c.tick, 0};
     if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
@@ -488,58 +512,56 @@ class Adaptive {
       const std::uint8_t tag = ghosts_.take(fingerprint(c, i), age);
       if (tag == 0) continue;
       adapt(tag & 3);
-      if (4 * age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
       count_return(age);
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
+    // Cold: more new pages than the prefix they extend, except one such run in
+    // 32 (so that the pages kept change as the traffic does).
+    if (mode_ == Mode::learned && m.reused == 0 && pages > c.depth_pages &&
+        ++cold_runs_ % admit_period != 0)
+      m.cold = 1;
+    feed(c, key_class(m), true);
     return m;
   }
-  /// Match: used again, accessed now. O(1).
+  /// Match: used again, accessed now; its sampled pages go to the miniatures.
+  /// O(pages of the node).
   void on_match(meta_type& m, const PagedPolicyContext& c) noexcept {
     m.last_access = c.tick;
     m.reused = 1;
+    feed(c, 1, true);
   }
-  /// Insert through the node: used again, accessed now. O(1).
+  /// Insert through the node: used again, accessed now; its sampled pages go to
+  /// the miniatures (not counted as hits: the match before it was). O(pages of the node).
   void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
     m.last_access = c.tick;
     m.reused = 1;
+    feed(c, 1, false);
   }
   /// The freed pages go on the ghost list of their class, deepest first (the
-  /// order the cache frees them in), tagged with the experts that chose them
-  /// against another expert's vote. O(pages freed).
+  /// order the cache frees them in). O(pages freed).
   void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
-    const std::size_t k = m.reused;
+    const std::size_t k = key_class(m);
     oldest_[k] = std::max(oldest_[k], m.last_access);
-    const std::uint8_t voters = votes_[k];
-    const bool split = voters != 0 && voters != all_experts;
-    votes_[0] = votes_[1] = 0;
-    probed_ = false;
-    ++decisions_;
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
     const std::size_t pages = c.tokens.size() / c.page_size;
-    if (split) {
-      for (std::size_t e = 0; e < experts; ++e)
-        if ((voters >> e) & 1U) chosen_[e] += static_cast<double>(pages);
-      forget();
-    }
-    const auto tag = static_cast<std::uint8_t>((m.reused != 0 ? 2 : 1) | (split ? voters << 2 : 0));
+    const auto tag = static_cast<std::uint8_t>(m.reused != 0 ? 2 : 1);
     for (std::size_t i = pages; i-- > 0;)
       ghosts_.push(fingerprint(c, i), tag);
   }
   /// Oldest access first within a class. O(1).
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
-  /// T1 (0) or T2 (1). O(1).
-  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
-  /// The leading expert's class (Mode::arc: ARC's), or, for the first page of one
-  /// eviction in 32, that of an expert that disagrees with the leader. O(experts).
+  /// T1 (0), T2 (1) or T1 stored cold (2). O(1).
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept {
+    return m.reused != 0 ? 1 : m.cold != 0 ? 2 : 0;
+  }
+  /// The class of the leading expert (Mode::arc: ARC's). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
-    std::size_t lru = 0;
-    if (pages[0] == 0 || pages[1] == 0)
-      lru = pages[0] == 0 ? 1 : 0;
-    else
-      lru = oldest_[0] <= oldest_[1] ? 0 : 1;
-    return choose(pages, lru);
+    if (pages.size() < key_classes) return pages.size() > 1 && pages[0] == 0 ? 1 : 0;
+    const key_type* tops[key_classes];
+    for (std::size_t k = 0; k < key_classes; ++k)
+      tops[k] = pages[k] > 0 ? &oldest_[k] : nullptr;
+    return choose(pages, tops);
   }
 
   /// As choose_class(pages), with the LRU expert judging the classes by `tops`,
@@ -547,58 +569,35 @@ class Adaptive {
   /// them). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages,
                                          std::span<const key_type* const> tops) noexcept {
-    if (tops.size() < key_classes) return choose_class(pages);
-    const std::size_t lru = tops[0] == nullptr   ? 1
-                            : tops[1] == nullptr ? 0
-                                                 : (*tops[0] <= *tops[1] ? 0 : 1);
-    return choose(pages, lru);
+    if (tops.size() < key_classes || pages.size() < key_classes) return choose_class(pages);
+    const key_type* t[key_classes] = {tops[0], tops[1], tops[2]};
+    return choose(pages, t);
   }
 
- private:
-  // The class of the expert followed, given the LRU expert's vote.
-  [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages, std::size_t lru) noexcept {
-    std::size_t vote[experts];
-    vote[0] = lru;
-    vote[1] = pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
-    vote[2] = pages[0] > 0 ? 0 : 1;
-    std::size_t follow = mode_ == Mode::arc ? 1 : leader();
-    if (mode_ == Mode::learned && ghosts_.capacity() > 0 && !probed_ &&
-        decisions_ % explore_period == explore_period - 1) {
-      probed_ = true;  // one page: the next call in this eviction follows the leader
-      // Explore: the first expert after the leader (cyclically) that disagrees.
-      for (std::size_t d = 1; d < experts; ++d) {
-        const std::size_t e = (follow + d) % experts;
-        if (vote[e] != vote[follow]) {
-          follow = e;
-          break;
-        }
-      }
-    }
-    for (std::size_t e = 0; e < experts; ++e)
-      votes_[vote[e]] |= static_cast<std::uint8_t>(1U << e);
-    return vote[follow];
-  }
-
- public:
   /// The adaptive target size of T1, in pages. O(1).
   [[nodiscard]] double target() const noexcept { return p_; }
-  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first. O(experts).
+  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first, 3 cold first
+  /// (Mode::arc: 1). O(experts).
   [[nodiscard]] std::size_t leader() const noexcept {
-    if (thrashing()) return 2;
+    if (mode_ == Mode::arc) return 1;
+    if (thrashing() && hits_[2] >= hits_[0] && hits_[2] >= hits_[3]) return 2;
     std::size_t best = 0;
     for (std::size_t e = 1; e < experts; ++e)
-      if (rate(e) * margin < rate(best)) best = e;
+      if (hits_[e] > hits_[best]) best = e;
     return best;
   }
-  /// Pages of expert `e` (< experts) that came back within capacity_pages / 4
-  /// evictions, per page it chose to evict against another expert's vote
-  /// (with a prior of 1 in 4; counts decay). O(1).
-  [[nodiscard]] double rate(std::size_t e) const noexcept {
-    return (returned_[e] + 1.0) / (chosen_[e] + 4.0);
+  /// Recent hits of expert `e`'s (< experts) miniature cache (counts halve every
+  /// 32 x its capacity of sampled accesses; 0 without miniatures or for e >= experts). O(1).
+  [[nodiscard]] double sampled_hits(std::size_t e) const noexcept {
+    return e < experts ? hits_[e] : 0.0;
   }
+  /// Pages each miniature holds at most (0: none, Mode::arc or no history); one
+  /// page in 2^sample_shift() is sampled. O(1).
+  [[nodiscard]] std::size_t sampled_capacity() const noexcept { return shadows_[0].capacity(); }
+  /// log2 of the sampling rate's inverse. O(1).
+  [[nodiscard]] std::size_t sample_shift() const noexcept { return shift_; }
   /// True when over 65% of the pages stored again (recent counts) came back
-  /// more than 2 x capacity_pages evictions after they left: the policy then
-  /// follows used-once first. O(1).
+  /// more than 2 x capacity_pages evictions after they left. O(1).
   [[nodiscard]] bool thrashing() const noexcept {
     return mode_ == Mode::learned && far_returns_ > thrash_share * returns_;
   }
@@ -610,11 +609,13 @@ class Adaptive {
   [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
 
  private:
-  static constexpr std::uint8_t all_experts = (1U << experts) - 1;
-  static constexpr std::uint64_t explore_period = 32;
-  // Another expert leads only with a rate this many times lower: LRU, the
-  // first, keeps the lead on a near tie (the safe choice when the ghosts cannot tell).
-  static constexpr double margin = 1.3;
+  // Pages a miniature holds at most: enough that a 2% difference in hits is
+  // more than sampling noise, little enough that three cost ~150 KB.
+  static constexpr std::size_t shadow_pages = 2048;
+  // Hit counts halve every decay x the miniature's capacity of sampled accesses.
+  static constexpr double decay = 32.0;
+  // One cold run in admit_period is stored as a plain used-once run (BIP's 1/32).
+  static constexpr std::uint64_t admit_period = 32;
   // A return is far when it comes back more than far_age x capacity evictions
   // after it left, and the cache thrashes when far returns are over
   // thrash_share of all. Chosen on the shipped trace and three generated shapes
@@ -642,17 +643,69 @@ class Adaptive {
   }
   void take_state(Adaptive& o) noexcept {
     for (std::size_t e = 0; e < experts; ++e) {
-      chosen_[e] = std::exchange(o.chosen_[e], 0.0);
-      returned_[e] = std::exchange(o.returned_[e], 0.0);
+      shadows_[e] = std::move(o.shadows_[e]);
+      hits_[e] = std::exchange(o.hits_[e], 0.0);
     }
-    for (std::size_t k = 0; k < key_classes; ++k) {
+    for (std::size_t k = 0; k < key_classes; ++k)
       oldest_[k] = std::exchange(o.oldest_[k], 0);
-      votes_[k] = std::exchange(o.votes_[k], std::uint8_t{0});
-    }
-    decisions_ = std::exchange(o.decisions_, 0);
+    shift_ = std::exchange(o.shift_, 0);
+    cold_runs_ = std::exchange(o.cold_runs_, 0);
+    accesses_ = std::exchange(o.accesses_, 0.0);
     returns_ = std::exchange(o.returns_, 0.0);
     far_returns_ = std::exchange(o.far_returns_, 0.0);
-    probed_ = std::exchange(o.probed_, false);
+  }
+  // The class the leading expert evicts from, given each class's next victim
+  // (nullptr: none). T1 is classes 0 and 2, each taken by its older leaf.
+  [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages,
+                                   const key_type* const (&tops)[key_classes]) const noexcept {
+    auto older = [&](std::size_t a, std::size_t b) {
+      return tops[a] == nullptr ? b : tops[b] == nullptr ? a : (*tops[b] < *tops[a] ? b : a);
+    };
+    const std::size_t lru = older(older(0, 2), 1);
+    const std::size_t t1 = older(0, 2);
+    const bool t1_pages = pages[0] + pages[2] > 0 && tops[t1] != nullptr;
+    switch (leader()) {
+      case 0:
+        return lru;
+      case 1:
+        return t1_pages && static_cast<double>(pages[0] + pages[2]) > p_ ? t1 : 1;
+      case 2:
+        return t1_pages ? t1 : 1;
+      default:
+        return tops[2] != nullptr ? 2 : lru;
+    }
+  }
+  // The pages of the node `c` names, as the miniatures see them: a page is
+  // sampled when the top shift_ bits of its key are 0 (top bits, since the
+  // miniatures' index uses the low ones); `hit` says whether a page held counts.
+  void feed(const PagedPolicyContext& c, std::size_t list, bool hit) noexcept {
+    if (shadows_[0].capacity() == 0 || c.page_size == 0) return;
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    const double target = std::ldexp(p_, -static_cast<int>(shift_));
+    for (std::size_t i = 0; i < pages; ++i) {
+      const std::uint64_t k = sample_key(c, i);
+      if (shift_ > 0 && (k >> (64 - shift_)) != 0) continue;
+      // ARC and used-once first see cold pages as T1; cold first files them
+      // apart (list 0, evicted first) from the rest in one recency order.
+      const std::size_t t = list == 2 ? 0 : list;
+      const std::size_t to[experts] = {0, t, t, list == 2 ? 0U : 1U};
+      for (std::size_t e = 0; e < experts; ++e)
+        if (shadows_[e].access(k, to[e], c.tick, target) && hit) hits_[e] += 1.0;
+      if (hit && (accesses_ += 1.0) > decay * static_cast<double>(shadows_[0].capacity())) {
+        accesses_ = 0.0;
+        for (double& h : hits_)
+          h *= 0.5;
+      }
+    }
+  }
+  // A key of page i of the node: its namespace, depth and three of its tokens
+  // (cheaper than the ghost fingerprint: it is computed for every page touched).
+  [[nodiscard]] static std::uint64_t sample_key(const PagedPolicyContext& c,
+                                                std::size_t i) noexcept {
+    const std::span<const std::uint32_t> t = c.tokens.subspan(i * c.page_size, c.page_size);
+    const std::uint32_t three[3] = {t[0], t[t.size() / 2], t[t.size() - 1]};
+    return detail::ghost_fingerprint<std::uint32_t>(c.ns ^ 0x5a3b1e55ULL, c.depth_pages + i,
+                                                    std::span<const std::uint32_t>(three));
   }
   // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
   // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
@@ -665,7 +718,8 @@ class Adaptive {
       p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
   }
   // Counts a page stored again `age` evictions after it left, halving the
-  // counts as forget() does so that they describe the recent traffic.
+  // counts once they pass 4 x capacity (at least 64) so that they describe the
+  // recent traffic.
   void count_return(std::size_t age) noexcept {
     returns_ += 1.0;
     if (static_cast<double>(age) >= far_age * static_cast<double>(capacity_)) far_returns_ += 1.0;
@@ -674,36 +728,20 @@ class Adaptive {
       far_returns_ *= 0.5;
     }
   }
-  // A page evicted on the vote of `voters` came back soon: each of them pays.
-  void charge(std::uint8_t voters) noexcept {
-    for (std::size_t e = 0; e < experts; ++e)
-      if ((voters >> e) & 1U) returned_[e] += 1.0;
-  }
-  // Halves an expert's counts once it chose capacity (at least 64) pages, so
-  // its rate describes the recent traffic.
-  void forget() noexcept {
-    const double horizon = std::max(64.0, 4.0 * static_cast<double>(capacity_));
-    for (std::size_t e = 0; e < experts; ++e)
-      if (chosen_[e] > horizon) {
-        chosen_[e] *= 0.5;
-        returned_[e] *= 0.5;
-      }
-  }
 
   std::size_t capacity_;
   double step_;
   Mode mode_;
   double p_ = 0.0;
   detail::PagedGhostHistory ghosts_;
-  double chosen_[experts] = {0.0, 0.0, 0.0};    // pages each expert evicted in a split vote
-  double returned_[experts] = {0.0, 0.0, 0.0};  // of those, pages back within capacity / 4
-  std::uint64_t oldest_[key_classes] = {0, 0};  // key of the last leaf evicted per class
-  std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
-                                                // the last eviction
-  std::uint64_t decisions_ = 0;                 // leaves (or tails) evicted
-  double returns_ = 0.0;                        // pages stored again from the ghosts
-  double far_returns_ = 0.0;                    // of those, back after 2 x capacity
-  bool probed_ = false;                         // this eviction's probe of another expert was made
+  detail::PagedShadowCache shadows_[experts];      // each expert's miniature cache
+  double hits_[experts] = {0.0, 0.0, 0.0, 0.0};    // their recent hits
+  std::size_t shift_ = 0;                          // one page in 2^shift_ is sampled
+  double accesses_ = 0.0;                          // sampled accesses since the last halving
+  std::uint64_t oldest_[key_classes] = {0, 0, 0};  // key of the last leaf evicted per class
+  std::uint64_t cold_runs_ = 0;                    // runs that qualified as cold
+  double returns_ = 0.0;                           // pages stored again from the ghosts
+  double far_returns_ = 0.0;                       // of those, back after 2 x capacity
 };
 
 static_assert(PagedEvictionPolicy<Lru>);

@@ -43,6 +43,11 @@
 //     stream restarts at seq 0 (replaying [0, seq) if seq > 0).
 //   * A payload that does not decode consumes its seq, applies nothing, and is
 //     counted (a replay would return the same bytes).
+//   * After a gap the replay could not fill (but did answer), the subscriber
+//     asks for the publisher's state dump (start seq 2^64 - 2, see
+//     kv_event_publisher.hpp): when one comes, the worker's view is replaced
+//     with it (KvIndex::replace_worker) and the stream continues from the seq
+//     it is current at. vLLM answers with the end marker alone: nothing changes.
 //
 // Two ways to drive it: call poll(timeout) from your own event loop, or
 // start() a background thread; with the thread, read the index through
@@ -127,6 +132,12 @@ struct ZmqKvSubscriberOptions {
   /// Called on the polling thread; an exception it throws ends poll() (or the
   /// start() thread, kept in thread_error()).
   std::function<std::chrono::steady_clock::time_point()> clock;
+  /// After a gap the replay buffer cannot fill (a late join, a long outage, a restart
+  /// whose first batches are gone), ask the publisher's replay socket for its state dump
+  /// (docs/kv_event_publisher.md) and replace the worker's view with it. A publisher
+  /// without dumps (vLLM, SGLang) answers with the end marker alone: one round trip,
+  /// then the view continues as it would without this option.
+  bool state_dumps = true;
 };
 
 namespace detail {
@@ -166,6 +177,7 @@ class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail
                  index_options),
         options_(std::move(options)),
         decoder_(options_.wire) {
+    state_dumps_ = options_.state_dumps;
     // 0 would read nothing, and the start() thread would spin.
     if (options_.max_messages_per_round == 0)
       throw std::invalid_argument("ZmqKvSubscriber: max_messages_per_round must be at least 1");

@@ -639,6 +639,7 @@ class DynByteBuffer {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -5114,6 +5115,24 @@ class KvIndex {
       }
       out.push_back(KvEvent{out.size(), std::move(chain)});
     }
+    return out;
+  }
+
+  /// The names (block hashes) of every block `worker` holds, in the tree and
+  /// as orphans, sorted ascending: the set an engine's cache holds when the
+  /// view is exact (compare with PagedPrefixCache::block_hashes()). Empty for
+  /// an unknown worker. O(blocks held x log blocks held).
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes(const KvWorker& worker) const {
+    std::vector<std::uint64_t> out;
+    const std::uint32_t slot = state_.workers.find(worker);
+    if (slot == detail::kv_npos) return out;
+    out.reserve(state_.workers[slot].blocks + state_.orphans.count(slot));
+    detail::kv_for_each_hold_chain(
+        state_.holds, state_.workers[slot].sentinel, [](std::uint32_t, std::uint32_t) {},
+        [&](std::uint32_t h) { out.push_back(state_.holds[h].block_hash); });
+    state_.orphans.for_each_of(
+        slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) { out.push_back(name); });
+    std::sort(out.begin(), out.end());
     return out;
   }
 

@@ -35,12 +35,14 @@
 //
 // A payload either decodes completely or yields an error code and an empty
 // batch: bad bytes never throw, never crash, and never give half a batch.
-// The msgpack parser builds no object tree: values go to a flat tape whose
-// length is bounded by the payload size, so a huge declared length costs
-// nothing before it is found truncated.
+// The decoder parses msgpack itself, in one pass, into no object tree:
+// values go to a flat tape whose length is bounded by the payload size, so a
+// huge declared length costs nothing before it is found truncated. It
+// accepts and refuses exactly the bytes msgpack-cxx's parser does.
 //
-// Needs msgpack-cxx (header-only, used without Boost: MSGPACK_NO_BOOST is
-// defined here unless the includer decided otherwise).
+// Includes msgpack-cxx (header-only, used without Boost: MSGPACK_NO_BOOST is
+// defined here unless the includer decided otherwise), which publishers and
+// tests use to encode payloads.
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
@@ -56,6 +58,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -666,6 +669,7 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -5144,6 +5148,24 @@ class KvIndex {
     return out;
   }
 
+  /// The names (block hashes) of every block `worker` holds, in the tree and
+  /// as orphans, sorted ascending: the set an engine's cache holds when the
+  /// view is exact (compare with PagedPrefixCache::block_hashes()). Empty for
+  /// an unknown worker. O(blocks held x log blocks held).
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes(const KvWorker& worker) const {
+    std::vector<std::uint64_t> out;
+    const std::uint32_t slot = state_.workers.find(worker);
+    if (slot == detail::kv_npos) return out;
+    out.reserve(state_.workers[slot].blocks + state_.orphans.count(slot));
+    detail::kv_for_each_hold_chain(
+        state_.holds, state_.workers[slot].sentinel, [](std::uint32_t, std::uint32_t) {},
+        [&](std::uint32_t h) { out.push_back(state_.holds[h].block_hash); });
+    state_.orphans.for_each_of(
+        slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) { out.push_back(name); });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
@@ -5712,79 +5734,317 @@ struct MpNode {
   MpKind kind = MpKind::nil;
 };
 
-// A msgpack-cxx parse visitor that writes the tape. Every value takes at
+// Why a parse stopped.
+enum class MpParse : std::uint8_t {
+  ok,         // one whole value; `used` says where it ended
+  truncated,  // the bytes end inside a value (or a declared length runs past them)
+  invalid,    // a reserved type byte (0xc1)
+  too_deep,   // a container would open more than max_depth deep
+  overflow,   // an ext 32 declaring 2^32 - 1 bytes with a 32-bit size_t (msgpack-cxx throws)
+};
+
+// A msgpack parser that writes the tape directly: one pass over the bytes,
+// a branch per type byte, no callbacks. It accepts and refuses exactly what
+// msgpack-cxx's parse does (same value per type byte, a non-negative value
+// of a signed format read as unsigned, the first problem in byte order
+// decides) and keeps the tape and the stack of open containers between
+// payloads, so steady state parsing allocates nothing. Every value takes at
 // least one input byte, so the tape never has more nodes than the payload has
 // bytes, whatever lengths the payload declares.
-class MpTapeBuilder : public msgpack::null_visitor {
+class MpTape {
  public:
-  MpTapeBuilder(std::vector<MpNode>& tape, std::vector<std::uint32_t>& open, const char* base,
-                std::uint32_t max_depth) noexcept
-      : tape_(tape), open_(open), base_(base), max_depth_(max_depth) {}
+  // The node at `i` (< size()).
+  const MpNode& operator[](std::uint32_t i) const noexcept { return nodes_[i]; }
+  // Nodes on the tape.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
-  bool visit_nil() { return leaf(MpKind::nil, 0, 0); }
-  bool visit_boolean(bool v) { return leaf(MpKind::boolean, v ? 1U : 0U, 0); }
-  bool visit_positive_integer(std::uint64_t v) { return leaf(MpKind::uint, v, 0); }
-  // msgpack-cxx reports every value of the signed formats (int 8/16/32/64)
-  // here, non-negative ones included; the format allows 0xd0 0x01 for 1. A
-  // non-negative value is the same number in either format, so it goes on
-  // the tape as unsigned and every field reads it as the unsigned encoding.
-  bool visit_negative_integer(std::int64_t v) {
-    return leaf(v < 0 ? MpKind::sint : MpKind::uint, static_cast<std::uint64_t>(v), 0);
+  // Parses the first value of `bytes` (fewer than 2^32 of them) onto the
+  // tape (cleared first); `used` is where it ended (with ok).
+  MpParse parse(const unsigned char* bytes, std::size_t n, std::uint32_t max_depth,
+                std::size_t& used) {
+    size_ = 0;  // an unfinished parse leaves an empty tape
+    limit_ = n;
+    // Each open container took a byte, so the stack never holds more than
+    // min(max_depth, n) of them: reserved up front, it is used through a
+    // plain pointer.
+    open_.resize(std::min<std::size_t>(max_depth, n) + 1U);
+    Open* const stack = open_.data();
+    std::size_t depth = 0;
+    // The write position lives in locals, so the loop keeps it in registers
+    // (stores to the nodes could alias a member).
+    MpNode* base = nodes_.get();
+    MpNode* out = base;
+    MpNode* out_end = base + cap_;
+    const unsigned char* const begin = bytes;
+    const unsigned char* const end = bytes + n;
+    const unsigned char* p = begin;
+    const auto at = [&](const unsigned char* q) { return static_cast<std::uint64_t>(q - begin); };
+    for (;;) {
+      // Token ids and block hashes: a run of unsigned integers inside an
+      // array takes a short loop (the last element takes the general path,
+      // which closes the array).
+      if (depth != 0U && stack[depth - 1U].array && stack[depth - 1U].left > 1U) {
+        Open& o = stack[depth - 1U];
+        // In locals: stores to the nodes could alias the stack.
+        auto room = std::min<std::uint64_t>(o.left - 1U, static_cast<std::uint64_t>(out_end - out));
+        auto node = static_cast<std::uint32_t>(out - base);
+        MpNode* q = out;
+        while (room != 0U && end - p >= 9) {
+          const unsigned c = *p;
+          std::uint64_t v = 0;
+          if (c <= 0x7fU) {
+            v = c;
+            p += 1;
+          } else if (c == 0xcdU) {
+            v = be16(p + 1);
+            p += 3;
+          } else if (c == 0xceU) {
+            v = be32(p + 1);
+            p += 5;
+          } else if (c == 0xccU) {
+            v = p[1];
+            p += 2;
+          } else if (c == 0xcfU) {
+            v = be64(p + 1);
+            p += 9;
+          } else {
+            break;
+          }
+          q->bits = v;
+          q->size = 0;
+          q->kind = MpKind::uint;
+          q->end = ++node;
+          ++q;
+          --room;
+        }
+        o.left -= static_cast<std::uint64_t>(q - out);
+        out = q;
+      }
+      if (p == end) return MpParse::truncated;
+      const unsigned b = *p;
+      const auto left = static_cast<std::size_t>(end - p) - 1U;  // after the type byte
+      // The value's node, written once below (one write site keeps the
+      // loop small enough to inline everything).
+      MpKind kind = MpKind::nil;
+      std::uint64_t bits = 0;
+      std::uint32_t size = 0;  // str/bin/ext bytes; array elements; map pairs
+      bool container = false;
+      if (b <= 0x7fU) {  // positive fixint
+        kind = MpKind::uint;
+        bits = b;
+        p += 1;
+      } else if (b >= 0xe0U) {  // negative fixint
+        kind = MpKind::sint;
+        bits = static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - 256);
+        p += 1;
+      } else if (b <= 0x9fU) {  // fixmap, fixarray
+        container = true;
+        kind = b <= 0x8fU ? MpKind::map : MpKind::array;
+        size = b & 0x0fU;
+        p += 1;
+      } else if (b <= 0xbfU) {  // fixstr
+        const std::uint32_t len = b & 0x1fU;
+        if (left < len) return MpParse::truncated;
+        kind = MpKind::str;
+        bits = len == 0U ? 0U : at(p + 1);
+        size = len;
+        p += 1U + len;
+      } else {
+        switch (b) {
+          case 0xc0U:
+            kind = MpKind::nil;
+            p += 1;
+            break;
+          case 0xc2U:
+          case 0xc3U:
+            kind = MpKind::boolean;
+            bits = b - 0xc2U;
+            p += 1;
+            break;
+          case 0xccU:
+            if (left < 1U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = p[1];
+            p += 2;
+            break;
+          case 0xcdU:
+            if (left < 2U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be16(p + 1);
+            p += 3;
+            break;
+          case 0xceU:
+            if (left < 4U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be32(p + 1);
+            p += 5;
+            break;
+          case 0xcfU:
+            if (left < 8U) return MpParse::truncated;
+            kind = MpKind::uint;
+            bits = be64(p + 1);
+            p += 9;
+            break;
+          case 0xd0U:
+          case 0xd1U:
+          case 0xd2U:
+          case 0xd3U: {  // int 8/16/32/64: a non-negative value is the same number
+            const std::size_t w = std::size_t{1} << (b - 0xd0U);
+            if (left < w) return MpParse::truncated;
+            const std::int64_t v = w == 1U   ? static_cast<std::int8_t>(p[1])
+                                   : w == 2U ? static_cast<std::int16_t>(be16(p + 1))
+                                   : w == 4U ? static_cast<std::int32_t>(be32(p + 1))
+                                             : static_cast<std::int64_t>(be64(p + 1));
+            kind = v < 0 ? MpKind::sint : MpKind::uint;
+            bits = static_cast<std::uint64_t>(v);
+            p += 1U + w;
+            break;
+          }
+          case 0xcaU:
+            if (left < 4U) return MpParse::truncated;
+            kind = MpKind::real;
+            bits = std::bit_cast<std::uint64_t>(
+                static_cast<double>(std::bit_cast<float>(be32(p + 1))));
+            p += 5;
+            break;
+          case 0xcbU:
+            if (left < 8U) return MpParse::truncated;
+            kind = MpKind::real;
+            bits = be64(p + 1);
+            p += 9;
+            break;
+          case 0xc4U:
+          case 0xc5U:
+          case 0xc6U:
+          case 0xd9U:
+          case 0xdaU:
+          case 0xdbU: {  // bin 8/16/32, str 8/16/32
+            const unsigned k = b <= 0xc6U ? b - 0xc4U : b - 0xd9U;
+            const std::size_t w = std::size_t{1} << k;
+            if (left < w) return MpParse::truncated;
+            const std::uint64_t len = k == 0U ? p[1] : k == 1U ? be16(p + 1) : be32(p + 1);
+            if (left - w < len) return MpParse::truncated;
+            kind = b <= 0xc6U ? MpKind::bin : MpKind::str;
+            bits = len == 0U ? 0U : at(p + 1 + w);
+            size = static_cast<std::uint32_t>(len);
+            p += 1U + w + len;
+            break;
+          }
+          case 0xc7U:
+          case 0xc8U:
+          case 0xc9U: {  // ext 8/16/32: the size counts the type byte
+            const unsigned k = b - 0xc7U;
+            const std::size_t w = std::size_t{1} << k;
+            if (left < w) return MpParse::truncated;
+            const std::uint64_t len = k == 0U ? p[1] : k == 1U ? be16(p + 1) : be32(p + 1);
+            // msgpack-cxx refuses this size where size_t has 32 bits; with
+            // 64 bits it is just longer than any payload.
+            if (sizeof(std::size_t) == 4U && len == 0xffffffffU) return MpParse::overflow;
+            if (left - w < len + 1U) return MpParse::truncated;
+            kind = MpKind::ext;
+            bits = at(p + 1 + w);
+            size = static_cast<std::uint32_t>(len + 1U);
+            p += 2U + w + len;
+            break;
+          }
+          case 0xd4U:
+          case 0xd5U:
+          case 0xd6U:
+          case 0xd7U:
+          case 0xd8U: {  // fixext 1/2/4/8/16
+            const std::size_t len = std::size_t{1} << (b - 0xd4U);
+            if (left < len + 1U) return MpParse::truncated;
+            kind = MpKind::ext;
+            bits = at(p + 1);
+            size = static_cast<std::uint32_t>(len + 1U);
+            p += 2U + len;
+            break;
+          }
+          case 0xdcU:
+          case 0xddU:
+          case 0xdeU:
+          case 0xdfU: {  // array 16/32, map 16/32
+            const std::size_t w = (b & 1U) == 0U ? 2U : 4U;
+            if (left < w) return MpParse::truncated;
+            container = true;
+            kind = b <= 0xddU ? MpKind::array : MpKind::map;
+            size = w == 2U ? be16(p + 1) : be32(p + 1);
+            p += 1U + w;
+            break;
+          }
+          default:  // 0xc1, never used
+            return MpParse::invalid;
+        }
+      }
+      // A container opens even when empty (then it is complete at once), as
+      // msgpack-cxx's do.
+      if (container && depth >= max_depth) return MpParse::too_deep;
+      if (out == out_end) grow(base, out, out_end);
+      const auto node = static_cast<std::uint32_t>(out - base);
+      out->bits = bits;
+      out->size = size;
+      out->kind = kind;
+      out->end = node + 1U;
+      ++out;
+      if (container && size != 0U) {
+        const bool array = kind == MpKind::array;
+        stack[depth++] = Open{node, array, array ? size : 2U * std::uint64_t{size}};
+        continue;
+      }
+      // A value ended: close the containers it completes.
+      for (;;) {
+        if (depth == 0U) {
+          used = static_cast<std::size_t>(p - begin);
+          size_ = static_cast<std::size_t>(out - base);
+          return MpParse::ok;
+        }
+        Open& o = stack[depth - 1U];
+        if (--o.left != 0U) break;
+        base[o.node].end = static_cast<std::uint32_t>(out - base);
+        --depth;
+      }
+    }
   }
-  bool visit_float32(float v) {
-    return leaf(MpKind::real, std::bit_cast<std::uint64_t>(static_cast<double>(v)), 0);
-  }
-  bool visit_float64(double v) { return leaf(MpKind::real, std::bit_cast<std::uint64_t>(v), 0); }
-  bool visit_str(const char* v, std::uint32_t size) { return leaf(MpKind::str, offset(v), size); }
-  bool visit_bin(const char* v, std::uint32_t size) { return leaf(MpKind::bin, offset(v), size); }
-  bool visit_ext(const char* v, std::uint32_t size) { return leaf(MpKind::ext, offset(v), size); }
-  bool start_array(std::uint32_t n) { return open(MpKind::array, n); }
-  bool end_array() { return close(); }
-  bool start_map(std::uint32_t n) { return open(MpKind::map, n); }
-  bool end_map() { return close(); }
-  void parse_error(std::size_t, std::size_t) { invalid = true; }
-  void insufficient_bytes(std::size_t, std::size_t) { truncated = true; }
-
-  bool invalid = false;
-  bool truncated = false;
-  bool too_deep = false;
 
  private:
-  std::uint64_t offset(const char* p) const noexcept {
-    // Zero-length strings, byte strings and extensions arrive without a pointer.
-    return p == nullptr ? 0U : static_cast<std::uint64_t>(p - base_);
+  struct Open {
+    std::uint32_t node;  // its node on the tape
+    bool array;          // an array (else a map)
+    std::uint64_t left;  // values still to come (a map's pairs count twice)
+  };
+
+  // Big-endian integers.
+  static std::uint32_t be16(const unsigned char* q) noexcept {
+    return static_cast<std::uint32_t>((unsigned{q[0]} << 8U) | q[1]);
   }
-  bool leaf(MpKind kind, std::uint64_t bits, std::uint32_t size) {
-    MpNode n;
-    n.bits = bits;
-    n.size = size;
-    n.kind = kind;
-    n.end = static_cast<std::uint32_t>(tape_.size() + 1U);
-    tape_.push_back(n);
-    return true;
+  static std::uint32_t be32(const unsigned char* q) noexcept {
+    return (std::uint32_t{q[0]} << 24U) | (std::uint32_t{q[1]} << 16U) |
+           (std::uint32_t{q[2]} << 8U) | q[3];
   }
-  bool open(MpKind kind, std::uint32_t n) {
-    if (open_.size() >= max_depth_) {
-      too_deep = true;
-      return false;
-    }
-    open_.push_back(static_cast<std::uint32_t>(tape_.size()));
-    MpNode node;
-    node.size = n;
-    node.kind = kind;
-    tape_.push_back(node);
-    return true;
-  }
-  bool close() {
-    tape_[open_.back()].end = static_cast<std::uint32_t>(tape_.size());
-    open_.pop_back();
-    return true;
+  static std::uint64_t be64(const unsigned char* q) noexcept {
+    return (std::uint64_t{be32(q)} << 32U) | be32(q + 4);
   }
 
-  std::vector<MpNode>& tape_;
-  std::vector<std::uint32_t>& open_;
-  const char* base_;
-  std::uint32_t max_depth_;
+  // Doubles the tape, never past one node per payload byte (more never
+  // come); `base`, `out` and `out_end` follow it.
+  void grow(MpNode*& base, MpNode*& out, MpNode*& out_end) {
+    const auto size = static_cast<std::size_t>(out - base);
+    const std::size_t want =
+        std::max(std::min(std::max<std::size_t>(cap_ * 2U, 1024), limit_), size + 1U);
+    auto bigger = std::make_unique_for_overwrite<MpNode[]>(want);
+    if (size != 0U) std::memcpy(bigger.get(), base, size * sizeof(MpNode));
+    nodes_ = std::move(bigger);
+    cap_ = want;
+    base = nodes_.get();
+    out = base + size;
+    out_end = base + cap_;
+  }
+
+  std::unique_ptr<MpNode[]> nodes_;
+  std::size_t size_ = 0;
+  std::size_t cap_ = 0;
+  std::size_t limit_ = 0;
+  std::vector<Open> open_;
 };
 
 }  // namespace detail
@@ -5806,8 +6066,8 @@ class KvEventWireDecoder {
   /// left empty and the status says why; bad bytes never throw (only
   /// std::bad_alloc can, with `out` then unspecified but valid). Learns no
   /// attention group: an event without a kind is classified by the stateless
-  /// rule (group 0 is the main one). O(payload bytes + tokens); hashing the
-  /// tokens dominates.
+  /// rule (group 0 is the main one). O(payload bytes + tokens): one parsing
+  /// pass, then one pass over the events (hashing each block's tokens).
   KvWireStatus decode(std::span<const std::byte> payload, KvWireBatch& out) {
     out.clear();
     KvWireStatus st = decode_impl(payload, out);
@@ -5892,22 +6152,21 @@ class KvEventWireDecoder {
         payload.size() >= std::numeric_limits<std::uint32_t>::max())
       return {KvWireErrc::too_large, 0, "payload longer than max_payload_bytes"};
     base_ = reinterpret_cast<const char*>(payload.data());
-    tape_.clear();
-    open_.clear();
-    detail::MpTapeBuilder builder(tape_, open_, base_, options_.max_depth);
-    std::size_t off = 0;
-    bool parsed = false;
-    try {
-      parsed = msgpack::parse(base_, payload.size(), off, builder);
-    } catch (const std::bad_alloc&) {
-      throw;
-    } catch (...) {  // msgpack-cxx's own checks (size overflows) report bad input
-      return {KvWireErrc::invalid_msgpack, 0, "rejected by the msgpack parser"};
+    std::size_t used = 0;
+    switch (tape_.parse(reinterpret_cast<const unsigned char*>(payload.data()), payload.size(),
+                        options_.max_depth, used)) {
+      case detail::MpParse::ok:
+        break;
+      case detail::MpParse::too_deep:
+        return {KvWireErrc::too_deep, 0, "nesting deeper than max_depth"};
+      case detail::MpParse::invalid:
+        return {KvWireErrc::invalid_msgpack, 0, "reserved msgpack type byte"};
+      case detail::MpParse::overflow:
+        return {KvWireErrc::invalid_msgpack, 0, "rejected by the msgpack parser"};
+      case detail::MpParse::truncated:
+        return {KvWireErrc::truncated, 0, "bytes end inside a value"};
     }
-    if (builder.too_deep) return {KvWireErrc::too_deep, 0, "nesting deeper than max_depth"};
-    if (builder.invalid) return {KvWireErrc::invalid_msgpack, 0, "reserved msgpack type byte"};
-    if (!parsed || builder.truncated) return {KvWireErrc::truncated, 0, "bytes end inside a value"};
-    if (off != payload.size()) return {KvWireErrc::trailing_bytes, 0, "bytes after the batch"};
+    if (used != payload.size()) return {KvWireErrc::trailing_bytes, 0, "bytes after the batch"};
     return batch(out);
   }
 
@@ -6226,28 +6485,37 @@ class KvEventWireDecoder {
   // token_ids: plain ids, or (Eagle speculative decoding) [token, next] pairs
   // from which the window of block_size + 1 tokens is rebuilt, as Dynamo does.
   std::optional<Fail> token_list(std::uint32_t i, bool& eagle) {
-    tokens_.clear();
     eagle = false;
     if (i == kNone) return Fail{KvWireErrc::bad_event, "token_ids missing"};
     if (at(i).kind != Kind::array) return Fail{KvWireErrc::bad_value, "token_ids not an array"};
     const std::uint32_t n = at(i).size;
     eagle = n > 0 && at(i + 1U).kind == Kind::array;
-    tokens_.reserve(std::size_t{n} + (eagle ? 1U : 0U));
     constexpr std::uint64_t max = std::numeric_limits<std::uint32_t>::max();
+    if (!eagle) {
+      // Plain ids are scalars, so id k is node i + 1 + k (the tape holds
+      // them all: the parse completed). Not cleared first: resizing keeps
+      // the old values instead of zeroing what is overwritten anyway.
+      tokens_.resize(n);
+      const detail::MpNode* id = &tape_[i] + 1;
+      for (std::uint32_t k = 0; k < n; ++k) {
+        if (id[k].kind != Kind::uint || id[k].bits > max)
+          return Fail{KvWireErrc::bad_value, "token id is not a 32-bit unsigned integer"};
+        tokens_[k] = static_cast<std::uint32_t>(id[k].bits);
+      }
+      return std::nullopt;
+    }
+    tokens_.clear();
+    tokens_.reserve(std::size_t{n} + 1U);
     std::uint32_t c = i + 1U;
     std::uint64_t last = 0;
     for (std::uint32_t k = 0; k < n; ++k, c = next(c)) {
       std::uint64_t t = 0;
-      if (eagle) {
-        if (at(c).kind != Kind::array || at(c).size != 2 || !small_uint(c + 1U, max, t) ||
-            !small_uint(next(c + 1U), max, last))
-          return Fail{KvWireErrc::bad_value, "token pair is not two 32-bit token ids"};
-      } else if (!small_uint(c, max, t)) {
-        return Fail{KvWireErrc::bad_value, "token id is not a 32-bit unsigned integer"};
-      }
+      if (at(c).kind != Kind::array || at(c).size != 2 || !small_uint(c + 1U, max, t) ||
+          !small_uint(next(c + 1U), max, last))
+        return Fail{KvWireErrc::bad_value, "token pair is not two 32-bit token ids"};
       tokens_.push_back(static_cast<std::uint32_t>(t));
     }
-    if (eagle) tokens_.push_back(static_cast<std::uint32_t>(last));
+    tokens_.push_back(static_cast<std::uint32_t>(last));
     return std::nullopt;
   }
 
@@ -6357,8 +6625,7 @@ class KvEventWireDecoder {
   KvWireOptions options_;
   KvWireStreamState* stream_ = nullptr;  // the working state of a stateful decode
   const char* base_ = nullptr;
-  std::vector<detail::MpNode> tape_;
-  std::vector<std::uint32_t> open_;
+  detail::MpTape tape_;
   std::vector<std::uint64_t> hashes_;
   std::vector<std::uint32_t> tokens_;
   std::vector<std::uint64_t> locals_;

@@ -26,6 +26,21 @@
 // O(tokens) and evict O(log leaves) per node it touches, whatever the size.
 //
 // Not thread-safe: one engine scheduler thread owns a cache.
+//
+// The class below is the policy (what insert, evict, erase and clear do in which
+// order, the exception-safety steps, namespace configuration, invariants); the
+// mechanisms are named parts in detail/, over one shared state:
+//   paged_state.hpp           the state: nodes, blocks, edges, heaps, namespaces, counters
+//   paged_tree.hpp            the radix tree: node slots, child lookup, splits, leaves
+//   paged_blocks.hpp          a node's token and page ids in one block; compaction keeps
+//                             them within twice what is cached
+//   paged_locks.hpp           lock counts along a path
+//   paged_eviction_order.hpp  heaps of evictable leaves per key class, the policy hooks
+//   paged_match.hpp           the match walk (and peek)
+//   paged_removal.hpp         evict, erase a namespace, clear: pages back to the engine
+//   paged_events.hpp          block hashes, the KV events, event ids, the sink's guard
+//   paged_namespaces.hpp      namespace slots, seeds and default seeds
+// and the edge table under them (paged_edge_table.hpp).
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
 #error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
@@ -613,328 +628,190 @@ inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
 
 #endif  // PROMPTCACHE_BLOCK_HASH_HPP
 // ---- end promptcache/block_hash.hpp ----
-// ---- begin promptcache/detail/mismatch.hpp ----
-// promptcache: detail/mismatch.hpp
+// ---- begin promptcache/detail/paged_blocks.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_BLOCKS_HPP
+#define PROMPTCACHE_DETAIL_PAGED_BLOCKS_HPP
+// promptcache: detail/paged_blocks.hpp
 // SPDX-License-Identifier: Apache-2.0
 //
-// The index of the first differing byte of two buffers: the inner loop of a
-// common-prefix lookup, which must find where a query leaves a stored edge.
-// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
-// step with AVX2 when the CPU has it (checked once, when the program starts) and
-// with SSE2 otherwise; elsewhere 8 bytes per step. Each stage ends with one step
-// that overlaps bytes already found equal instead of narrowing down to the end,
-// so a short run costs a step or two rather than a chain of loops.
-#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
-#define PROMPTCACHE_DETAIL_MISMATCH_HPP
+// Block storage of PagedPrefixCache's nodes. A node's token ids and page ids share
+// one allocation, its block: [tokens][page ids], the ids aligned. Ids follow the
+// tokens so that a match streams through both in one direction. Pages [off, off + n)
+// of a block are live: a split copies its smaller part to a new block (advancing
+// the node's first live page when the tail stays), a trim lowers n.
+//
+// The memory bound lives here: a block is compacted once at most half of it would
+// be live (split_blocks, compact), so the token ids and page ids held stay within
+// twice what is cached (after a trim, as far as memory allows). The block pages
+// counted here are what PagedPrefixCache::memory() reports.
+//
+// Works on any node type with the fields `tok`, `ids`, `n`, `cap` and `block`
+// (detail/paged_state.hpp's PagedNode); it knows nothing of the tree.
 
-#include <bit>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
-#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
-#define PROMPTCACHE_DETAIL_SSE2 1
-#include <emmintrin.h>
-#endif
-
-// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
-// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
-// the build targets it (MSVC /arch:AVX2); so does clang-cl, whose __builtin_cpu_supports needs
-// a compiler-rt that MSVC-style links do not include.
-#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(_MSC_VER) && (defined(__x86_64__) || defined(__i386__))
-#define PROMPTCACHE_DETAIL_AVX2 1
-#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
-#elif defined(__AVX2__)
-#define PROMPTCACHE_DETAIL_AVX2 1
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2)
-#include <immintrin.h>
-#endif
+#include <memory>
+#include <new>
+#include <utility>
 
 namespace promptcache::detail {
 
-// Each stage advances from `at` over equal bytes in steps of its width and returns either the
-// first differing byte (found) or where it stopped: n when it reached the end (a stage ends
-// with one step that overlaps bytes already found equal, instead of a loop over narrower
-// steps), else a point where fewer bytes than its width are left in all (n below the width).
-// Positions travel by value: through a reference, every step would store it, since the byte
-// pointers may alias it.
-struct MismatchStep {
-  std::size_t at;
-  bool found;
+/// The block layout for one page size, and the block pages held over all nodes.
+template <class Token, class PageId>
+class PagedBlocks {
+ public:
+  /// One node's allocation.
+  using Block = std::unique_ptr<unsigned char[]>;
+
+  /// The blocks a split of a node after its first k pages needs: the larger part keeps
+  /// the node's block (the head on a tie) and the smaller one is copied to `small`, so a
+  /// split copies at most half the node; `keep`, when the larger part would fill at most
+  /// half its block, receives it too. Every node's block thus stays under twice its live
+  /// pages (after a trim, as far as memory allows), whatever the splits: a tail that kept
+  /// its block forever (the head always copied out) would pin the whole block of a context
+  /// that is branched off page by page.
+  struct SplitBlocks {
+    Block small;  ///< the smaller part's new block
+    Block keep;   ///< the larger part's new block, when its old one would be at most half live
+  };
+
+  /// Blocks of `page_size` tokens per page. O(1).
+  explicit PagedBlocks(std::size_t page_size) noexcept : page_size_(page_size) {}
+
+  /// Tokens per page. O(1).
+  [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
+  /// Bytes of one page's tokens. O(1).
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(Token); }
+  /// Pages of block capacity over all nodes. O(1).
+  [[nodiscard]] std::size_t block_pages() const noexcept { return block_pages_; }
+  /// Bytes of token ids held (capacities). O(1).
+  [[nodiscard]] std::size_t token_bytes() const noexcept {
+    return block_pages_ * page_size_ * sizeof(Token);
+  }
+  /// Bytes of page ids held (capacities). O(1).
+  [[nodiscard]] std::size_t id_bytes() const noexcept { return block_pages_ * sizeof(PageId); }
+
+  /// Where the page ids of a block of `cap` pages start.
+  [[nodiscard]] std::size_t ids_offset(std::size_t cap) const noexcept {
+    const std::size_t end = cap * page_bytes();
+    return (end + alignof(PageId) - 1) / alignof(PageId) * alignof(PageId);
+  }
+  /// Bytes of a block of `cap` pages.
+  [[nodiscard]] std::size_t block_bytes(std::size_t cap) const noexcept {
+    return ids_offset(cap) + cap * sizeof(PageId);
+  }
+  /// A block of `cap` pages. Throws std::bad_alloc.
+  [[nodiscard]] Block make_block(std::uint32_t cap) const {
+    return Block(new unsigned char[block_bytes(cap)]);
+  }
+
+  /// The first live page's index in x's block.
+  template <class Node>
+  [[nodiscard]] std::size_t off_of(const Node& x) const noexcept {
+    return static_cast<std::size_t>(x.ids -
+                                    reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)));
+  }
+
+  /// Gives x a fresh block of `cap` pages, all live from its first; the old block is freed.
+  /// Counts nothing (the callers do).
+  template <class Node>
+  void set_block(Node& x, Block block, std::uint32_t cap) noexcept {
+    x.block = std::move(block);
+    x.cap = cap;
+    x.tok = reinterpret_cast<Token*>(x.block.get());
+    x.ids = reinterpret_cast<PageId*>(x.block.get() + ids_offset(cap));
+  }
+
+  /// Gives a new node `block`, of exactly n pages, holding a copy of the n pages at
+  /// `tokens` and `ids`. Never throws.
+  template <class Node>
+  void fill(Node& x, Block block, std::uint32_t n, const Token* tokens,
+            const PageId* ids) noexcept {
+    set_block(x, std::move(block), n);
+    x.n = n;
+    block_pages_ += n;
+    std::memcpy(x.ids, ids, n * sizeof(PageId));
+    std::memcpy(x.tok, tokens, std::size_t{n} * page_bytes());
+  }
+
+  /// Frees x's block (a node being freed). Never throws.
+  template <class Node>
+  void release(Node& x) noexcept {
+    block_pages_ -= x.cap;
+    x.block.reset();
+    x.tok = nullptr;
+    x.ids = nullptr;
+  }
+
+  /// Moves `from`'s block, with its live pages, to `to` (a split whose head keeps the
+  /// block); `from` keeps its page pointers until it is rehomed. Never throws.
+  template <class Node>
+  static void move_block(Node& to, Node& from) noexcept {
+    to.block = std::move(from.block);
+    to.cap = std::exchange(from.cap, 0);
+    to.tok = from.tok;
+    to.ids = from.ids;
+  }
+
+  /// Drops x's first k live pages (a split gave them to a new node).
+  template <class Node>
+  void advance(Node& x, std::uint32_t k) noexcept {
+    x.tok += std::size_t{k} * page_size_;
+    x.ids += k;
+    x.n -= k;
+  }
+
+  /// Gives x `block`, of exactly n pages, holding a copy of the n pages at tok and ids
+  /// (which may lie in x's current block: that one is freed after the copy), all of them
+  /// live. Never throws.
+  template <class Node>
+  void rehome(Node& x, Block block, std::uint32_t n, const Token* tok, const PageId* ids) noexcept {
+    std::memcpy(block.get() + ids_offset(n), ids, n * sizeof(PageId));
+    std::memcpy(block.get(), tok, std::size_t{n} * page_bytes());
+    block_pages_ -= x.cap;
+    block_pages_ += n;
+    set_block(x, std::move(block), n);
+    x.n = n;
+  }
+
+  /// The blocks a split of x after its first k pages needs (see SplitBlocks). Throws
+  /// std::bad_alloc.
+  template <class Node>
+  [[nodiscard]] SplitBlocks split_blocks(const Node& x, std::size_t k) const {
+    const std::size_t big = std::max<std::size_t>(k, x.n - k);
+    SplitBlocks b;
+    b.small = make_block(static_cast<std::uint32_t>(x.n - big));
+    if (big * 2 <= x.cap) b.keep = make_block(static_cast<std::uint32_t>(big));
+    return b;
+  }
+
+  /// Keeps a trimmed node's block at most twice its live pages (best effort: a failed
+  /// allocation keeps the old block). True when x got a new block. Never throws.
+  template <class Node>
+  bool compact(Node& x) noexcept {
+    if (std::size_t{x.n} * 2 > x.cap) return false;
+    Block nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
+    if (!nb) return false;
+    rehome(x, std::move(nb), x.n, x.tok, x.ids);
+    return true;
+  }
+
+  /// Takes `other`'s page size and block count, leaving it none. O(1).
+  void take(PagedBlocks& other) noexcept {
+    page_size_ = other.page_size_;
+    block_pages_ = std::exchange(other.block_pages_, 0);
+  }
+
+ private:
+  std::size_t page_size_;
+  std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
 };
 
-// The index of the lowest-addressed differing byte of two words that differ: the low end on a
-// little-endian host, the high end on a big-endian one.
-template <class Word>
-inline std::size_t first_differing_byte(Word x, Word y) noexcept {
-  const Word d = static_cast<Word>(x ^ y);
-  const int bit =
-      std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
-  return static_cast<std::size_t>(bit) / 8;
-}
-
-template <class Word>
-inline bool words_differ(const unsigned char* a, const unsigned char* b, std::size_t i,
-                         std::size_t& where) noexcept {
-  Word x = 0, y = 0;
-  std::memcpy(&x, a + i, sizeof(Word));
-  std::memcpy(&y, b + i, sizeof(Word));
-  if (x == y) return false;
-  where = i + first_differing_byte(x, y);
-  return true;
-}
-
-inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
-                                   std::size_t i) noexcept {
-  std::size_t at = 0;
-  for (; n - i >= 8; i += 8)
-    if (words_differ<std::uint64_t>(a, b, i, at)) return {at, true};
-  if (i == n) return {n, false};
-  if (n >= 8) {
-    if (words_differ<std::uint64_t>(a, b, n - 8, at)) return {at, true};
-    return {n, false};
-  }
-  if (n - i >= 4) {  // n < 8: at most two 4-byte steps, the second overlapping the first
-    if (words_differ<std::uint32_t>(a, b, i, at)) return {at, true};
-    if (words_differ<std::uint32_t>(a, b, n - 4, at)) return {at, true};
-    return {n, false};
-  }
-  return {i, false};
-}
-
-#if defined(PROMPTCACHE_DETAIL_SSE2)
-// Byte equality of a[0, 16) and b[0, 16) (0xFF where equal), and its 16-bit mask.
-inline __m128i equal_bytes16(const unsigned char* a, const unsigned char* b) noexcept {
-  return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-}
-inline std::uint32_t mask16(__m128i eq) noexcept {
-  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
-}
-
-inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
-                                  std::size_t i) noexcept {
-  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
-  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
-  for (; n - i >= 64; i += 64) {
-    const __m128i e0 = equal_bytes16(a + i, b + i);
-    const __m128i e1 = equal_bytes16(a + i + 16, b + i + 16);
-    const __m128i e2 = equal_bytes16(a + i + 32, b + i + 32);
-    const __m128i e3 = equal_bytes16(a + i + 48, b + i + 48);
-    if (mask16(_mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3))) != 0xFFFFU) {
-      const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
-                               std::uint64_t{mask16(e2)} << 32 | std::uint64_t{mask16(e3)} << 48;
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-  }
-  for (; n - i >= 16; i += 16) {
-    const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
-    if (eq != 0xFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
-  }
-  if (i == n || n < 16) return {i, false};
-  // The last 16 bytes, overlapping equal ones: their mask bits are set, so the first zero bit
-  // is still the first difference.
-  const std::uint32_t eq = mask16(equal_bytes16(a + n - 16, b + n - 16));
-  if (eq != 0xFFFFU) return {n - 16 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
-  return {n, false};
-}
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2)
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-#define PROMPTCACHE_DETAIL_AVX2_TARGET [[gnu::target("avx2")]]
-#else
-#define PROMPTCACHE_DETAIL_AVX2_TARGET
-#endif
-// Equality mask of a[0, 32) and b[0, 32): bit k set when byte k is equal.
-PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t mask32_avx2(const unsigned char* a,
-                                                                const unsigned char* b) noexcept {
-  return static_cast<std::uint32_t>(_mm256_movemask_epi8(
-      _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)))));
-}
-
-PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned char* a,
-                                                                 const unsigned char* b,
-                                                                 std::size_t n,
-                                                                 std::size_t i) noexcept {
-  // 128 bytes per step while they last: one branch per four compares keeps a long equal run
-  // at the speed of the loads.
-  for (; n - i >= 128; i += 128) {
-    const __m256i e0 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    const __m256i e1 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
-    const __m256i e2 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 64)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 64)));
-    const __m256i e3 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 96)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 96)));
-    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
-    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(all)) != 0xFFFFFFFFU) break;
-  }
-  for (; n - i >= 64; i += 64) {
-    const __m256i e0 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    const __m256i e1 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
-    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
-      const std::uint64_t eq =
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
-      i += static_cast<std::size_t>(std::countr_zero(~eq));
-      return {i, true};
-    }
-  }
-  if (i == n || n < 32) return {i, false};
-  if (n - i > 32) {  // 33 to 63 bytes left: one step, then the overlapping last one
-    const std::uint32_t eq = mask32_avx2(a + i, b + i);
-    if (eq != 0xFFFFFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
-  }
-  // The last 32 bytes, overlapping equal ones (their mask bits are set).
-  const std::uint32_t eq = mask32_avx2(a + n - 32, b + n - 32);
-  if (eq != 0xFFFFFFFFU) return {n - 32 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
-  return {n, false};
-}
-
-// The 8 elements of p from element e (unaligned).
-PROMPTCACHE_DETAIL_AVX2_TARGET inline __m256i load8_avx2(const std::uint32_t* p,
-                                                         std::size_t e) noexcept {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e));
-}
-PROMPTCACHE_DETAIL_AVX2_TARGET inline void store8_avx2(std::uint32_t* p, std::size_t e,
-                                                       __m256i v) noexcept {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + e), v);
-}
-
-// The fused compare and copy of mismatch_copy() for 4-byte elements: one pass that reads a, b
-// and src together and writes dst, instead of a compare over a and b followed by a copy that
-// starts a third stream cold. A step stores its ids only once its tokens are known equal, so
-// dst past the first difference is never written. Requires n >= 8.
-PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const void* pa,
-                                                                       const void* pb,
-                                                                       const void* psrc, void* pdst,
-                                                                       std::size_t n) noexcept {
-  const auto* a = static_cast<const std::uint32_t*>(pa);
-  const auto* b = static_cast<const std::uint32_t*>(pb);
-  const auto* src = static_cast<const std::uint32_t*>(psrc);
-  auto* dst = static_cast<std::uint32_t*>(pdst);
-  std::size_t i = 0;
-  // 32 elements (128 token bytes) per step while they last: one branch per four compares.
-  for (; n - i >= 32; i += 32) {
-    const __m256i e0 = _mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i));
-    const __m256i e1 = _mm256_cmpeq_epi32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
-    const __m256i e2 = _mm256_cmpeq_epi32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
-    const __m256i e3 = _mm256_cmpeq_epi32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
-    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
-    if (_mm256_movemask_epi8(all) != -1) break;
-    store8_avx2(dst, i, load8_avx2(src, i));
-    store8_avx2(dst, i + 8, load8_avx2(src, i + 8));
-    store8_avx2(dst, i + 16, load8_avx2(src, i + 16));
-    store8_avx2(dst, i + 24, load8_avx2(src, i + 24));
-  }
-  for (; n - i >= 8; i += 8) {
-    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
-        _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
-    if (eq != 0xFFU) {
-      const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
-      std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
-      return end;
-    }
-    store8_avx2(dst, i, load8_avx2(src, i));
-  }
-  if (i == n) return n;
-  // The last 8 elements, overlapping the equal ones below i: their lanes are taken as equal
-  // without their compare (dst may be b's own storage, a caller matching into the query's
-  // buffer, so they may already hold ids), and their ids are stored again with the same values.
-  const std::size_t j = n - 8;
-  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
-                      _mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j))))) |
-                  ((1U << (i - j)) - 1U);
-  if (eq != 0xFFU) {
-    const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
-    std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
-    return end;
-  }
-  store8_avx2(dst, j, load8_avx2(src, j));
-  return n;
-}
-#undef PROMPTCACHE_DETAIL_AVX2_TARGET
-#endif
-
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-// Asks the CPU (about as costly as a cache miss): for the tests, and to set cpu_avx2.
-inline bool cpu_has_avx2() noexcept {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") != 0;
-}
-// Set when the program starts, so the dispatch costs a load instead of the guard check of a
-// function-local static. Read before then (by a static initializer) it is false, which only
-// means the SSE2 path.
-inline const bool cpu_avx2 = cpu_has_avx2();
-#endif
-
-/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
-/// Never reads outside [0, n); the last step of a run may re-read up to one step of equal
-/// bytes instead of narrowing down to the end. O(n).
-inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
-  const auto* a = static_cast<const unsigned char*>(pa);
-  const auto* b = static_cast<const unsigned char*>(pb);
-  MismatchStep r{0, false};
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-  // Before static initialization cpu_avx2 reads false: the SSE2 path is as correct.
-  if (n >= 32 && cpu_avx2) r = mismatch_avx2(a, b, n, 0);
-#elif defined(PROMPTCACHE_DETAIL_AVX2)
-  r = mismatch_avx2(a, b, n, 0);
-#endif
-#if defined(PROMPTCACHE_DETAIL_SSE2)
-  if (!r.found && r.at < n) r = mismatch_sse2(a, b, n, r.at);
-#endif
-  if (!r.found && r.at < n) r = mismatch_words(a, b, n, r.at);
-  if (r.found) return r.at;
-  std::size_t i = r.at;
-  while (i < n && a[i] == b[i])
-    ++i;
-  return i;
-}
-
-/// The number of leading equal elements of the token arrays a[0, n) and b[0, n), having
-/// copied src[i] to dst[i] for each of them: a prefix compare that hands back the ids stored
-/// beside the matched tokens in the same pass. dst is written at [0, result) only; src and dst
-/// must not overlap. 4-byte ids take one fused AVX2 pass where the CPU has it; otherwise a
-/// compare, then a copy. O(n).
-template <class Id>
-inline std::size_t mismatch_copy(const std::uint32_t* a, const std::uint32_t* b, const Id* src,
-                                 Id* dst, std::size_t n) noexcept {
-#if defined(PROMPTCACHE_DETAIL_AVX2)
-  if constexpr (sizeof(Id) == 4) {
-#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
-    if (n >= 8 && cpu_avx2) return mismatch_copy32_avx2(a, b, src, dst, n);
-#else
-    if (n >= 8) return mismatch_copy32_avx2(a, b, src, dst, n);
-#endif
-  }
-#endif
-  std::size_t same = n;
-  if (n != 0 && std::memcmp(a, b, n * sizeof(std::uint32_t)) != 0)
-    same = mismatch(a, b, n * sizeof(std::uint32_t)) / sizeof(std::uint32_t);
-  if (same != 0) std::memcpy(dst, src, same * sizeof(Id));
-  return same;
-}
-
 }  // namespace promptcache::detail
-
-#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
-// ---- end promptcache/detail/mismatch.hpp ----
+#endif  // PROMPTCACHE_DETAIL_PAGED_BLOCKS_HPP
+// ---- end promptcache/detail/paged_blocks.hpp ----
 // ---- begin promptcache/detail/paged_edge_table.hpp ----
 #ifndef PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
 #define PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
@@ -1170,6 +1047,34 @@ class PagedEdgeTable {
 }  // namespace promptcache::detail
 #endif  // PROMPTCACHE_DETAIL_PAGED_EDGE_TABLE_HPP
 // ---- end promptcache/detail/paged_edge_table.hpp ----
+// ---- begin promptcache/detail/paged_events.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_EVENTS_HPP
+#define PROMPTCACHE_DETAIL_PAGED_EVENTS_HPP
+// promptcache: detail/paged_events.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The KV events a PagedPrefixCache publishes, so that a KvIndex fed by them answers
+// exactly what the cache would match: the Dynamo block hashes of its pages (a chain
+// of sequence hashes under the namespace's seed), event numbering, and the guard
+// that keeps the cache unchanged while the sink runs.
+//
+// A node keeps only the sequence hash of its last page (what a child's Stored event
+// names as its parent); the hashes of its other pages are recomputed from its tokens
+// when they are evicted, which keeps the index at a few bytes per page.
+//
+// The publisher is the one place that calls the sink: a sink of another form needs
+// only this class and the caller of publish() to know of it.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 // ---- begin promptcache/kv_index.hpp ----
 // promptcache: kv_index.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1211,6 +1116,7 @@ class PagedEdgeTable {
     (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
 #define PROMPTCACHE_KV_INDEX_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -5689,6 +5595,24 @@ class KvIndex {
     return out;
   }
 
+  /// The names (block hashes) of every block `worker` holds, in the tree and
+  /// as orphans, sorted ascending: the set an engine's cache holds when the
+  /// view is exact (compare with PagedPrefixCache::block_hashes()). Empty for
+  /// an unknown worker. O(blocks held x log blocks held).
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes(const KvWorker& worker) const {
+    std::vector<std::uint64_t> out;
+    const std::uint32_t slot = state_.workers.find(worker);
+    if (slot == detail::kv_npos) return out;
+    out.reserve(state_.workers[slot].blocks + state_.orphans.count(slot));
+    detail::kv_for_each_hold_chain(
+        state_.holds, state_.workers[slot].sentinel, [](std::uint32_t, std::uint32_t) {},
+        [&](std::uint32_t h) { out.push_back(state_.holds[h].block_hash); });
+    state_.orphans.for_each_of(
+        slot, [&](std::uint64_t name, const detail::KvOrphanBlock&) { out.push_back(name); });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   /// Per worker rank holding at least the first block, the number of leading
   /// blocks of `tokens_hashes` it holds, in unspecified order. With
   /// `early_exit`, the walk stops once a single worker remains and that worker
@@ -6045,6 +5969,411 @@ class KvIndex {
 
 #endif  // PROMPTCACHE_KV_INDEX_HPP
 // ---- end promptcache/kv_index.hpp ----
+
+namespace promptcache::detail {
+
+/// A non-const member of the cache called from its own event sink: refused, nothing
+/// changed.
+[[noreturn]] inline void paged_throw_reentered() {
+  throw std::logic_error("PagedPrefixCache: called from its own event sink");
+}
+
+/// Walks the sequence hashes of `n` pages of `page_size` tokens at `tokens` following
+/// `parent` (none at the root), calling f(page index, hash) for each; returns the last
+/// one. Allocates nothing.
+/// These helpers are forced inline, as the loops were when each caller spelled them out:
+/// GCC outlines a helper reached from several callers, and the call, the spilled
+/// registers and an out-of-line vector resize then cost an insert or an evict 1-3%.
+template <class F>
+[[gnu::always_inline]] inline std::uint64_t paged_chain_hashes(std::optional<std::uint64_t> parent,
+                                                               const std::uint32_t* tokens,
+                                                               std::size_t n, std::size_t page_size,
+                                                               std::uint64_t seed, F&& f) noexcept {
+  constexpr std::size_t batch = 32;
+  std::uint64_t locals[batch];
+  BlockHashOptions opts;
+  opts.seed = seed;
+  std::uint64_t h = 0;
+  for (std::size_t base = 0; base < n; base += batch) {
+    const std::size_t m = std::min(batch, n - base);
+    local_block_hashes(std::span<const std::uint32_t>(tokens + base * page_size, m * page_size),
+                       page_size, std::span<std::uint64_t>(locals, m), opts);
+    for (std::size_t i = 0; i < m; ++i) {
+      h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+      parent = h;
+      f(static_cast<std::uint32_t>(base + i), h);
+    }
+  }
+  return h;
+}
+
+/// The sequence hash of the last of `n` pages (see paged_chain_hashes).
+[[gnu::always_inline]] inline std::uint64_t paged_last_hash(std::optional<std::uint64_t> parent,
+                                                            const std::uint32_t* tokens,
+                                                            std::size_t n, std::size_t page_size,
+                                                            std::uint64_t seed) noexcept {
+  return paged_chain_hashes(parent, tokens, n, page_size, seed,
+                            [](std::uint32_t, std::uint64_t) {});
+}
+
+/// The Stored event of `new_pages` pages of `page_size` tokens at `tokens`, under the
+/// page whose sequence hash is `parent` (none at the root). Throws std::bad_alloc.
+[[gnu::always_inline]] inline kv_event::Stored paged_stored_event(
+    std::span<const std::uint32_t> tokens, std::size_t page_size, std::size_t new_pages,
+    std::uint64_t seed, std::optional<std::uint64_t> parent) {
+  kv_event::Stored st;
+  st.blocks.resize(new_pages);
+  std::vector<std::uint64_t> locals(new_pages);
+  BlockHashOptions opts;
+  opts.seed = seed;
+  local_block_hashes(tokens, page_size, locals, opts);
+  st.parent_hash = parent;
+  for (std::size_t i = 0; i < new_pages; ++i) {
+    const std::uint64_t h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
+    st.blocks[i] = KvBlock{h, locals[i]};
+    parent = h;
+  }
+  return st;
+}
+
+/// Appends to `removed` the sequence hashes of pages [keep, n) of the `n` pages at
+/// `tokens` (deepest first), as a Removed event names them; returns the hash of page
+/// keep - 1 (0 when keep is 0), the node's new last hash. One walk of the chain: only a
+/// node's last hash is kept. Requires capacity in `removed`.
+[[gnu::always_inline]] inline std::uint64_t paged_trimmed_hashes(
+    std::optional<std::uint64_t> parent, const std::uint32_t* tokens, std::size_t n,
+    std::uint32_t keep, std::size_t page_size, std::uint64_t seed,
+    std::vector<std::uint64_t>& removed) noexcept {
+  const std::size_t first = removed.size();
+  std::uint64_t new_last = 0;
+  paged_chain_hashes(parent, tokens, n, page_size, seed, [&](std::uint32_t i, std::uint64_t h) {
+    if (i + 1 == keep) new_last = h;
+    if (i >= keep) removed.push_back(h);
+  });
+  std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
+  return new_last;
+}
+
+/// Appends to `removed` the sequence hashes of all `n` pages at `tokens` (deepest
+/// first). Requires capacity in `removed`.
+[[gnu::always_inline]] inline void paged_removed_hashes(
+    std::optional<std::uint64_t> parent, const std::uint32_t* tokens, std::size_t n,
+    std::size_t page_size, std::uint64_t seed, std::vector<std::uint64_t>& removed) noexcept {
+  const std::size_t first = removed.size();
+  paged_chain_hashes(parent, tokens, n, page_size, seed,
+                     [&](std::uint32_t, std::uint64_t h) { removed.push_back(h); });
+  std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
+}
+
+/// Selects PagedEventPublisher's token-sink constructor.
+struct PagedTokenSinkTag {};
+
+/// Numbers the events and hands them to the sink: `Sink` takes the event, `TokenSink`
+/// the event and what a Stored event's pages hold (their namespace and tokens), which a
+/// wire publisher sends on. At most one of the two is set. While the sink runs,
+/// publishing() is true: the cache is mid-change, so its non-const members refuse.
+template <class Sink, class TokenSink>
+class PagedEventPublisher {
+ public:
+  /// Whether take() can throw (only a sink's move assignment can).
+  static constexpr bool nothrow_take =
+      std::is_nothrow_move_assignable_v<Sink> && std::is_nothrow_move_assignable_v<TokenSink>;
+
+  /// No sink: nothing is published. O(1).
+  PagedEventPublisher() = default;
+  /// Publishes to `sink` when it is set. O(1).
+  explicit PagedEventPublisher(Sink sink) : sink_(std::move(sink)), on_(static_cast<bool>(sink_)) {}
+  /// Publishes to the token sink `sink` when it is set. O(1).
+  PagedEventPublisher(PagedTokenSinkTag, TokenSink sink)
+      : token_sink_(std::move(sink)), on_(static_cast<bool>(token_sink_)) {}
+
+  /// True when a sink was given: pages carry block hashes and events are published.
+  [[nodiscard]] bool on() const noexcept { return on_; }
+  /// True while the sink runs.
+  [[nodiscard]] bool publishing() const noexcept { return publishing_; }
+  /// Id the next event will carry.
+  [[nodiscard]] std::uint64_t next_id() const noexcept { return next_id_; }
+
+  /// Publishes one event with `payload`, counting its id into `published` (also when the
+  /// sink throws: the id stays consumed, so a router sees the gap and resyncs). `pages`
+  /// (at most one: what a Stored event's pages hold) goes to a token sink; without it a
+  /// token sink gets an empty one.
+  /// The payload is emplaced into the event: building a variant first and moving it in
+  /// trips GCC's maybe-uninitialized analysis at -O1 and above.
+  template <class Payload, class... Pages>
+  void publish(Payload&& payload, std::uint64_t& published, const Pages&... pages) {
+    static_assert(sizeof...(Pages) <= 1, "at most one description of the stored pages");
+    if (!on_) return;
+    KvEvent ev;
+    ev.event_id = next_id_++;
+    ev.data.template emplace<std::decay_t<Payload>>(std::forward<Payload>(payload));
+    ++published;
+    // The caller's saved state (insert's path and reserved space, evict's heap) would go
+    // stale if the sink changed the cache: every non-const member refuses while this runs.
+    publishing_ = true;
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{publishing_};
+    if (sink_)
+      sink_(ev);
+    else if constexpr (sizeof...(Pages) == 1)
+      token_sink_(ev, pages...);
+    else
+      token_sink_(ev, {});
+  }
+
+  /// Takes `other`'s sink and event ids, leaving it none (it then publishes nothing).
+  void take(PagedEventPublisher& other) noexcept(nothrow_take) {
+    sink_ = std::exchange(other.sink_, nullptr);
+    token_sink_ = std::exchange(other.token_sink_, nullptr);
+    on_ = std::exchange(other.on_, false);
+    next_id_ = std::exchange(other.next_id_, 0);
+  }
+
+ private:
+  Sink sink_{};
+  TokenSink token_sink_{};
+  bool on_ = false;
+  std::uint64_t next_id_ = 0;
+  bool publishing_ = false;  // the sink is running: non-const members throw std::logic_error
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_EVENTS_HPP
+// ---- end promptcache/detail/paged_events.hpp ----
+// ---- begin promptcache/detail/paged_eviction_order.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_EVICTION_ORDER_HPP
+#define PROMPTCACHE_DETAIL_PAGED_EVICTION_ORDER_HPP
+// promptcache: detail/paged_eviction_order.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Which unlocked leaf PagedPrefixCache::evict() frees next: the evictable leaves sit
+// in one binary heap per key class of the policy (paged_eviction_policy.hpp), ordered
+// by the policy key, so evict costs O(log leaves) per node it touches whatever the
+// size. The policy hooks (a match, an insert hit) update a node's metadata here and
+// keep the heaps in step: a node whose key class changes moves at once; a key that
+// changed is re-keyed at once, or lazily when the policy's keys only grow.
+//
+// A heap holds at most one entry per node; room for every node is kept in each, so
+// unlock(), evict() and a change of key class push without allocating.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+// ---- begin promptcache/detail/paged_state.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_STATE_HPP
+#define PROMPTCACHE_DETAIL_PAGED_STATE_HPP
+// promptcache: detail/paged_state.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The state of one PagedPrefixCache, which every part of it (the tree, the locks,
+// the eviction order, the match walk, the removal paths) works on: the nodes and
+// their free list, the blocks holding their pages, the edge table, the heaps of
+// evictable leaves, the namespaces, the event publisher and the counters. The parts
+// are stateless: they take the state by reference, so a call through a part costs
+// what a member function of the cache did.
+//
+// Invariants (checked by PagedPrefixCache::check_invariants): a node's lock count is
+// its children's plus the locks taken at it; a node is in the heap of its key class
+// exactly when it is an unlocked leaf; siblings never share their first page; each
+// (parent, first token) edge names the head of a chain of the siblings starting with
+// that token; with a sink, a node's last hash is its last page's sequence hash.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+// ---- begin promptcache/detail/paged_namespaces.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_NAMESPACES_HPP
+#define PROMPTCACHE_DETAIL_PAGED_NAMESPACES_HPP
+// promptcache: detail/paged_namespaces.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The namespaces of a PagedPrefixCache (tenants, models, adapters): each has a slot
+// holding its id, its block-hash seed and the index of its root node. Slots are
+// reused after an erase; an id maps to its slot and a seed to the id that owns it,
+// so no two namespaces ever publish the same block hashes.
+//
+// Also the default seeds: a namespace never configured hashes with no LoRA name and,
+// except namespace 0, its id in decimal as the cache salt.
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// One namespace's slot.
+struct PagedNsSlot {
+  std::uint64_t id = 0;              ///< the namespace id
+  std::uint64_t seed = 0;            ///< its block-hash seed
+  std::uint32_t root = 0xFFFFFFFFU;  ///< its root node
+  bool live = false;                 ///< false for a slot free for reuse
+};
+
+/// The namespace slots and the maps from ids and seeds to them.
+class PagedNamespaces {
+ public:
+  /// No slot.
+  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
+  /// Id to slot.
+  using ns_map = std::unordered_map<std::uint64_t, std::uint32_t>;
+  /// Seed to the id that owns it.
+  using seed_map = std::unordered_map<std::uint64_t, std::uint64_t>;
+  /// Whether take() can throw (only the maps' move assignments can).
+  static constexpr bool nothrow_take =
+      std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
+
+  /// The seed of a namespace never configured.
+  static std::uint64_t default_seed(std::uint64_t ns) {
+    if (ns == 0) return block_hash_seed();
+    return block_hash_seed({}, std::to_string(ns));
+  }
+
+  /// True when a cache salt with no LoRA name gives namespace `ns` the default seed of
+  /// another id m (default_seed(m)): the empty salt is namespace 0's, and the decimal form
+  /// std::to_string(m) (no sign, no leading zero) is m's for m != 0.
+  static bool names_other_namespace(std::string_view salt, std::uint64_t ns) noexcept {
+    if (salt.empty()) return ns != 0;
+    if (salt.size() > 20 || salt[0] == '0') return false;
+    std::uint64_t m = 0;
+    for (const char ch : salt) {
+      if (ch < '0' || ch > '9') return false;
+      const auto d = static_cast<std::uint64_t>(ch - '0');
+      if (m > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return false;
+      m = m * 10 + d;
+    }
+    return m != ns;
+  }
+
+  /// The slot of `ns`, or npos. O(1) expected.
+  [[nodiscard]] std::uint32_t find(std::uint64_t ns) const noexcept {
+    const auto it = index_.find(ns);
+    return it != index_.end() ? it->second : npos;
+  }
+
+  /// The slot of `ns`, or npos, checking first the slot remember() was given: an engine
+  /// serving one model asks for the same namespace every time, and checking that slot is
+  /// a load where the map is a hash and a probe. Only one live slot holds a given id.
+  [[nodiscard]] std::uint32_t find_hinted(std::uint64_t ns) const noexcept {
+    if (hint_ < slots_.size() && slots_[hint_].live && slots_[hint_].id == ns) return hint_;
+    return find(ns);
+  }
+  /// Makes `slot` the one find_hinted() checks first.
+  void remember(std::uint32_t slot) noexcept { hint_ = slot; }
+
+  /// Slot `slot`.
+  [[nodiscard]] PagedNsSlot& operator[](std::uint32_t slot) noexcept { return slots_[slot]; }
+  /// Slot `slot`.
+  [[nodiscard]] const PagedNsSlot& operator[](std::uint32_t slot) const noexcept {
+    return slots_[slot];
+  }
+  /// Slots, live or free.
+  [[nodiscard]] std::size_t slot_count() const noexcept { return slots_.size(); }
+  /// Live namespaces.
+  [[nodiscard]] std::size_t size() const noexcept { return index_.size(); }
+
+  /// Throws std::invalid_argument if a namespace other than `ns` uses `seed`.
+  void check_seed_free(std::uint64_t seed, std::uint64_t ns) const {
+    const auto so = seeds_.find(seed);
+    if (so != seeds_.end() && so->second != ns)
+      throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
+  }
+
+  /// True when `seed` is owned by `ns` and `ns` maps to `slot` (for the invariants).
+  [[nodiscard]] bool indexed(std::uint32_t slot) const noexcept {
+    const PagedNsSlot& s = slots_[slot];
+    const auto it = index_.find(s.id);
+    if (it == index_.end() || it->second != slot) return false;
+    const auto so = seeds_.find(s.seed);
+    return so != seeds_.end() && so->second == s.id;
+  }
+
+  /// Gives the namespace in `slot` the seed `seed`. Strong guarantee.
+  void reseed(std::uint32_t slot, std::uint64_t seed) {
+    PagedNsSlot& s = slots_[slot];
+    seeds_.emplace(seed, s.id);  // may throw: nothing changed yet
+    seeds_.erase(s.seed);
+    s.seed = seed;
+  }
+
+  /// Maps `ns` and `seed` to a free slot, returned; the slot stays free until activate().
+  /// Strong guarantee.
+  std::uint32_t open(std::uint64_t ns, std::uint64_t seed) {
+    std::uint32_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].live)
+      ++slot;
+    if (slot == slots_.size()) slots_.emplace_back();
+    try {
+      index_.emplace(ns, slot);
+      try {
+        seeds_.emplace(seed, ns);
+      } catch (...) {
+        index_.erase(ns);
+        throw;
+      }
+    } catch (...) {
+      if (slot + 1 == slots_.size() && !slots_[slot].live) slots_.pop_back();
+      throw;
+    }
+    return slot;
+  }
+  /// Makes the slot open() gave live, with its root node.
+  void activate(std::uint32_t slot, std::uint64_t ns, std::uint64_t seed,
+                std::uint32_t root) noexcept {
+    slots_[slot] = PagedNsSlot{ns, seed, root, true};
+  }
+
+  /// Forgets the id and the seed of the namespace in `slot` and frees the slot for reuse.
+  void close(std::uint32_t slot) noexcept {
+    PagedNsSlot& s = slots_[slot];
+    index_.erase(s.id);
+    seeds_.erase(s.seed);
+    s = PagedNsSlot{};
+  }
+  /// Gives back `slot` (closed) if it is the last one.
+  void pop_if_last(std::uint32_t slot) noexcept {
+    if (slot + 1 == slots_.size()) slots_.pop_back();
+  }
+
+  /// Heap bytes held (the maps estimated at four words per entry).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(PagedNsSlot) +
+           (index_.size() + seeds_.size()) * 4 * sizeof(std::uint64_t);
+  }
+
+  /// Takes `other`'s namespaces, leaving it none.
+  void take(PagedNamespaces& other) noexcept(nothrow_take) {
+    slots_ = std::exchange(other.slots_, {});
+    index_ = std::exchange(other.index_, {});
+    seeds_ = std::exchange(other.seeds_, {});
+    hint_ = std::exchange(other.hint_, npos);
+  }
+
+ private:
+  std::vector<PagedNsSlot> slots_;
+  ns_map index_;
+  seed_map seeds_;
+  std::uint32_t hint_ = npos;  // the slot match() used last (checked before use)
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_NAMESPACES_HPP
+// ---- end promptcache/detail/paged_namespaces.hpp ----
 // ---- begin promptcache/paged_eviction_policy.hpp ----
 // promptcache: paged_eviction_policy.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6124,6 +6453,7 @@ class KvIndex {
 #define PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -6339,6 +6669,246 @@ class PagedGhostHistory {
 
 #endif  // PROMPTCACHE_DETAIL_PAGED_GHOST_HISTORY_HPP
 // ---- end promptcache/detail/paged_ghost_history.hpp ----
+// ---- begin promptcache/detail/paged_shadow_cache.hpp ----
+// promptcache: detail/paged_shadow_cache.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// A miniature cache of eviction::Adaptive: page fingerprints in two recency
+// lists (used once, used again), evicted by one of the policy's rules. The
+// policy feeds it a hash-sampled subset of the pages it sees, with a capacity
+// scaled by the same rate, and counts its hits, so that it can compare what
+// each rule would serve on the traffic it actually gets (miniature simulation,
+// as in Waldspurger et al., "Cache Modeling and Optimization using Miniature
+// Simulations", USENIX ATC'17).
+//
+// Storage is fixed at construction (one slot per entry, plus an open-addressing
+// index of at least twice as many cells), so an access never allocates and
+// never throws: it runs inside the cache's match and insert paths.
+//
+// Order within a list: the pages one operation touches arrive root first; a
+// prefix cache evicts the deepest of them first, so a page touched at the same
+// tick as the previous one goes right behind it (towards the evicted end), and
+// a page touched at a later tick goes to the front. A match thus leaves its
+// path in the order the cache would evict it.
+
+#ifndef PROMPTCACHE_DETAIL_PAGED_SHADOW_CACHE_HPP
+#define PROMPTCACHE_DETAIL_PAGED_SHADOW_CACHE_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+namespace promptcache::detail {
+
+class PagedShadowCache {
+ public:
+  // Which list the shadow evicts from.
+  enum class Rule : std::uint8_t {
+    lru,        // one recency order over both lists (list 0 only)
+    arc,        // list 0 while it holds more than the target, else list 1
+    used_once,  // list 0 whenever it has entries
+  };
+  static constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
+
+  PagedShadowCache() = default;
+  // Room for `capacity` entries (0: none; every access then misses). Throws
+  // std::bad_alloc, std::length_error beyond 2^30 entries.
+  PagedShadowCache(std::size_t capacity, Rule rule) : rule_(rule) {
+    if (capacity == 0) return;
+    if (capacity > (std::size_t{1} << 30))
+      throw std::length_error("PagedShadowCache: more than 2^30 entries");
+    std::size_t cells = 1;
+    while (cells < 2 * capacity)
+      cells *= 2;
+    cap_ = capacity;
+    mask_ = cells - 1;
+    fp_ = std::make_unique<std::uint64_t[]>(cap_);
+    prev_ = std::make_unique<std::uint32_t[]>(cap_);
+    next_ = std::make_unique<std::uint32_t[]>(cap_);
+    list_ = std::make_unique<std::uint8_t[]>(cap_);
+    index_ = std::make_unique<std::uint32_t[]>(cells);
+    for (std::size_t i = 0; i < cells; ++i)
+      index_[i] = none;
+  }
+  // A moved-from shadow is empty (no capacity).
+  PagedShadowCache(PagedShadowCache&& o) noexcept { swap(o); }
+  PagedShadowCache& operator=(PagedShadowCache&& o) noexcept {
+    PagedShadowCache t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  PagedShadowCache(const PagedShadowCache&) = delete;
+  PagedShadowCache& operator=(const PagedShadowCache&) = delete;
+  ~PagedShadowCache() = default;
+
+  void swap(PagedShadowCache& o) noexcept {
+    std::swap(rule_, o.rule_);
+    std::swap(cap_, o.cap_);
+    std::swap(mask_, o.mask_);
+    std::swap(used_, o.used_);
+    for (std::size_t l = 0; l < 2; ++l) {
+      std::swap(head_[l], o.head_[l]);
+      std::swap(tail_[l], o.tail_[l]);
+      std::swap(size_[l], o.size_[l]);
+      std::swap(cursor_[l], o.cursor_[l]);
+      std::swap(cursor_tick_[l], o.cursor_tick_[l]);
+    }
+    fp_.swap(o.fp_);
+    prev_.swap(o.prev_);
+    next_.swap(o.next_);
+    list_.swap(o.list_);
+    index_.swap(o.index_);
+  }
+
+  [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
+  [[nodiscard]] std::size_t size(std::size_t list) const noexcept { return size_[list & 1]; }
+
+  // Touches the page `fp` at `tick`, filed under `list` (0: used once, 1: used
+  // again; Rule::lru keeps one list); a page not held is stored, evicting by
+  // the rule (`target`: list 0's target size for Rule::arc) when full. Returns
+  // whether the page was held. O(1) expected.
+  bool access(std::uint64_t fp, std::size_t list, std::uint64_t tick, double target) noexcept {
+    if (cap_ == 0) return false;
+    const std::size_t cell = find(fp);
+    const std::size_t l = rule_ == Rule::lru ? 0 : (list & 1);
+    std::uint32_t e = none;
+    if (cell != none) {
+      e = index_[cell];
+      unlink(e);
+    } else {
+      if (used_ == cap_) evict(target);
+      e = static_cast<std::uint32_t>(used_++);
+      fp_[e] = fp;
+      std::size_t c = static_cast<std::size_t>(fp) & mask_;
+      while (index_[c] != none)
+        c = (c + 1) & mask_;
+      index_[c] = e;
+    }
+    link(e, l, tick);
+    return cell != none;
+  }
+
+ private:
+  [[nodiscard]] std::size_t find(std::uint64_t fp) const noexcept {
+    for (std::size_t c = static_cast<std::size_t>(fp) & mask_; index_[c] != none;
+         c = (c + 1) & mask_)
+      if (fp_[index_[c]] == fp) return c;
+    return none;
+  }
+
+  void evict(double target) noexcept {
+    std::size_t l = 0;
+    if (rule_ == Rule::used_once)
+      l = size_[0] > 0 ? 0 : 1;
+    else if (rule_ == Rule::arc)
+      l = size_[0] > 0 && (static_cast<double>(size_[0]) > target || size_[1] == 0) ? 0 : 1;
+    const std::uint32_t e = tail_[l];
+    unlink(e);
+    erase_cell(find(fp_[e]));
+    // Keep slots dense: the last slot moves into the freed one.
+    const auto last = static_cast<std::uint32_t>(--used_);
+    if (e != last) {
+      const std::size_t c = find(fp_[last]);
+      const std::size_t ll = list_[last];
+      const std::uint32_t p = prev_[last], n = next_[last];
+      fp_[e] = fp_[last];
+      list_[e] = list_[last];
+      prev_[e] = p;
+      next_[e] = n;
+      if (p != none)
+        next_[p] = e;
+      else
+        head_[ll] = e;
+      if (n != none)
+        prev_[n] = e;
+      else
+        tail_[ll] = e;
+      if (cursor_[ll] == last) cursor_[ll] = e;
+      index_[c] = e;
+    }
+  }
+
+  void unlink(std::uint32_t e) noexcept {
+    const std::size_t l = list_[e];
+    const std::uint32_t p = prev_[e], n = next_[e];
+    if (p != none)
+      next_[p] = n;
+    else
+      head_[l] = n;
+    if (n != none)
+      prev_[n] = p;
+    else
+      tail_[l] = p;
+    if (cursor_[l] == e) cursor_[l] = none;
+    --size_[l];
+  }
+
+  void link(std::uint32_t e, std::size_t l, std::uint64_t tick) noexcept {
+    list_[e] = static_cast<std::uint8_t>(l);
+    const std::uint32_t c = cursor_[l];
+    if (c != none && cursor_tick_[l] == tick) {
+      // Behind the page touched before it at this tick.
+      const std::uint32_t n = next_[c];
+      prev_[e] = c;
+      next_[e] = n;
+      next_[c] = e;
+      if (n != none)
+        prev_[n] = e;
+      else
+        tail_[l] = e;
+    } else {
+      prev_[e] = none;
+      next_[e] = head_[l];
+      if (head_[l] != none)
+        prev_[head_[l]] = e;
+      else
+        tail_[l] = e;
+      head_[l] = e;
+    }
+    cursor_[l] = e;
+    cursor_tick_[l] = tick;
+    ++size_[l];
+  }
+
+  // Backward-shift deletion (as in the ghost history's index).
+  void erase_cell(std::size_t hole) noexcept {
+    std::size_t c = hole;
+    for (;;) {
+      c = (c + 1) & mask_;
+      if (index_[c] == none) break;
+      const std::size_t home = static_cast<std::size_t>(fp_[index_[c]]) & mask_;
+      const bool stays = hole <= c ? (hole < home && home <= c) : (hole < home || home <= c);
+      if (!stays) {
+        index_[hole] = index_[c];
+        hole = c;
+      }
+    }
+    index_[hole] = none;
+  }
+
+  Rule rule_ = Rule::lru;
+  std::size_t cap_ = 0;
+  std::size_t mask_ = 0;
+  std::size_t used_ = 0;
+  std::uint32_t head_[2] = {none, none};
+  std::uint32_t tail_[2] = {none, none};
+  std::size_t size_[2] = {0, 0};
+  std::uint32_t cursor_[2] = {none, none};
+  std::uint64_t cursor_tick_[2] = {0, 0};
+  std::unique_ptr<std::uint64_t[]> fp_;
+  std::unique_ptr<std::uint32_t[]> prev_;
+  std::unique_ptr<std::uint32_t[]> next_;
+  std::unique_ptr<std::uint8_t[]> list_;
+  std::unique_ptr<std::uint32_t[]> index_;
+};
+
+}  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_PAGED_SHADOW_CACHE_HPP
+// ---- end promptcache/detail/paged_shadow_cache.hpp ----
 
 namespace promptcache {
 
@@ -6631,65 +7201,77 @@ struct Filo {
 };
 
 /// ARC (Megiddo & Modha, FAST'03) adapted to a prefix cache that evicts leaves
-/// only, with LRU as a fallback it learns to pick online. Pages used once since
-/// they were stored (class 0, ARC's T1) and pages used again (class 1, T2) are
-/// each evicted least recently used first; before each page the policy picks
-/// the class to evict from by following one of three rules ("experts"):
+/// only, with LRU as a fallback it picks online. Pages used once since they
+/// were stored (classes 0 and 2, ARC's T1) and pages used again (class 1, T2)
+/// are each evicted least recently used first; before each page the policy
+/// picks the class to evict from by following one of four rules ("experts"):
 ///  - LRU: the class whose least recent leaf is older (the cache passes each
 ///    class's next victim's key, so following this expert evicts exactly as
 ///    eviction::Lru does; called without the keys, the policy takes them to be
 ///    those of the last leaf it evicted per class, a bound that can be stale);
 ///  - ARC: T1 while T1 holds more than an adaptive target p of pages, else T2;
-///  - used-once first: T1 whenever it has pages.
+///  - used-once first: T1 whenever it has pages;
+///  - cold first: the cold part of T1 whenever it has an evictable leaf, else
+///    as LRU. A run stored with more new pages than the prefix it extends (a
+///    request whose cached prefix was lost, a new document) is filed cold
+///    (class 2), except one such run in 32, so that under thrashing the cache
+///    keeps a set of prefixes whole and that set still changes with the
+///    traffic (BIP's insertion, Qureshi et al., ISCA'07). For the other
+///    rules cold pages are T1 pages (T1 is classes 0 and 2, taken by the
+///    older of their next victims).
 /// Fingerprints of evicted pages stay on ghost lists (B1, B2) for `ghost_factor`
 /// x `capacity_pages` evictions: a page stored again while on B1 raises p, one
-/// on B2 lowers it (ARC's rule). Each ghost also records which experts voted
-/// for its eviction when they disagreed; a page stored again within
-/// `capacity_pages` / 4 evictions of its own counts against those experts
-/// (keeping it would likely have won a hit; a longer window also counts pages
-/// that any rule would have lost, and blurs the comparison). The
-/// policy follows LRU unless another expert has 1.3 x fewer such returns per
-/// page it chose to evict (counts halve every 4 x `capacity_pages` such pages,
-/// so the choice follows changes in the traffic). One signal overrides the
-/// rates: when over 65% of all pages stored again come back more than
-/// 2 x `capacity_pages` evictions after they left (counts halving as above), the
-/// cache is thrashing: no recency order can keep such pages, while keeping
-/// pages used again and letting new ones go keeps part of them, so the policy
-/// follows used-once first. The first page of one
-/// eviction in 32 follows an expert that disagrees with the leader, so that
-/// each rate stays measured at the cost of one page out of the leader's
-/// order. On traffic where keeping pages used again pays (shared prefixes
-/// among one-off tails) it follows ARC or used-once first; where recency is
-/// what pays (conversations whose every turn returns to the last
-/// one) it follows LRU. The pages one insert stores are one node, so they share
-/// a class: used again when all of them come back from the ghost lists, used
-/// once when the run also brings new pages. A later match or insert through a
-/// node counts as a use.
+/// on B2 lowers it (ARC's rule).
+///
+/// Which expert to follow is measured, not guessed: each expert runs a
+/// miniature cache (miniature simulation, Waldspurger et al., USENIX ATC'17)
+/// over a hash-sampled subset of the pages the cache sees (1 in 2^k, k the
+/// smallest with capacity_pages / 2^k <= 2048; every page for small caches) with
+/// the capacity scaled by the same rate, the classes the policy gives the pages
+/// and p scaled alike. The policy follows the expert whose miniature served the
+/// most hits, LRU on a tie (counts halve every 32 x the miniature's capacity of
+/// sampled accesses, so the choice follows changes in the traffic). One signal
+/// adds to the hits: when over 65% of all pages stored again come back more
+/// than 2 x `capacity_pages` evictions after they left, the cache is
+/// thrashing: no recency order can keep such pages, while keeping pages used
+/// again and letting new ones go keeps part of them, so the policy follows
+/// used-once first as long as its miniature serves at least as many hits as
+/// LRU's and cold-first's. The miniatures see every access whatever the policy follows (only
+/// the classes come from the cache), so the measure hardly depends on the
+/// choice it drives, as a rate of the policy's own mistakes would. The pages
+/// one insert stores are one node, so they share a class: used again when all
+/// of them come back from the ghost lists, used once when the run also brings
+/// new pages. A later match or insert through a node counts as a use.
 class Adaptive {
  public:
-  static constexpr std::size_t key_classes = 2;  ///< 0: used once (T1), 1: used again (T2).
-  static constexpr std::size_t experts = 3;      ///< LRU (0), ARC (1), used-once first (2).
+  /// 0: used once (T1), 1: used again (T2), 2: used once and stored cold (part of T1).
+  static constexpr std::size_t key_classes = 3;
+  /// LRU (0), ARC (1), used-once first (2), cold first (3).
+  static constexpr std::size_t experts = 4;
 
   /// Last access tick and whether the node was used again.
   struct meta_type {
     std::uint64_t last_access = 0;  ///< Tick of the last match or insert through the node.
     std::uint8_t reused = 0;        ///< 1 once matched or inserted again, or back from a ghost.
+    std::uint8_t cold = 0;          ///< 1 when stored cold (see the class comment).
   };
   using key_type = std::uint64_t;              ///< The last access tick, within a class.
   static constexpr bool monotone_keys = true;  ///< Accesses only move the tick forward.
 
   /// What choose_class follows.
   enum class Mode : std::uint8_t {
-    learned,  ///< The expert with the best rate (see the class comment); the default.
+    learned,  ///< The expert whose miniature cache serves most (see the class comment); the
+              ///< default.
     arc,      ///< ARC's rule alone (the ARC expert, never LRU or used-once first).
   };
 
   /// A policy for a cache of about `capacity_pages` pages (the engine's page
-  /// pool): the target p stays in [0, capacity_pages] and the ghost history
+  /// pool): the target p stays in [0, capacity_pages], the ghost history
   /// remembers ghost_factor x capacity_pages evicted pages (fixed memory, about
-  /// 34 bytes per ghost). A capacity or factor of 0 keeps no history: p stays 0,
-  /// no expert is ever charged and the policy follows LRU (Mode::arc: pages used again
-  /// are always kept over pages used once). `step` scales each
+  /// 34 bytes per ghost) and each expert's miniature cache holds up to 2048
+  /// sampled pages (about 25 bytes each). A capacity or factor of 0 keeps no
+  /// history and no miniatures: p stays 0 and the policy follows LRU (Mode::arc:
+  /// pages used again are always kept over pages used once). `step` scales each
   /// move of p (1: ARC's rule). Throws std::invalid_argument for a negative or
   /// non-finite factor or step, std::bad_alloc / std::length_error for a history
   /// too large. `mode` picks what the policy follows (Mode::arc: ARC's rule alone,
@@ -6699,9 +7281,19 @@ class Adaptive {
       : capacity_(capacity_pages),
         step_(check(step)),
         mode_(mode),
-        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {}
-  /// Takes over `o`'s state and ghost history. `o` keeps its capacity and step, with no
-  /// ghost history and a target of 0 (as a policy of capacity 0 keeps). O(1).
+        ghosts_(ghost_slots(capacity_pages, check(ghost_factor))) {
+    if (mode_ != Mode::learned || ghosts_.capacity() == 0) return;
+    while ((capacity_ >> shift_) > shadow_pages)
+      ++shift_;
+    const std::size_t n = capacity_ >> shift_;
+    shadows_[0] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::lru);
+    shadows_[1] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::arc);
+    shadows_[2] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
+    shadows_[3] = detail::PagedShadowCache(n, detail::PagedShadowCache::Rule::used_once);
+  }
+  /// Takes over `o`'s state, ghost history and miniatures. `o` keeps its capacity and
+  /// step, with no ghost history, no miniatures and a target of 0 (as a policy of
+  /// capacity 0 keeps). O(1).
   Adaptive(Adaptive&& o) noexcept
       : capacity_(o.capacity_),
         step_(o.step_),
@@ -6725,12 +7317,12 @@ class Adaptive {
   Adaptive(const Adaptive&) = delete;
   /// Not copy-assignable.
   Adaptive& operator=(const Adaptive&) = delete;
-  /// Frees the ghost history. O(1).
+  /// Frees the ghost history and the miniatures. O(1).
   ~Adaptive() = default;
 
   /// New node: used again when every one of its pages was on a ghost list, else
-  /// used once; each ghost found moves the target and charges the experts that
-  /// evicted it. O(pages of the node).
+  /// used once; each ghost found moves the target. Its sampled pages go to the
+  /// miniatures. O(pages of the node).
   meta_type on_create(const PagedPolicyContext& c) noexcept {
     meta_type m{c.tick, 0};
     if (c.page_size == 0 || ghosts_.capacity() == 0) return m;
@@ -6741,58 +7333,56 @@ class Adaptive {
       const std::uint8_t tag = ghosts_.take(fingerprint(c, i), age);
       if (tag == 0) continue;
       adapt(tag & 3);
-      if (4 * age < capacity_) charge(static_cast<std::uint8_t>(tag >> 2));
       count_return(age);
       ++back;
     }
     m.reused = pages > 0 && back == pages ? 1 : 0;
+    // Cold: more new pages than the prefix they extend, except one such run in
+    // 32 (so that the pages kept change as the traffic does).
+    if (mode_ == Mode::learned && m.reused == 0 && pages > c.depth_pages &&
+        ++cold_runs_ % admit_period != 0)
+      m.cold = 1;
+    feed(c, key_class(m), true);
     return m;
   }
-  /// Match: used again, accessed now. O(1).
+  /// Match: used again, accessed now; its sampled pages go to the miniatures.
+  /// O(pages of the node).
   void on_match(meta_type& m, const PagedPolicyContext& c) noexcept {
     m.last_access = c.tick;
     m.reused = 1;
+    feed(c, 1, true);
   }
-  /// Insert through the node: used again, accessed now. O(1).
+  /// Insert through the node: used again, accessed now; its sampled pages go to
+  /// the miniatures (not counted as hits: the match before it was). O(pages of the node).
   void on_insert_hit(meta_type& m, const PagedPolicyContext& c) noexcept {
     m.last_access = c.tick;
     m.reused = 1;
+    feed(c, 1, false);
   }
   /// The freed pages go on the ghost list of their class, deepest first (the
-  /// order the cache frees them in), tagged with the experts that chose them
-  /// against another expert's vote. O(pages freed).
+  /// order the cache frees them in). O(pages freed).
   void on_evict(const meta_type& m, const PagedPolicyContext& c) noexcept {
-    const std::size_t k = m.reused;
+    const std::size_t k = key_class(m);
     oldest_[k] = std::max(oldest_[k], m.last_access);
-    const std::uint8_t voters = votes_[k];
-    const bool split = voters != 0 && voters != all_experts;
-    votes_[0] = votes_[1] = 0;
-    probed_ = false;
-    ++decisions_;
     if (c.page_size == 0 || ghosts_.capacity() == 0) return;
     const std::size_t pages = c.tokens.size() / c.page_size;
-    if (split) {
-      for (std::size_t e = 0; e < experts; ++e)
-        if ((voters >> e) & 1U) chosen_[e] += static_cast<double>(pages);
-      forget();
-    }
-    const auto tag = static_cast<std::uint8_t>((m.reused != 0 ? 2 : 1) | (split ? voters << 2 : 0));
+    const auto tag = static_cast<std::uint8_t>(m.reused != 0 ? 2 : 1);
     for (std::size_t i = pages; i-- > 0;)
       ghosts_.push(fingerprint(c, i), tag);
   }
   /// Oldest access first within a class. O(1).
   [[nodiscard]] key_type key(const meta_type& m) const noexcept { return m.last_access; }
-  /// T1 (0) or T2 (1). O(1).
-  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept { return m.reused; }
-  /// The leading expert's class (Mode::arc: ARC's), or, for the first page of one
-  /// eviction in 32, that of an expert that disagrees with the leader. O(experts).
+  /// T1 (0), T2 (1) or T1 stored cold (2). O(1).
+  [[nodiscard]] std::size_t key_class(const meta_type& m) const noexcept {
+    return m.reused != 0 ? 1 : m.cold != 0 ? 2 : 0;
+  }
+  /// The class of the leading expert (Mode::arc: ARC's). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages) noexcept {
-    std::size_t lru = 0;
-    if (pages[0] == 0 || pages[1] == 0)
-      lru = pages[0] == 0 ? 1 : 0;
-    else
-      lru = oldest_[0] <= oldest_[1] ? 0 : 1;
-    return choose(pages, lru);
+    if (pages.size() < key_classes) return pages.size() > 1 && pages[0] == 0 ? 1 : 0;
+    const key_type* tops[key_classes];
+    for (std::size_t k = 0; k < key_classes; ++k)
+      tops[k] = pages[k] > 0 ? &oldest_[k] : nullptr;
+    return choose(pages, tops);
   }
 
   /// As choose_class(pages), with the LRU expert judging the classes by `tops`,
@@ -6800,58 +7390,35 @@ class Adaptive {
   /// them). O(experts).
   [[nodiscard]] std::size_t choose_class(std::span<const std::size_t> pages,
                                          std::span<const key_type* const> tops) noexcept {
-    if (tops.size() < key_classes) return choose_class(pages);
-    const std::size_t lru = tops[0] == nullptr   ? 1
-                            : tops[1] == nullptr ? 0
-                                                 : (*tops[0] <= *tops[1] ? 0 : 1);
-    return choose(pages, lru);
+    if (tops.size() < key_classes || pages.size() < key_classes) return choose_class(pages);
+    const key_type* t[key_classes] = {tops[0], tops[1], tops[2]};
+    return choose(pages, t);
   }
 
- private:
-  // The class of the expert followed, given the LRU expert's vote.
-  [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages, std::size_t lru) noexcept {
-    std::size_t vote[experts];
-    vote[0] = lru;
-    vote[1] = pages[0] > 0 && static_cast<double>(pages[0]) > p_ ? 0 : 1;
-    vote[2] = pages[0] > 0 ? 0 : 1;
-    std::size_t follow = mode_ == Mode::arc ? 1 : leader();
-    if (mode_ == Mode::learned && ghosts_.capacity() > 0 && !probed_ &&
-        decisions_ % explore_period == explore_period - 1) {
-      probed_ = true;  // one page: the next call in this eviction follows the leader
-      // Explore: the first expert after the leader (cyclically) that disagrees.
-      for (std::size_t d = 1; d < experts; ++d) {
-        const std::size_t e = (follow + d) % experts;
-        if (vote[e] != vote[follow]) {
-          follow = e;
-          break;
-        }
-      }
-    }
-    for (std::size_t e = 0; e < experts; ++e)
-      votes_[vote[e]] |= static_cast<std::uint8_t>(1U << e);
-    return vote[follow];
-  }
-
- public:
   /// The adaptive target size of T1, in pages. O(1).
   [[nodiscard]] double target() const noexcept { return p_; }
-  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first. O(experts).
+  /// The expert followed now: 0 LRU, 1 ARC, 2 used-once first, 3 cold first
+  /// (Mode::arc: 1). O(experts).
   [[nodiscard]] std::size_t leader() const noexcept {
-    if (thrashing()) return 2;
+    if (mode_ == Mode::arc) return 1;
+    if (thrashing() && hits_[2] >= hits_[0] && hits_[2] >= hits_[3]) return 2;
     std::size_t best = 0;
     for (std::size_t e = 1; e < experts; ++e)
-      if (rate(e) * margin < rate(best)) best = e;
+      if (hits_[e] > hits_[best]) best = e;
     return best;
   }
-  /// Pages of expert `e` (< experts) that came back within capacity_pages / 4
-  /// evictions, per page it chose to evict against another expert's vote
-  /// (with a prior of 1 in 4; counts decay). O(1).
-  [[nodiscard]] double rate(std::size_t e) const noexcept {
-    return (returned_[e] + 1.0) / (chosen_[e] + 4.0);
+  /// Recent hits of expert `e`'s (< experts) miniature cache (counts halve every
+  /// 32 x its capacity of sampled accesses; 0 without miniatures or for e >= experts). O(1).
+  [[nodiscard]] double sampled_hits(std::size_t e) const noexcept {
+    return e < experts ? hits_[e] : 0.0;
   }
+  /// Pages each miniature holds at most (0: none, Mode::arc or no history); one
+  /// page in 2^sample_shift() is sampled. O(1).
+  [[nodiscard]] std::size_t sampled_capacity() const noexcept { return shadows_[0].capacity(); }
+  /// log2 of the sampling rate's inverse. O(1).
+  [[nodiscard]] std::size_t sample_shift() const noexcept { return shift_; }
   /// True when over 65% of the pages stored again (recent counts) came back
-  /// more than 2 x capacity_pages evictions after they left: the policy then
-  /// follows used-once first. O(1).
+  /// more than 2 x capacity_pages evictions after they left. O(1).
   [[nodiscard]] bool thrashing() const noexcept {
     return mode_ == Mode::learned && far_returns_ > thrash_share * returns_;
   }
@@ -6863,11 +7430,13 @@ class Adaptive {
   [[nodiscard]] std::size_t ghost_capacity() const noexcept { return ghosts_.capacity(); }
 
  private:
-  static constexpr std::uint8_t all_experts = (1U << experts) - 1;
-  static constexpr std::uint64_t explore_period = 32;
-  // Another expert leads only with a rate this many times lower: LRU, the
-  // first, keeps the lead on a near tie (the safe choice when the ghosts cannot tell).
-  static constexpr double margin = 1.3;
+  // Pages a miniature holds at most: enough that a 2% difference in hits is
+  // more than sampling noise, little enough that three cost ~150 KB.
+  static constexpr std::size_t shadow_pages = 2048;
+  // Hit counts halve every decay x the miniature's capacity of sampled accesses.
+  static constexpr double decay = 32.0;
+  // One cold run in admit_period is stored as a plain used-once run (BIP's 1/32).
+  static constexpr std::uint64_t admit_period = 32;
   // A return is far when it comes back more than far_age x capacity evictions
   // after it left, and the cache thrashes when far returns are over
   // thrash_share of all. Chosen on the shipped trace and three generated shapes
@@ -6895,17 +7464,69 @@ class Adaptive {
   }
   void take_state(Adaptive& o) noexcept {
     for (std::size_t e = 0; e < experts; ++e) {
-      chosen_[e] = std::exchange(o.chosen_[e], 0.0);
-      returned_[e] = std::exchange(o.returned_[e], 0.0);
+      shadows_[e] = std::move(o.shadows_[e]);
+      hits_[e] = std::exchange(o.hits_[e], 0.0);
     }
-    for (std::size_t k = 0; k < key_classes; ++k) {
+    for (std::size_t k = 0; k < key_classes; ++k)
       oldest_[k] = std::exchange(o.oldest_[k], 0);
-      votes_[k] = std::exchange(o.votes_[k], std::uint8_t{0});
-    }
-    decisions_ = std::exchange(o.decisions_, 0);
+    shift_ = std::exchange(o.shift_, 0);
+    cold_runs_ = std::exchange(o.cold_runs_, 0);
+    accesses_ = std::exchange(o.accesses_, 0.0);
     returns_ = std::exchange(o.returns_, 0.0);
     far_returns_ = std::exchange(o.far_returns_, 0.0);
-    probed_ = std::exchange(o.probed_, false);
+  }
+  // The class the leading expert evicts from, given each class's next victim
+  // (nullptr: none). T1 is classes 0 and 2, each taken by its older leaf.
+  [[nodiscard]] std::size_t choose(std::span<const std::size_t> pages,
+                                   const key_type* const (&tops)[key_classes]) const noexcept {
+    auto older = [&](std::size_t a, std::size_t b) {
+      return tops[a] == nullptr ? b : tops[b] == nullptr ? a : (*tops[b] < *tops[a] ? b : a);
+    };
+    const std::size_t lru = older(older(0, 2), 1);
+    const std::size_t t1 = older(0, 2);
+    const bool t1_pages = pages[0] + pages[2] > 0 && tops[t1] != nullptr;
+    switch (leader()) {
+      case 0:
+        return lru;
+      case 1:
+        return t1_pages && static_cast<double>(pages[0] + pages[2]) > p_ ? t1 : 1;
+      case 2:
+        return t1_pages ? t1 : 1;
+      default:
+        return tops[2] != nullptr ? 2 : lru;
+    }
+  }
+  // The pages of the node `c` names, as the miniatures see them: a page is
+  // sampled when the top shift_ bits of its key are 0 (top bits, since the
+  // miniatures' index uses the low ones); `hit` says whether a page held counts.
+  void feed(const PagedPolicyContext& c, std::size_t list, bool hit) noexcept {
+    if (shadows_[0].capacity() == 0 || c.page_size == 0) return;
+    const std::size_t pages = c.tokens.size() / c.page_size;
+    const double target = std::ldexp(p_, -static_cast<int>(shift_));
+    for (std::size_t i = 0; i < pages; ++i) {
+      const std::uint64_t k = sample_key(c, i);
+      if (shift_ > 0 && (k >> (64 - shift_)) != 0) continue;
+      // ARC and used-once first see cold pages as T1; cold first files them
+      // apart (list 0, evicted first) from the rest in one recency order.
+      const std::size_t t = list == 2 ? 0 : list;
+      const std::size_t to[experts] = {0, t, t, list == 2 ? 0U : 1U};
+      for (std::size_t e = 0; e < experts; ++e)
+        if (shadows_[e].access(k, to[e], c.tick, target) && hit) hits_[e] += 1.0;
+      if (hit && (accesses_ += 1.0) > decay * static_cast<double>(shadows_[0].capacity())) {
+        accesses_ = 0.0;
+        for (double& h : hits_)
+          h *= 0.5;
+      }
+    }
+  }
+  // A key of page i of the node: its namespace, depth and three of its tokens
+  // (cheaper than the ghost fingerprint: it is computed for every page touched).
+  [[nodiscard]] static std::uint64_t sample_key(const PagedPolicyContext& c,
+                                                std::size_t i) noexcept {
+    const std::span<const std::uint32_t> t = c.tokens.subspan(i * c.page_size, c.page_size);
+    const std::uint32_t three[3] = {t[0], t[t.size() / 2], t[t.size() - 1]};
+    return detail::ghost_fingerprint<std::uint32_t>(c.ns ^ 0x5a3b1e55ULL, c.depth_pages + i,
+                                                    std::span<const std::uint32_t>(three));
   }
   // ARC's adaptation: a B1 hit grows p by max(|B2| / |B1|, 1), a B2 hit shrinks
   // it by max(|B1| / |B2|, 1), both scaled by step (sizes before the hit left).
@@ -6918,7 +7539,8 @@ class Adaptive {
       p_ = std::max(0.0, p_ - step_ * std::max(b1 / b2, 1.0));
   }
   // Counts a page stored again `age` evictions after it left, halving the
-  // counts as forget() does so that they describe the recent traffic.
+  // counts once they pass 4 x capacity (at least 64) so that they describe the
+  // recent traffic.
   void count_return(std::size_t age) noexcept {
     returns_ += 1.0;
     if (static_cast<double>(age) >= far_age * static_cast<double>(capacity_)) far_returns_ += 1.0;
@@ -6927,36 +7549,20 @@ class Adaptive {
       far_returns_ *= 0.5;
     }
   }
-  // A page evicted on the vote of `voters` came back soon: each of them pays.
-  void charge(std::uint8_t voters) noexcept {
-    for (std::size_t e = 0; e < experts; ++e)
-      if ((voters >> e) & 1U) returned_[e] += 1.0;
-  }
-  // Halves an expert's counts once it chose capacity (at least 64) pages, so
-  // its rate describes the recent traffic.
-  void forget() noexcept {
-    const double horizon = std::max(64.0, 4.0 * static_cast<double>(capacity_));
-    for (std::size_t e = 0; e < experts; ++e)
-      if (chosen_[e] > horizon) {
-        chosen_[e] *= 0.5;
-        returned_[e] *= 0.5;
-      }
-  }
 
   std::size_t capacity_;
   double step_;
   Mode mode_;
   double p_ = 0.0;
   detail::PagedGhostHistory ghosts_;
-  double chosen_[experts] = {0.0, 0.0, 0.0};    // pages each expert evicted in a split vote
-  double returned_[experts] = {0.0, 0.0, 0.0};  // of those, pages back within capacity / 4
-  std::uint64_t oldest_[key_classes] = {0, 0};  // key of the last leaf evicted per class
-  std::uint8_t votes_[key_classes] = {0, 0};    // experts that voted for each class since
-                                                // the last eviction
-  std::uint64_t decisions_ = 0;                 // leaves (or tails) evicted
-  double returns_ = 0.0;                        // pages stored again from the ghosts
-  double far_returns_ = 0.0;                    // of those, back after 2 x capacity
-  bool probed_ = false;                         // this eviction's probe of another expert was made
+  detail::PagedShadowCache shadows_[experts];      // each expert's miniature cache
+  double hits_[experts] = {0.0, 0.0, 0.0, 0.0};    // their recent hits
+  std::size_t shift_ = 0;                          // one page in 2^shift_ is sampled
+  double accesses_ = 0.0;                          // sampled accesses since the last halving
+  std::uint64_t oldest_[key_classes] = {0, 0, 0};  // key of the last leaf evicted per class
+  std::uint64_t cold_runs_ = 0;                    // runs that qualified as cold
+  double returns_ = 0.0;                           // pages stored again from the ghosts
+  double far_returns_ = 0.0;                       // of those, back after 2 x capacity
 };
 
 static_assert(PagedEvictionPolicy<Lru>);
@@ -6974,6 +7580,1445 @@ static_assert(PagedEvictionPolicy<Adaptive>);
 
 #endif  // PROMPTCACHE_PAGED_EVICTION_POLICY_HPP
 // ---- end promptcache/paged_eviction_policy.hpp ----
+
+namespace promptcache::detail {
+
+/// No node.
+inline constexpr std::uint32_t paged_npos = 0xFFFFFFFFU;
+
+/// What a node slot holds: nothing (on the free list), a namespace root, or pages.
+enum class PagedKind : std::uint8_t { free, root, node };
+
+/// One tree node. Pages [off, off + n) of its block are live (detail/paged_blocks.hpp).
+/// `tok` and `ids` point at the first live page's tokens and id, so a match reads them
+/// without the block's layout arithmetic.
+/// Layout: what match() reads and writes on every node of its path (tok, ids, n,
+/// first_child and, for the common policies, meta) comes first and fills at most 32
+/// bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
+/// so a walk misses at most once per node. The rest serves insert, evict and locks.
+template <class PageId, class Meta>
+struct alignas(32) PagedNode {
+  std::uint32_t* tok = nullptr;  ///< tokens of the first live page
+  PageId* ids = nullptr;         ///< id of the first live page
+  std::uint32_t n = 0;           ///< live pages
+  std::uint32_t first_child = paged_npos;
+  Meta meta{};  ///< the policy's metadata
+  std::unique_ptr<unsigned char[]> block{};
+  std::uint32_t cap = 0;                 ///< pages the block holds
+  std::uint32_t next_same = paged_npos;  ///< next sibling with the same first token
+  std::uint32_t gen = 0;                 ///< bumped when the node is freed or trimmed
+  std::uint32_t depth = 0;               ///< pages before this node on its path
+  std::uint32_t parent = paged_npos;
+  std::uint32_t next = paged_npos;      ///< next sibling (free list link for free nodes)
+  std::uint32_t prev = paged_npos;      ///< previous sibling
+  std::uint32_t lock = 0;               ///< locks whose path runs through this node
+  std::uint32_t own = 0;                ///< locks taken with a handle ending at this node
+  std::uint32_t heap_pos = paged_npos;  ///< position in the heap of evictable leaves
+  std::uint32_t ns = 0;                 ///< namespace slot
+  PagedKind kind = PagedKind::free;
+  std::uint64_t last_hash = 0;  ///< with a sink: sequence hash of the last page
+};
+
+/// An evictable leaf in a heap, with its policy key when it was last keyed.
+template <class Key>
+struct PagedHeapEntry {
+  Key key;             ///< the key (at most the leaf's current key)
+  std::uint32_t node;  ///< the leaf
+};
+
+/// The types the parts of a PagedPrefixCache use: its page id type, its policy, its
+/// event sinks, its counters (PagedCacheStats) and its handles (PagedPrefixHandle).
+template <class PageIdT, class PolicyT, class SinkT, class TokenSinkT, class StatsT, class HandleT>
+struct PagedTypes {
+  using PageId = PageIdT;        ///< The engine's page id type.
+  using Policy = PolicyT;        ///< The eviction policy.
+  using Sink = SinkT;            ///< The event sink.
+  using TokenSink = TokenSinkT;  ///< The token sink (events and the stored pages' tokens).
+  using Stats = StatsT;          ///< Counters and gauges.
+  using Handle = HandleT;        ///< A handle to the end of a prefix.
+};
+
+/// The shared state of a PagedPrefixCache. `Types` is its PagedTypes.
+template <class Types>
+struct PagedCacheState {
+  /// The engine's page id type.
+  using PageId = typename Types::PageId;
+  /// The eviction policy.
+  using Policy = typename Types::Policy;
+  /// Token ids.
+  using Token = std::uint32_t;
+  /// A tree node.
+  using Node = PagedNode<PageId, typename Policy::meta_type>;
+  /// A heap entry.
+  using HeapEntry = PagedHeapEntry<typename Policy::key_type>;
+  /// Key classes of the policy: one heap each.
+  static constexpr std::size_t classes = paged_key_classes<Policy>;
+  /// Whether take() can throw (only the sink's and the maps' move assignments can; the
+  /// vectors and the edge table never do).
+  static constexpr bool nothrow_take =
+      PagedEventPublisher<typename Types::Sink, typename Types::TokenSink>::nothrow_take &&
+      PagedNamespaces::nothrow_take;
+
+  PagedBlocks<Token, PageId> blocks;  ///< page size, block layout, block pages
+  Policy policy;                      ///< the eviction policy
+  PagedEventPublisher<typename Types::Sink, typename Types::TokenSink>
+      events;                                         ///< the sinks, event ids
+  std::vector<Node> nodes;                            ///< every node, free ones included
+  std::uint32_t free_head = paged_npos;               ///< the free list of nodes
+  std::size_t free_count = 0;                         ///< nodes on the free list
+  std::size_t evictable_pages = 0;                    ///< cached pages of unlocked nodes
+  PagedEdgeTable edges;                               ///< (parent, first token) -> child
+  std::array<std::vector<HeapEntry>, classes> heaps;  ///< evictable leaves per key class
+  std::array<std::size_t, classes> class_pages{};     ///< cached pages per key class
+  PagedNamespaces namespaces;                         ///< namespace slots and seeds
+  std::vector<std::uint32_t> path;  ///< insert's scratch: fully matched nodes of the path
+  std::uint64_t tick = 0;           ///< the policy's clock: one tick per match or insert
+  typename Types::Stats stats;      ///< counters and gauges
+
+  /// An empty cache's state, its publisher built from `sink` (none: no sink, as the
+  /// moves want it before they take the contents).
+  template <class... Sink>
+  PagedCacheState(std::size_t page_size, Policy&& p, Sink&&... sink)
+      : blocks(page_size), policy(std::move(p)), events(std::forward<Sink>(sink)...) {}
+
+  /// The moves' common part: takes everything but the policy from `other` and leaves
+  /// `other` empty (a moved-from standard container is only "valid but unspecified", and
+  /// the counters and free-list links describe the containers, so each is exchanged with
+  /// its empty value); `other` keeps its page size. The sink goes with the contents.
+  void take(PagedCacheState& other) noexcept(nothrow_take) {
+    events.take(other.events);
+    nodes = std::exchange(other.nodes, {});
+    free_head = std::exchange(other.free_head, paged_npos);
+    free_count = std::exchange(other.free_count, 0);
+    blocks.take(other.blocks);
+    evictable_pages = std::exchange(other.evictable_pages, 0);
+    edges = std::exchange(other.edges, {});
+    heaps = std::exchange(other.heaps, {});
+    class_pages = std::exchange(other.class_pages, {});
+    namespaces.take(other.namespaces);
+    path = std::exchange(other.path, {});
+    tick = std::exchange(other.tick, 0);
+    stats = std::exchange(other.stats, {});
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_STATE_HPP
+// ---- end promptcache/detail/paged_state.hpp ----
+
+namespace promptcache::detail {
+
+/// The heaps of evictable leaves and the policy hooks over a PagedCacheState<Types>.
+/// Stateless.
+template <class Types>
+struct PagedEvictionOrder {
+  /// The state it works on.
+  using State = PagedCacheState<Types>;
+  /// A tree node.
+  using Node = typename State::Node;
+  /// A heap entry.
+  using HeapEntry = typename State::HeapEntry;
+  /// The policy.
+  using Policy = typename State::Policy;
+  /// The policy's key.
+  using key_type = typename Policy::key_type;
+  /// Key classes of the policy.
+  static constexpr std::size_t classes = State::classes;
+
+  /// The key class of a node (always 0 for a policy without classes). A leaf is in
+  /// heaps[class_of(leaf)]: a hook that changes the class moves it at once.
+  [[nodiscard]] static std::size_t class_of(const State& st, const Node& nd) noexcept {
+    if constexpr (classes == 1)
+      return 0;
+    else
+      return std::min<std::size_t>(st.policy.key_class(nd.meta), classes - 1);
+  }
+
+  /// The class evict() takes its next leaf from: the policy's choice, else the first
+  /// class after it (cyclically) with an evictable leaf. Requires one.
+  [[nodiscard]] static std::size_t evict_class(State& st) noexcept {
+    if constexpr (classes == 1) {
+      return 0;
+    } else {
+      const std::span<const std::size_t> pages(st.class_pages);
+      std::size_t k = 0;
+      if constexpr (requires(std::span<const key_type* const> t) {
+                      st.policy.choose_class(pages, t);
+                    }) {
+        // The policy also sees each class's least key (nullptr: no evictable leaf).
+        const key_type* tops[classes];
+        for (std::size_t c = 0; c < classes; ++c) {
+          if (!st.heaps[c].empty()) fresh_top(st, c);
+          tops[c] = st.heaps[c].empty() ? nullptr : &st.heaps[c][0].key;
+        }
+        k = st.policy.choose_class(pages, std::span<const key_type* const>(tops));
+      } else {
+        k = st.policy.choose_class(pages);
+      }
+      k = std::min<std::size_t>(k, classes - 1);
+      while (st.heaps[k].empty())
+        k = k + 1 == classes ? 0 : k + 1;
+      return k;
+    }
+  }
+
+  /// What the policy's hooks see of node x.
+  [[nodiscard]] static PagedPolicyContext context(const State& st, const Node& x, std::uint64_t ns,
+                                                  std::int64_t priority) noexcept {
+    return {st.tick,
+            priority,
+            ns,
+            x.depth,
+            std::span<const std::uint32_t>(x.tok, std::size_t{x.n} * st.blocks.page_size()),
+            false,
+            st.blocks.page_size()};
+  }
+
+  /// A match walked through node x.
+  static void touch_match(State& st, std::uint32_t x, std::uint64_t ns) noexcept {
+    Node& nd = st.nodes[x];
+    const std::size_t before = class_of(st, nd);
+    st.policy.on_match(nd.meta, context(st, nd, ns, 0));
+    touched(st, x, before);
+  }
+
+  /// An insert found node x cached.
+  static void touch_insert(State& st, std::uint32_t x, std::uint64_t ns,
+                           std::int64_t priority) noexcept {
+    Node& nd = st.nodes[x];
+    const std::size_t before = class_of(st, nd);
+    st.policy.on_insert_hit(nd.meta, context(st, nd, ns, priority));
+    touched(st, x, before);
+  }
+
+  /// After a hook changed x's metadata: a node whose key class changed moves its
+  /// pages to the new class and, if it is a leaf, to the new class's heap at once;
+  /// otherwise non-monotone keys are re-keyed at once and monotone ones lazily.
+  static void touched(State& st, std::uint32_t x, [[maybe_unused]] std::size_t before) noexcept {
+    Node& nd = st.nodes[x];
+    if constexpr (classes > 1) {
+      const std::size_t now = class_of(st, nd);
+      if (now != before) {
+        st.class_pages[before] -= nd.n;
+        st.class_pages[now] += nd.n;
+        if (nd.heap_pos != paged_npos) {
+          erase_at(st, before, nd.heap_pos);
+          push(st, x);
+        }
+        return;
+      }
+    }
+    if constexpr (!Policy::monotone_keys)
+      if (nd.heap_pos != paged_npos) rekey(st, x);
+  }
+
+  /// Keeps room for `n` entries in every heap. Grows geometrically. Throws std::bad_alloc.
+  static void reserve(State& st, std::size_t n) {
+    for (auto& heap : st.heaps)
+      if (n > heap.capacity()) heap.reserve(std::max(n, heap.capacity() + heap.capacity() / 2));
+  }
+
+  /// Entries over all heaps.
+  [[nodiscard]] static std::size_t size(const State& st) noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : st.heaps)
+      n += heap.size();
+    return n;
+  }
+
+  /// Capacity over all heaps.
+  [[nodiscard]] static std::size_t capacity(const State& st) noexcept {
+    std::size_t n = 0;
+    for (const auto& heap : st.heaps)
+      n += heap.capacity();
+    return n;
+  }
+
+  /// Adds leaf x to its class's heap. Requires capacity. Never throws.
+  static void push(State& st, std::uint32_t x) noexcept {
+    auto& heap = st.heaps[class_of(st, st.nodes[x])];
+    heap.push_back(HeapEntry{st.policy.key(st.nodes[x].meta), x});
+    st.nodes[x].heap_pos = static_cast<std::uint32_t>(heap.size() - 1);
+    sift_up(st, heap, heap.size() - 1);
+  }
+
+  /// Removes entry i of heap k.
+  static void erase_at(State& st, std::size_t k, std::size_t i) noexcept {
+    auto& heap = st.heaps[k];
+    st.nodes[heap[i].node].heap_pos = paged_npos;
+    const HeapEntry last = heap.back();
+    heap.pop_back();
+    if (i == heap.size()) return;
+    set(st, heap, i, last);
+    sift_up(st, heap, i);
+    sift_down(st, heap, st.nodes[last.node].heap_pos);
+  }
+
+  /// Removes leaf x from its heap.
+  static void erase(State& st, std::uint32_t x) noexcept {
+    erase_at(st, class_of(st, st.nodes[x]), st.nodes[x].heap_pos);
+  }
+
+  /// Re-keys leaf x at once.
+  static void rekey(State& st, std::uint32_t x) noexcept {
+    auto& heap = st.heaps[class_of(st, st.nodes[x])];
+    const std::size_t i = st.nodes[x].heap_pos;
+    heap[i].key = st.policy.key(st.nodes[x].meta);
+    sift_up(st, heap, i);
+    sift_down(st, heap, st.nodes[x].heap_pos);
+  }
+
+  /// Lazy re-keying: a leaf whose key grew since it was pushed sinks when it reaches
+  /// the top of heap k, so the top is then the true minimum.
+  static void fresh_top(State& st, [[maybe_unused]] std::size_t k) noexcept {
+    if constexpr (Policy::monotone_keys) {
+      auto& heap = st.heaps[k];
+      for (;;) {
+        const key_type now = st.policy.key(st.nodes[heap[0].node].meta);
+        if (!(heap[0].key < now)) return;
+        heap[0].key = now;
+        sift_down(st, heap, 0);
+      }
+    }
+  }
+
+ private:
+  static void set(State& st, std::vector<HeapEntry>& heap, std::size_t i,
+                  const HeapEntry& e) noexcept {
+    heap[i] = e;
+    st.nodes[e.node].heap_pos = static_cast<std::uint32_t>(i);
+  }
+
+  static void sift_up(State& st, std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
+    while (i > 0) {
+      const std::size_t p = (i - 1) / 2;
+      if (!(e.key < heap[p].key)) break;
+      set(st, heap, i, heap[p]);
+      i = p;
+    }
+    set(st, heap, i, e);
+  }
+
+  static void sift_down(State& st, std::vector<HeapEntry>& heap, std::size_t i) noexcept {
+    const HeapEntry e = heap[i];
+    const std::size_t n = heap.size();
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && heap[c + 1].key < heap[c].key) ++c;
+      if (!(heap[c].key < e.key)) break;
+      set(st, heap, i, heap[c]);
+      i = c;
+    }
+    set(st, heap, i, e);
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_EVICTION_ORDER_HPP
+// ---- end promptcache/detail/paged_eviction_order.hpp ----
+// ---- begin promptcache/detail/paged_locks.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_LOCKS_HPP
+#define PROMPTCACHE_DETAIL_PAGED_LOCKS_HPP
+// promptcache: detail/paged_locks.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Lock counts of PagedPrefixCache: a running request locks the path to its prefix's
+// end so that its pages are never evicted. Every node on the path counts the locks
+// running through it (`lock`), the end node also those taken with a handle ending
+// there (`own`, what unlock() may release), and the namespace root all of the
+// namespace's (so an erase knows at once whether anything is locked). A node whose
+// count leaves 0 stops being evictable: its pages leave the evictable count and, if
+// it is a leaf, it leaves its heap; it returns there when the count is back at 0.
+
+#include <cstdint>
+#include <limits>
+
+// ---- begin promptcache/detail/paged_tree.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_TREE_HPP
+#define PROMPTCACHE_DETAIL_PAGED_TREE_HPP
+// promptcache: detail/paged_tree.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The radix tree of PagedPrefixCache, at page granularity: nodes in one
+// index-addressed vector with a free list, one root per namespace, the children of
+// a node found through the shared edge table (paged_edge_table.hpp) keyed by
+// (parent, first token), siblings with the same first token chained behind the
+// edge's head. This file knows the shape of the tree: node slots, finding the child
+// a query continues in, splitting a node where a match ends inside it, linking and
+// unlinking leaves. It keeps the node counts and the heaps (paged_eviction_order.hpp)
+// in step with the shape; what is inserted, evicted or locked when is the cache's
+// policy.
+//
+// A split keeps the node's index for its tail, so handles to the node still name the
+// same end; every allocation a change needs is made before it (reserve_nodes,
+// prepare_split, the blocks), so the changes themselves never throw.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+// ---- begin promptcache/detail/mismatch.hpp ----
+// promptcache: detail/mismatch.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The index of the first differing byte of two buffers: the inner loop of a
+// common-prefix lookup, which must find where a query leaves a stored edge.
+// memcmp only says "differs"; this says where. On x86 it compares 64 bytes per
+// step with AVX2 when the CPU has it (checked once, when the program starts) and
+// with SSE2 otherwise; elsewhere 8 bytes per step. Each stage ends with one step
+// that overlaps bytes already found equal instead of narrowing down to the end,
+// so a short run costs a step or two rather than a chain of loops.
+#ifndef PROMPTCACHE_DETAIL_MISMATCH_HPP
+#define PROMPTCACHE_DETAIL_MISMATCH_HPP
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define PROMPTCACHE_DETAIL_SSE2 1
+#include <emmintrin.h>
+#endif
+
+// With GCC or Clang on x86, AVX2 is chosen at run time (one cached CPU check per call), so a
+// portable x86-64 build still uses it on CPUs that have it. Other compilers use AVX2 only when
+// the build targets it (MSVC /arch:AVX2); so does clang-cl, whose __builtin_cpu_supports needs
+// a compiler-rt that MSVC-style links do not include.
+#if defined(PROMPTCACHE_DETAIL_SSE2) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(_MSC_VER) && (defined(__x86_64__) || defined(__i386__))
+#define PROMPTCACHE_DETAIL_AVX2 1
+#define PROMPTCACHE_DETAIL_AVX2_DISPATCH 1
+#elif defined(__AVX2__)
+#define PROMPTCACHE_DETAIL_AVX2 1
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace promptcache::detail {
+
+// Each stage advances from `at` over equal bytes in steps of its width and returns either the
+// first differing byte (found) or where it stopped: n when it reached the end (a stage ends
+// with one step that overlaps bytes already found equal, instead of a loop over narrower
+// steps), else a point where fewer bytes than its width are left in all (n below the width).
+// Positions travel by value: through a reference, every step would store it, since the byte
+// pointers may alias it.
+struct MismatchStep {
+  std::size_t at;
+  bool found;
+};
+
+// The index of the lowest-addressed differing byte of two words that differ: the low end on a
+// little-endian host, the high end on a big-endian one.
+template <class Word>
+inline std::size_t first_differing_byte(Word x, Word y) noexcept {
+  const Word d = static_cast<Word>(x ^ y);
+  const int bit =
+      std::endian::native == std::endian::little ? std::countr_zero(d) : std::countl_zero(d);
+  return static_cast<std::size_t>(bit) / 8;
+}
+
+template <class Word>
+inline bool words_differ(const unsigned char* a, const unsigned char* b, std::size_t i,
+                         std::size_t& where) noexcept {
+  Word x = 0, y = 0;
+  std::memcpy(&x, a + i, sizeof(Word));
+  std::memcpy(&y, b + i, sizeof(Word));
+  if (x == y) return false;
+  where = i + first_differing_byte(x, y);
+  return true;
+}
+
+inline MismatchStep mismatch_words(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                   std::size_t i) noexcept {
+  std::size_t at = 0;
+  for (; n - i >= 8; i += 8)
+    if (words_differ<std::uint64_t>(a, b, i, at)) return {at, true};
+  if (i == n) return {n, false};
+  if (n >= 8) {
+    if (words_differ<std::uint64_t>(a, b, n - 8, at)) return {at, true};
+    return {n, false};
+  }
+  if (n - i >= 4) {  // n < 8: at most two 4-byte steps, the second overlapping the first
+    if (words_differ<std::uint32_t>(a, b, i, at)) return {at, true};
+    if (words_differ<std::uint32_t>(a, b, n - 4, at)) return {at, true};
+    return {n, false};
+  }
+  return {i, false};
+}
+
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+// Byte equality of a[0, 16) and b[0, 16) (0xFF where equal), and its 16-bit mask.
+inline __m128i equal_bytes16(const unsigned char* a, const unsigned char* b) noexcept {
+  return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+}
+inline std::uint32_t mask16(__m128i eq) noexcept {
+  return static_cast<std::uint32_t>(_mm_movemask_epi8(eq));
+}
+
+inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b, std::size_t n,
+                                  std::size_t i) noexcept {
+  // The AND of four equality masks says whether 64 bytes are equal; only a differing block
+  // pays for assembling the 64-bit mask whose first zero bit is the first differing byte.
+  for (; n - i >= 64; i += 64) {
+    const __m128i e0 = equal_bytes16(a + i, b + i);
+    const __m128i e1 = equal_bytes16(a + i + 16, b + i + 16);
+    const __m128i e2 = equal_bytes16(a + i + 32, b + i + 32);
+    const __m128i e3 = equal_bytes16(a + i + 48, b + i + 48);
+    if (mask16(_mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3))) != 0xFFFFU) {
+      const std::uint64_t eq = std::uint64_t{mask16(e0)} | std::uint64_t{mask16(e1)} << 16 |
+                               std::uint64_t{mask16(e2)} << 32 | std::uint64_t{mask16(e3)} << 48;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  for (; n - i >= 16; i += 16) {
+    const std::uint32_t eq = mask16(equal_bytes16(a + i, b + i));
+    if (eq != 0xFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  }
+  if (i == n || n < 16) return {i, false};
+  // The last 16 bytes, overlapping equal ones: their mask bits are set, so the first zero bit
+  // is still the first difference.
+  const std::uint32_t eq = mask16(equal_bytes16(a + n - 16, b + n - 16));
+  if (eq != 0xFFFFU) return {n - 16 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  return {n, false};
+}
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+#define PROMPTCACHE_DETAIL_AVX2_TARGET [[gnu::target("avx2")]]
+#else
+#define PROMPTCACHE_DETAIL_AVX2_TARGET
+#endif
+// Equality mask of a[0, 32) and b[0, 32): bit k set when byte k is equal.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t mask32_avx2(const unsigned char* a,
+                                                                const unsigned char* b) noexcept {
+  return static_cast<std::uint32_t>(_mm256_movemask_epi8(
+      _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)))));
+}
+
+PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned char* a,
+                                                                 const unsigned char* b,
+                                                                 std::size_t n,
+                                                                 std::size_t i) noexcept {
+  // 128 bytes per step while they last: one branch per four compares keeps a long equal run
+  // at the speed of the loads.
+  for (; n - i >= 128; i += 128) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    const __m256i e2 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 64)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 64)));
+    const __m256i e3 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 96)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 96)));
+    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(all)) != 0xFFFFFFFFU) break;
+  }
+  for (; n - i >= 64; i += 64) {
+    const __m256i e0 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    const __m256i e1 =
+        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
+    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
+      const std::uint64_t eq =
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
+      i += static_cast<std::size_t>(std::countr_zero(~eq));
+      return {i, true};
+    }
+  }
+  if (i == n || n < 32) return {i, false};
+  if (n - i > 32) {  // 33 to 63 bytes left: one step, then the overlapping last one
+    const std::uint32_t eq = mask32_avx2(a + i, b + i);
+    if (eq != 0xFFFFFFFFU) return {i + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  }
+  // The last 32 bytes, overlapping equal ones (their mask bits are set).
+  const std::uint32_t eq = mask32_avx2(a + n - 32, b + n - 32);
+  if (eq != 0xFFFFFFFFU) return {n - 32 + static_cast<std::size_t>(std::countr_zero(~eq)), true};
+  return {n, false};
+}
+
+// The 8 elements of p from element e (unaligned).
+PROMPTCACHE_DETAIL_AVX2_TARGET inline __m256i load8_avx2(const std::uint32_t* p,
+                                                         std::size_t e) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e));
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline void store8_avx2(std::uint32_t* p, std::size_t e,
+                                                       __m256i v) noexcept {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + e), v);
+}
+
+// The fused compare and copy of mismatch_copy() for 4-byte elements: one pass that reads a, b
+// and src together and writes dst, instead of a compare over a and b followed by a copy that
+// starts a third stream cold. A step stores its ids only once its tokens are known equal, so
+// dst past the first difference is never written. Requires n >= 8.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const void* pa,
+                                                                       const void* pb,
+                                                                       const void* psrc, void* pdst,
+                                                                       std::size_t n) noexcept {
+  const auto* a = static_cast<const std::uint32_t*>(pa);
+  const auto* b = static_cast<const std::uint32_t*>(pb);
+  const auto* src = static_cast<const std::uint32_t*>(psrc);
+  auto* dst = static_cast<std::uint32_t*>(pdst);
+  std::size_t i = 0;
+  // 32 elements (128 token bytes) per step while they last: one branch per four compares.
+  for (; n - i >= 32; i += 32) {
+    const __m256i e0 = _mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i));
+    const __m256i e1 = _mm256_cmpeq_epi32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
+    const __m256i e2 = _mm256_cmpeq_epi32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
+    const __m256i e3 = _mm256_cmpeq_epi32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
+    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
+    if (_mm256_movemask_epi8(all) != -1) break;
+    store8_avx2(dst, i, load8_avx2(src, i));
+    store8_avx2(dst, i + 8, load8_avx2(src, i + 8));
+    store8_avx2(dst, i + 16, load8_avx2(src, i + 16));
+    store8_avx2(dst, i + 24, load8_avx2(src, i + 24));
+  }
+  for (; n - i >= 8; i += 8) {
+    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
+    if (eq != 0xFFU) {
+      const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
+      std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
+      return end;
+    }
+    store8_avx2(dst, i, load8_avx2(src, i));
+  }
+  if (i == n) return n;
+  // The last 8 elements, overlapping the equal ones below i: their lanes are taken as equal
+  // without their compare (dst may be b's own storage, a caller matching into the query's
+  // buffer, so they may already hold ids), and their ids are stored again with the same values.
+  const std::size_t j = n - 8;
+  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
+                      _mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j))))) |
+                  ((1U << (i - j)) - 1U);
+  if (eq != 0xFFU) {
+    const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
+    std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
+    return end;
+  }
+  store8_avx2(dst, j, load8_avx2(src, j));
+  return n;
+}
+#undef PROMPTCACHE_DETAIL_AVX2_TARGET
+#endif
+
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+// Asks the CPU (about as costly as a cache miss): for the tests, and to set cpu_avx2.
+inline bool cpu_has_avx2() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
+}
+// Set when the program starts, so the dispatch costs a load instead of the guard check of a
+// function-local static. Read before then (by a static initializer) it is false, which only
+// means the SSE2 path.
+inline const bool cpu_avx2 = cpu_has_avx2();
+#endif
+
+/// The index of the first byte where a[0, n) and b[0, n) differ, or n if they are equal.
+/// Never reads outside [0, n); the last step of a run may re-read up to one step of equal
+/// bytes instead of narrowing down to the end. O(n).
+inline std::size_t mismatch(const void* pa, const void* pb, std::size_t n) noexcept {
+  const auto* a = static_cast<const unsigned char*>(pa);
+  const auto* b = static_cast<const unsigned char*>(pb);
+  MismatchStep r{0, false};
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+  // Before static initialization cpu_avx2 reads false: the SSE2 path is as correct.
+  if (n >= 32 && cpu_avx2) r = mismatch_avx2(a, b, n, 0);
+#elif defined(PROMPTCACHE_DETAIL_AVX2)
+  r = mismatch_avx2(a, b, n, 0);
+#endif
+#if defined(PROMPTCACHE_DETAIL_SSE2)
+  if (!r.found && r.at < n) r = mismatch_sse2(a, b, n, r.at);
+#endif
+  if (!r.found && r.at < n) r = mismatch_words(a, b, n, r.at);
+  if (r.found) return r.at;
+  std::size_t i = r.at;
+  while (i < n && a[i] == b[i])
+    ++i;
+  return i;
+}
+
+/// The number of leading equal elements of the token arrays a[0, n) and b[0, n), having
+/// copied src[i] to dst[i] for each of them: a prefix compare that hands back the ids stored
+/// beside the matched tokens in the same pass. dst is written at [0, result) only; src and dst
+/// must not overlap. 4-byte ids take one fused AVX2 pass where the CPU has it; otherwise a
+/// compare, then a copy. O(n).
+template <class Id>
+inline std::size_t mismatch_copy(const std::uint32_t* a, const std::uint32_t* b, const Id* src,
+                                 Id* dst, std::size_t n) noexcept {
+#if defined(PROMPTCACHE_DETAIL_AVX2)
+  if constexpr (sizeof(Id) == 4) {
+#if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
+    if (n >= 8 && cpu_avx2) return mismatch_copy32_avx2(a, b, src, dst, n);
+#else
+    if (n >= 8) return mismatch_copy32_avx2(a, b, src, dst, n);
+#endif
+  }
+#endif
+  std::size_t same = n;
+  if (n != 0 && std::memcmp(a, b, n * sizeof(std::uint32_t)) != 0)
+    same = mismatch(a, b, n * sizeof(std::uint32_t)) / sizeof(std::uint32_t);
+  if (same != 0) std::memcpy(dst, src, same * sizeof(Id));
+  return same;
+}
+
+}  // namespace promptcache::detail
+
+#endif  // PROMPTCACHE_DETAIL_MISMATCH_HPP
+// ---- end promptcache/detail/mismatch.hpp ----
+
+namespace promptcache::detail {
+
+/// The tree's shape over a PagedCacheState<Types>. Stateless.
+template <class Types>
+struct PagedTree {
+  /// The state it works on.
+  using State = PagedCacheState<Types>;
+  /// A tree node.
+  using Node = typename State::Node;
+  /// The engine's page id type.
+  using PageId = typename State::PageId;
+  /// Token ids.
+  using Token = std::uint32_t;
+  /// The heaps.
+  using Order = PagedEvictionOrder<Types>;
+  /// The blocks a split needs.
+  using SplitBlocks = typename PagedBlocks<Token, PageId>::SplitBlocks;
+  /// A handle to the end of a prefix.
+  using Handle = typename Types::Handle;
+  /// Key classes of the policy.
+  static constexpr std::size_t classes = State::classes;
+
+  /// What find_child found. 16 bytes, so that it travels in two registers.
+  struct Found {
+    std::uint32_t node = paged_npos;
+    std::uint32_t pages = 0;  ///< leading pages of the node that match (at most its n)
+    /// When `ahead`: the edge-chain head under `node` for the query's next token (npos:
+    /// none), looked up while the node was compared.
+    std::uint32_t next = paged_npos;
+    bool ahead = false;
+  };
+
+  /// Compares at least this long look the next level up while they run (see find_child).
+  static constexpr std::size_t look_ahead_bytes = 256;
+
+  // ---- node slots --------------------------------------------------------------------------
+
+  /// Room for k more nodes without reallocating. Throws std::length_error past 2^32 - 1
+  /// nodes, std::bad_alloc.
+  static void reserve_nodes(State& st, std::size_t k) {
+    if (st.free_count >= k) return;
+    const std::size_t need = st.nodes.size() + (k - st.free_count);
+    if (need > paged_npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
+    if (need > st.nodes.capacity())
+      st.nodes.reserve(std::max(need, st.nodes.capacity() + st.nodes.capacity() / 2));
+  }
+
+  /// A node slot. Requires reserve_nodes(): never throws.
+  static std::uint32_t alloc_node(State& st) noexcept {
+    if (st.free_head != paged_npos) {
+      const std::uint32_t x = st.free_head;
+      st.free_head = st.nodes[x].next;
+      --st.free_count;
+      st.nodes[x].next = paged_npos;
+      return x;
+    }
+    st.nodes.emplace_back();
+    return static_cast<std::uint32_t>(st.nodes.size() - 1);
+  }
+
+  /// Frees node x's block and puts it on the free list; handles to it go stale.
+  static void free_node(State& st, std::uint32_t x) noexcept {
+    Node& nd = st.nodes[x];
+    st.blocks.release(nd);
+    nd.cap = nd.n = nd.depth = 0;
+    nd.parent = nd.first_child = nd.prev = nd.next_same = paged_npos;
+    nd.lock = nd.own = 0;
+    nd.heap_pos = paged_npos;
+    ++nd.gen;
+    nd.kind = PagedKind::free;
+    nd.next = st.free_head;
+    st.free_head = x;
+    ++st.free_count;
+  }
+
+  /// Room for one split: a node, an edge and a heap entry. Throws std::bad_alloc.
+  static void prepare_split(State& st) {
+    reserve_nodes(st, 1);
+    st.edges.reserve(1);
+    Order::reserve(st, st.stats.nodes + 1);
+  }
+
+  // ---- namespaces' roots -------------------------------------------------------------------
+
+  /// Creates namespace `ns` with `seed` and its root; returns its slot. Strong guarantee.
+  static std::uint32_t open_namespace(State& st, std::uint64_t ns, std::uint64_t seed) {
+    reserve_nodes(st, 1);
+    const std::uint32_t slot = st.namespaces.open(ns, seed);
+    const std::uint32_t root = alloc_node(st);
+    Node& r = st.nodes[root];
+    r.kind = PagedKind::root;
+    r.ns = slot;
+    st.namespaces.activate(slot, ns, seed, root);
+    return slot;
+  }
+
+  /// Frees the root, the id and the seed of the namespace in `slot`, whose other nodes
+  /// are gone, and marks the slot free for reuse. Never throws.
+  static void close_namespace(State& st, std::uint32_t slot) noexcept {
+    free_node(st, st.namespaces[slot].root);
+    st.namespaces.close(slot);
+  }
+
+  /// Undoes open_namespace() for a namespace `slot` that holds nothing yet. Never throws.
+  static void drop_empty_namespace(State& st, std::uint32_t slot) noexcept {
+    close_namespace(st, slot);
+    st.namespaces.pop_if_last(slot);
+  }
+
+  // ---- lookups -----------------------------------------------------------------------------
+
+  /// The child of `parent` sharing the most leading pages with q (at least one), or npos,
+  /// read through `nodes` (st.nodes.data()) and `edges` (st.edges.view()): a caller that
+  /// makes calls between lookups keeps them in registers instead of reloading the state.
+  /// `head`, when `known`, is the edge-chain head of (parent, q[0]) from the previous
+  /// level's Found. With Copy (page size 1 only), the ids of the matched pages are written
+  /// to out[0, pages). A leaf is answered from its node, without probing the edge table (a
+  /// likely cache miss): every query that matches a whole cached sequence ends at one.
+  /// Only a partial match pays for the division by the page size.
+  /// The next level is looked up before the node is compared, and the first lines of the
+  /// next node's tokens and ids are prefetched: a node, its block and the next edge slot
+  /// are a chain of dependent loads, each a likely cache miss, which then overlaps the
+  /// compare instead of following it. The speculation is wasted only on a partial match
+  /// (the last node of a walk), and a leaf has nothing to look ahead to. Below
+  /// look_ahead_bytes the compare is too short to hide those misses and the look-ahead's
+  /// instructions would cost more than they save: only the next edge slot is prefetched.
+  /// Forced inline: out of line, saving and restoring its registers cost as much as the
+  /// edge probe on short pages.
+  template <bool Copy>
+  [[nodiscard]] [[gnu::always_inline]] static Found find_child(
+      const State& st, const Node* nodes, PagedEdgeTable::View edges, std::uint32_t parent,
+      const Token* q, std::size_t q_pages, std::uint32_t head, bool known, PageId* out) noexcept {
+    if (nodes[parent].first_child == paged_npos) return {};
+    const std::size_t ps = st.blocks.page_size();
+    const std::size_t pb = ps * sizeof(Token);
+    for (std::uint32_t c = known ? head : edges.find(parent, q[0]); c != paged_npos;
+         c = nodes[c].next_same) {
+      const Node& x = nodes[c];
+      const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
+      const std::size_t cmp = pages * pb;
+      std::uint32_t next = paged_npos;
+      bool ahead = false;
+      if (x.first_child != paged_npos && q_pages > pages) {
+        if (cmp >= look_ahead_bytes) {
+          ahead = true;
+          const void* tokens = nullptr;
+          next = edges.find(c, q[pages * ps], tokens);
+          if (next != paged_npos) prefetch_head(&nodes[next], tokens);
+        } else {
+          edges.prefetch(c, q[pages * ps]);
+        }
+      }
+      // Copy (page size 1, into a caller's table): one pass compares the tokens and copies
+      // the ids of the matching ones to out, instead of a compare and then a second pass
+      // over as many id bytes.
+      // Otherwise every node of a path but the last matches whole, so "all equal" is asked
+      // first, of memcmp: the C library picks the CPU's widest compare when the program
+      // loads, and answers in fewer instructions than mismatch, which only a partial match
+      // then pays.
+      if constexpr (Copy) {
+        const std::size_t same = mismatch_copy(x.tok, q, x.ids, out, pages);
+        if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
+        if (same > 0) return {c, static_cast<std::uint32_t>(same)};
+        continue;
+      }
+      if (std::memcmp(x.tok, q, cmp) == 0)
+        return {c, static_cast<std::uint32_t>(pages), next, ahead};
+      const std::size_t same = mismatch(x.tok, q, cmp);
+      const auto k = static_cast<std::uint32_t>(same / pb);
+      if (k > 0) return {c, k};
+    }
+    return {};
+  }
+
+  /// Asks for node x's line and the first lines of its tokens (up to 256 bytes: past
+  /// them the hardware prefetcher is following the compare), whose address the edge slot
+  /// keeps so that the two misses overlap instead of the node's preceding the block's.
+  /// Prefetches never fault: a stale or short hint costs only bandwidth. Forced inline:
+  /// GCC deems a function that only prefetches free of effects and deletes the calls to it.
+  [[gnu::always_inline]] static void prefetch_head(const Node* x, const void* tokens) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* t = static_cast<const char*>(tokens);
+    __builtin_prefetch(x);
+    __builtin_prefetch(t);
+    __builtin_prefetch(t + 64);
+    __builtin_prefetch(t + 128);
+    __builtin_prefetch(t + 192);
+#else
+    (void)x;
+    (void)tokens;
+#endif
+  }
+
+  /// The sequence hash before node x's first page (none at the root).
+  [[nodiscard]] static std::optional<std::uint64_t> parent_hash(const State& st,
+                                                                const Node& x) noexcept {
+    const Node& p = st.nodes[x.parent];
+    if (p.kind != PagedKind::node) return std::nullopt;
+    return p.last_hash;
+  }
+
+  /// The sequence hash of node x's first k pages. Forced inline (see paged_chain_hashes).
+  [[nodiscard]] [[gnu::always_inline]] static std::uint64_t head_hash(const State& st,
+                                                                      const Node& x,
+                                                                      std::size_t k) noexcept {
+    return paged_last_hash(parent_hash(st, x), x.tok, k, st.blocks.page_size(),
+                           st.namespaces[x.ns].seed);
+  }
+
+  /// A handle to node x (empty for a root).
+  [[nodiscard]] static Handle handle_of(const State& st, std::uint32_t x) noexcept {
+    if (st.nodes[x].kind != PagedKind::node) return {};
+    return {x, st.nodes[x].gen};
+  }
+
+  /// True when `h` is empty or still names a cached prefix.
+  [[nodiscard]] static bool valid(const State& st, const Handle& h) noexcept {
+    if (h.empty()) return true;
+    return h.node < st.nodes.size() && st.nodes[h.node].kind == PagedKind::node &&
+           st.nodes[h.node].gen == h.generation;
+  }
+
+  /// Nodes that are not the head of their (parent, first token) chain.
+  [[nodiscard]] static std::size_t chained_siblings(const State& st) noexcept {
+    std::size_t k = 0;
+    for (const Node& nd : st.nodes)
+      if (nd.kind == PagedKind::node && nd.next_same != paged_npos) ++k;
+    return k;
+  }
+
+  // ---- changes -----------------------------------------------------------------------------
+
+  /// A new unlinked node holding a copy of n pages (their tokens and ids) in `block`, with
+  /// its parent, depth and namespace slot set; its links, locks, metadata and hash are the
+  /// caller's. Requires reserve_nodes() (it may reallocate the nodes). Never throws.
+  static std::uint32_t new_node(State& st, std::unique_ptr<unsigned char[]> block, std::uint32_t n,
+                                const Token* tokens, const PageId* ids, std::uint32_t parent,
+                                std::uint32_t depth, std::uint32_t ns) noexcept {
+    const std::uint32_t x = alloc_node(st);
+    Node& nd = st.nodes[x];
+    st.blocks.fill(nd, std::move(block), n, tokens, ids);
+    nd.depth = depth;
+    nd.parent = parent;
+    nd.ns = ns;
+    nd.kind = PagedKind::node;
+    return x;
+  }
+
+  /// Splits node c after its first k pages: a new node takes them (and c's place under
+  /// its parent); c keeps the rest, and its index, so handles to c still name the same
+  /// end. `blocks` comes from st.blocks.split_blocks(c, k). Requires prepare_split() or
+  /// equivalent. Never throws.
+  static std::uint32_t split(State& st, std::uint32_t c, std::size_t k_pages,
+                             SplitBlocks blocks) noexcept {
+    const auto k = static_cast<std::uint32_t>(k_pages);
+    const std::uint32_t h = alloc_node(st);
+    Node& H = st.nodes[h];
+    Node& C = st.nodes[c];
+    const Token first = C.tok[0];
+    if (st.events.on()) H.last_hash = head_hash(st, C, k);
+    H.depth = C.depth;
+    H.parent = C.parent;
+    H.ns = C.ns;
+    H.kind = PagedKind::node;
+    const std::uint32_t tail = C.n - k;
+    if (k >= tail) {
+      // The head keeps the block (it starts at C's first live page); the tail is copied.
+      st.blocks.move_block(H, C);
+      H.n = k;
+      st.blocks.rehome(C, std::move(blocks.small), tail,
+                       C.tok + std::size_t{k} * st.blocks.page_size(), C.ids + k);
+      if (blocks.keep) st.blocks.rehome(H, std::move(blocks.keep), k, H.tok, H.ids);
+    } else {
+      st.blocks.rehome(H, std::move(blocks.small), k, C.tok, C.ids);
+      st.blocks.advance(C, k);
+      if (blocks.keep) st.blocks.rehome(C, std::move(blocks.keep), tail, C.tok, C.ids);
+    }
+    H.lock = C.lock;
+    H.meta = C.meta;
+    // H takes C's place among the siblings and in the edge chain.
+    H.prev = C.prev;
+    H.next = C.next;
+    if (C.prev != paged_npos) st.nodes[C.prev].next = h;
+    if (C.next != paged_npos) st.nodes[C.next].prev = h;
+    Node& P = st.nodes[C.parent];
+    if (P.first_child == c) P.first_child = h;
+    H.next_same = C.next_same;
+    const std::uint32_t head = st.edges.find(C.parent, first);
+    if (head == c) {
+      st.edges.replace(C.parent, first, h, H.tok);
+    } else {
+      std::uint32_t e = head;
+      while (st.nodes[e].next_same != c)
+        e = st.nodes[e].next_same;
+      st.nodes[e].next_same = h;
+    }
+    // C becomes H's only child.
+    C.depth += k;
+    C.parent = h;
+    C.prev = C.next = C.next_same = paged_npos;
+    H.first_child = c;
+    st.edges.insert_reserved(h, C.tok[0], c, C.tok);
+    ++st.stats.nodes;
+    ++st.stats.splits;
+    return h;
+  }
+
+  /// Adds a new unlocked leaf under `parent` holding n pages, its metadata from the
+  /// policy's on_create and its last page's hash `last_hash`. Requires room for a node,
+  /// an edge and a heap entry. Never throws.
+  static std::uint32_t add_leaf(State& st, std::uint32_t parent, const Token* tokens,
+                                const PageId* ids, std::uint32_t n,
+                                std::unique_ptr<unsigned char[]> block, std::uint64_t ns,
+                                std::int64_t priority, std::uint64_t last_hash) noexcept {
+    const Node& p = st.nodes[parent];
+    const std::uint32_t x = new_node(st, std::move(block), n, tokens, ids, parent,
+                                     p.kind == PagedKind::root ? 0U : p.depth + p.n, p.ns);
+    Node& L = st.nodes[x];
+    Node& P = st.nodes[parent];
+    L.last_hash = last_hash;
+    L.meta = st.policy.on_create(Order::context(st, L, ns, priority));
+    // Link as the first child; chain behind any sibling with the same first token.
+    L.prev = paged_npos;
+    L.next = P.first_child;
+    if (P.first_child != paged_npos) st.nodes[P.first_child].prev = x;
+    if (P.kind == PagedKind::node && P.first_child == paged_npos && P.heap_pos != paged_npos)
+      Order::erase(st, parent);
+    P.first_child = x;
+    const std::uint32_t head = st.edges.find(parent, tokens[0]);
+    if (head == paged_npos) {
+      st.edges.insert_reserved(parent, tokens[0], x, L.tok);
+    } else {
+      L.next_same = head;
+      st.edges.replace(parent, tokens[0], x, L.tok);
+    }
+    ++st.stats.nodes;
+    st.stats.cached_pages += n;
+    if constexpr (classes > 1) st.class_pages[Order::class_of(st, L)] += n;
+    st.evictable_pages += n;
+    Order::push(st, x);
+    return x;
+  }
+
+  /// Unlinks leaf x from its parent and the edge table, and frees it.
+  static void remove_leaf(State& st, std::uint32_t x) noexcept {
+    Node& L = st.nodes[x];
+    Node& P = st.nodes[L.parent];
+    if (L.prev != paged_npos) st.nodes[L.prev].next = L.next;
+    if (L.next != paged_npos) st.nodes[L.next].prev = L.prev;
+    if (P.first_child == x) P.first_child = L.next;
+    const Token first = L.tok[0];
+    const std::uint32_t head = st.edges.find(L.parent, first);
+    if (head == x) {
+      if (L.next_same != paged_npos)
+        st.edges.replace(L.parent, first, L.next_same, st.nodes[L.next_same].tok);
+      else
+        st.edges.erase(L.parent, first);
+    } else {
+      std::uint32_t e = head;
+      while (st.nodes[e].next_same != x)
+        e = st.nodes[e].next_same;
+      st.nodes[e].next_same = L.next_same;
+    }
+    --st.stats.nodes;
+    free_node(st, x);
+  }
+
+  /// Keeps a trimmed node's block at most twice its live pages (best effort).
+  static void compact(State& st, Node& x) noexcept {
+    if (!st.blocks.compact(x)) return;
+    // The edge naming x as its chain head carries x's tokens as its prefetch hint.
+    const auto self = static_cast<std::uint32_t>(&x - st.nodes.data());
+    if (st.edges.find(x.parent, x.tok[0]) == self) st.edges.set_hint(x.parent, x.tok[0], x.tok);
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_TREE_HPP
+// ---- end promptcache/detail/paged_tree.hpp ----
+
+namespace promptcache::detail {
+
+/// Locking and unlocking paths over a PagedCacheState<Types>. Stateless.
+template <class Types>
+struct PagedLocks {
+  /// The state it works on.
+  using State = PagedCacheState<Types>;
+  /// A tree node.
+  using Node = typename State::Node;
+  /// A handle to the end of a prefix.
+  using Handle = typename Types::Handle;
+  /// The heaps.
+  using Order = PagedEvictionOrder<Types>;
+
+  /// Locks the path ending at `h`. False, changing nothing, for a stale handle or when
+  /// the namespace holds 2^32 - 1 locks; true (no-op) for an empty handle.
+  /// O(nodes on the path + log leaves). Never throws.
+  static bool lock(State& st, const Handle& h) noexcept {
+    if (h.empty()) return true;
+    if (!PagedTree<Types>::valid(st, h)) return false;
+    Node& root = st.nodes[st.namespaces[st.nodes[h.node].ns].root];
+    if (root.lock == std::numeric_limits<std::uint32_t>::max()) return false;
+    for (std::uint32_t x = h.node; st.nodes[x].kind == PagedKind::node; x = st.nodes[x].parent) {
+      Node& nd = st.nodes[x];
+      if (nd.lock == 0) {
+        st.evictable_pages -= nd.n;
+        st.stats.locked_pages += nd.n;
+        if (nd.heap_pos != paged_npos) Order::erase(st, x);
+      }
+      ++nd.lock;
+    }
+    ++st.nodes[h.node].own;
+    ++root.lock;
+    return true;
+  }
+
+  /// Releases one lock taken at `h`. False, changing nothing, for a stale handle or when
+  /// none is held there; true (no-op) for an empty handle. O(nodes on the path + log
+  /// leaves). Never throws.
+  static bool unlock(State& st, const Handle& h) noexcept {
+    if (h.empty()) return true;
+    if (!PagedTree<Types>::valid(st, h) || st.nodes[h.node].own == 0) return false;
+    --st.nodes[h.node].own;
+    for (std::uint32_t x = h.node; st.nodes[x].kind == PagedKind::node; x = st.nodes[x].parent) {
+      Node& nd = st.nodes[x];
+      --nd.lock;
+      if (nd.lock == 0) {
+        st.evictable_pages += nd.n;
+        st.stats.locked_pages -= nd.n;
+        if (nd.first_child == paged_npos) Order::push(st, x);
+      }
+    }
+    --st.nodes[st.namespaces[st.nodes[h.node].ns].root].lock;
+    return true;
+  }
+
+  /// Locks taken at `h` and not yet released (0 for an empty or stale handle). O(1).
+  [[nodiscard]] static std::size_t count(const State& st, const Handle& h) noexcept {
+    return !h.empty() && PagedTree<Types>::valid(st, h) ? st.nodes[h.node].own : 0U;
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_LOCKS_HPP
+// ---- end promptcache/detail/paged_locks.hpp ----
+// ---- begin promptcache/detail/paged_match.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_MATCH_HPP
+#define PROMPTCACHE_DETAIL_PAGED_MATCH_HPP
+// promptcache: detail/paged_match.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The match walk of PagedPrefixCache: from a namespace's root down the children a
+// query continues in (PagedTree::find_child), handing on the page ids of each node
+// it matches, refreshing their policy metadata, and splitting the node a match ends
+// inside. peek() is the same walk with no change to anything.
+//
+// The walk is the cache's hot path: it keeps the nodes' and the edge table's
+// addresses in locals (the compare and the copy are calls that may write any memory,
+// after which fields of the state would be loaded again at every node) and splits at
+// most once, at its end, after the split's allocations succeed.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace promptcache::detail {
+
+/// The match walk over a PagedCacheState<Types>. Stateless.
+template <class Types>
+struct PagedMatchPath {
+  /// The state it works on.
+  using State = PagedCacheState<Types>;
+  /// A tree node.
+  using Node = typename State::Node;
+  /// The engine's page id type.
+  using PageId = typename State::PageId;
+  /// The tree.
+  using Tree = PagedTree<Types>;
+  /// The heaps and hooks.
+  using Order = PagedEvictionOrder<Types>;
+  /// A handle to the end of a prefix.
+  using Handle = typename Types::Handle;
+
+  /// Where a walk ended.
+  struct End {
+    std::size_t matched = 0;  ///< matched tokens
+    Handle handle{};          ///< the node it ended at (empty: nothing matched)
+  };
+
+  /// Walks the first q_pages pages of `tokens` in namespace `ns`, handing emit(offset in
+  /// pages, ids, count) the ids of each matched node in path order; with Copy (page size
+  /// 1) the compare writes them to out instead and emit is not called. Counts the lookup.
+  /// Throws std::logic_error from the event sink (nothing changed), std::bad_alloc from a
+  /// split (see PagedPrefixCache::match).
+  template <bool Copy, class Emit>
+  static End walk(State& st, std::span<const std::uint32_t> tokens, std::uint64_t ns,
+                  std::size_t q_pages, Emit&& emit, PageId* out) {
+    if (st.events.publishing()) [[unlikely]]
+      paged_throw_reentered();
+    ++st.stats.lookups;
+    st.stats.query_tokens += tokens.size();
+    ++st.tick;
+    const std::uint32_t slot = st.namespaces.find_hinted(ns);
+    if (slot == paged_npos) return {};
+    st.namespaces.remember(slot);
+    // Locals: the compare and the copy are calls that may write any memory, after which
+    // the state's fields would be loaded again at every node.
+    const std::size_t ps = st.blocks.page_size();
+    const std::uint32_t* const q = tokens.data();
+    Node* nodes = st.nodes.data();
+    const PagedEdgeTable::View edges = st.edges.view();
+    std::uint32_t cur = st.namespaces[slot].root;
+    std::size_t pos = 0;
+    typename Tree::Found f;
+    while (pos < q_pages) {
+      f = Tree::template find_child<Copy>(st, nodes, edges, cur, q + pos * ps, q_pages - pos,
+                                          f.next, f.ahead, Copy ? out + pos : nullptr);
+      if (f.node == paged_npos) break;
+      std::uint32_t c = f.node;
+      const std::size_t k = f.pages;
+      const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
+      if (inside) {
+        // prepare_split() may rehash the edge table, freeing the slots `edges` views; the
+        // walk ends after this node, so `edges` is never read again.
+        Tree::prepare_split(st);
+        c = Tree::split(st, c, k, st.blocks.split_blocks(st.nodes[c], k));
+        nodes = st.nodes.data();
+      }
+      Order::touch_match(st, c, ns);
+      const Node& x = nodes[c];
+      if constexpr (!Copy) emit(pos, x.ids, std::size_t{x.n});
+      pos += x.n;
+      cur = c;
+      if (inside) break;
+    }
+    st.stats.hit_tokens += pos * ps;
+    // The walk ends at the root exactly when it matched nothing.
+    if (pos == 0) return {};
+    return {pos * ps, Handle{cur, nodes[cur].gen}};
+  }
+
+  /// Matched tokens walk() would report, without refreshing or splitting anything.
+  /// O(T); never throws.
+  [[nodiscard]] static std::size_t peek(const State& st, std::span<const std::uint32_t> tokens,
+                                        std::uint64_t ns) noexcept {
+    const std::uint32_t slot = st.namespaces.find_hinted(ns);
+    if (slot == paged_npos) return 0;
+    const std::size_t q_pages = tokens.size() / st.blocks.page_size();
+    std::uint32_t cur = st.namespaces[slot].root;
+    std::size_t pos = 0;
+    typename Tree::Found f;
+    while (pos < q_pages) {
+      f = Tree::template find_child<false>(st, st.nodes.data(), st.edges.view(), cur,
+                                           tokens.data() + pos * st.blocks.page_size(),
+                                           q_pages - pos, f.next, f.ahead, nullptr);
+      if (f.node == paged_npos) break;
+      pos += f.pages;
+      if (f.pages < st.nodes[f.node].n) break;
+      cur = f.node;
+    }
+    return pos * st.blocks.page_size();
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_MATCH_HPP
+// ---- end promptcache/detail/paged_match.hpp ----
+// ---- begin promptcache/detail/paged_removal.hpp ----
+#ifndef PROMPTCACHE_DETAIL_PAGED_REMOVAL_HPP
+#define PROMPTCACHE_DETAIL_PAGED_REMOVAL_HPP
+// promptcache: detail/paged_removal.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// The paths that hand pages back to the engine: evict (leaves in the order of the
+// policy, trimmed from the tail so that a long leaf gives up only what is needed),
+// erasing a namespace, clearing everything. Each calls the engine's callback once per
+// freed page, keeps the counters and the heaps in step, and collects the block hashes
+// of what it freed for the cache's Removed event.
+//
+// None of them allocates (the callers reserve the hash vector first), so none can
+// fail half-way: the cache cannot hand back half a node.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace promptcache::detail {
+
+/// Freeing pages over a PagedCacheState<Types>. Stateless.
+template <class Types>
+struct PagedRemoval {
+  /// The state it works on.
+  using State = PagedCacheState<Types>;
+  /// A tree node.
+  using Node = typename State::Node;
+  /// The tree.
+  using Tree = PagedTree<Types>;
+  /// The heaps and hooks.
+  using Order = PagedEvictionOrder<Types>;
+  /// Key classes of the policy.
+  static constexpr std::size_t classes = State::classes;
+
+  /// Frees exactly `target` evictable pages (at most st.evictable_pages): takes the leaf
+  /// with the least key of the class the policy picks, frees its pages from the tail
+  /// (deepest first) through on_evict, and with a sink appends their hashes to `removed`
+  /// (which has room for them). A leaf emptied this way is removed and its parent may
+  /// become a leaf. Never throws (on_evict must not).
+  template <class OnEvict>
+  static void evict(State& st, std::size_t target, OnEvict& on_evict,
+                    std::vector<std::uint64_t>& removed) noexcept {
+    std::size_t freed = 0;
+    while (freed < target) {
+      const std::size_t k = Order::evict_class(st);
+      Order::fresh_top(st, k);
+      const std::uint32_t x = st.heaps[k][0].node;
+      Node& nd = st.nodes[x];
+      std::uint32_t take = static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
+      if constexpr (classes > 1) {
+        // The policy chooses again after every page: its choice depends on the
+        // pages per class, which this leaf's pages are leaving.
+        std::uint32_t t = 0;
+        do {
+          --st.class_pages[k];
+          ++t;
+        } while (t < take && Order::evict_class(st) == k);
+        take = t;
+      }
+      const std::uint32_t keep = nd.n - take;
+      for (std::uint32_t i = nd.n; i-- > keep;)
+        on_evict(nd.ids[i]);
+      if (st.events.on()) {
+        // Only the last page's hash is kept: walk the node's chain once for the
+        // hashes of the freed pages (deepest first) and the new last page's.
+        nd.last_hash =
+            paged_trimmed_hashes(Tree::parent_hash(st, nd), nd.tok, nd.n, keep,
+                                 st.blocks.page_size(), st.namespaces[nd.ns].seed, removed);
+      }
+      PagedPolicyContext ctx = Order::context(st, nd, st.namespaces[nd.ns].id, 0);
+      ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * st.blocks.page_size());
+      ctx.whole_node = keep == 0;
+      ctx.depth_pages += keep;
+      st.policy.on_evict(nd.meta, ctx);
+      st.stats.cached_pages -= take;
+      st.evictable_pages -= take;
+      st.stats.evicted_pages += take;
+      freed += take;
+      if (keep == 0) {
+        const std::uint32_t parent = nd.parent;
+        Order::erase_at(st, k, 0);
+        Tree::remove_leaf(st, x);
+        Node& p = st.nodes[parent];
+        if (p.kind == PagedKind::node && p.first_child == paged_npos && p.lock == 0)
+          Order::push(st, parent);
+      } else {
+        nd.n = keep;
+        ++nd.gen;
+        Tree::compact(st, nd);
+      }
+    }
+  }
+
+  /// Frees every page of every namespace through on_free (in node order) and empties
+  /// the tree, keeping the namespaces and their roots. Requires no lock. Never throws
+  /// (on_free must not).
+  template <class OnFree>
+  static void clear(State& st, OnFree& on_free) noexcept {
+    for (std::uint32_t x = 0; x < st.nodes.size(); ++x) {
+      Node& nd = st.nodes[x];
+      if (nd.kind == PagedKind::root) {
+        nd.first_child = paged_npos;
+        nd.lock = 0;
+      }
+      if (nd.kind != PagedKind::node) continue;
+      for (std::uint32_t i = 0; i < nd.n; ++i)
+        on_free(nd.ids[i]);
+      Tree::free_node(st, x);
+    }
+    st.stats.cleared_pages += st.stats.cached_pages;
+    st.stats.cached_pages = 0;
+    st.stats.nodes = 0;
+    st.evictable_pages = 0;
+    st.edges.clear();
+    for (auto& heap : st.heaps)
+      heap.clear();
+    st.class_pages = {};
+  }
+
+  /// Appends every node of the namespace whose root is `root` to `order`, parents
+  /// first; returns their pages. Throws std::bad_alloc.
+  static std::size_t collect(const State& st, std::uint32_t root,
+                             std::vector<std::uint32_t>& order) {
+    std::size_t pages = 0;
+    for (std::uint32_t c = st.nodes[root].first_child; c != paged_npos; c = st.nodes[c].next)
+      order.push_back(c);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      pages += st.nodes[order[i]].n;
+      for (std::uint32_t c = st.nodes[order[i]].first_child; c != paged_npos; c = st.nodes[c].next)
+        order.push_back(c);
+    }
+    return pages;
+  }
+
+  /// Frees the nodes `order` (collect()'s, of the unlocked namespace in `slot`) through
+  /// on_free, children first, appending their hashes to `removed` with a sink (which has
+  /// room for them), and closes the namespace. Never throws (on_free must not).
+  template <class OnFree>
+  static void erase(State& st, std::uint32_t slot, const std::vector<std::uint32_t>& order,
+                    OnFree& on_free, std::vector<std::uint64_t>& removed) noexcept {
+    // Children first, so every removal is of a leaf.
+    for (std::size_t i = order.size(); i-- > 0;) {
+      const std::uint32_t x = order[i];
+      Node& nd = st.nodes[x];
+      for (std::uint32_t j = nd.n; j-- > 0;)
+        on_free(nd.ids[j]);
+      if (st.events.on())  // the parent is still there: children go first
+        paged_removed_hashes(Tree::parent_hash(st, nd), nd.tok, nd.n, st.blocks.page_size(),
+                             st.namespaces[nd.ns].seed, removed);
+      st.stats.cached_pages -= nd.n;
+      if constexpr (classes > 1) st.class_pages[Order::class_of(st, nd)] -= nd.n;
+      st.evictable_pages -= nd.n;
+      if (nd.heap_pos != paged_npos) Order::erase(st, x);
+      Tree::remove_leaf(st, x);
+    }
+    Tree::close_namespace(st, slot);
+  }
+};
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_PAGED_REMOVAL_HPP
+// ---- end promptcache/detail/paged_removal.hpp ----
 
 namespace promptcache {
 
@@ -7009,6 +9054,15 @@ struct PagedCacheStats {
   std::size_t nodes = 0;              ///< Gauge: tree nodes (namespace roots not counted).
 };
 
+/// What a token sink (PagedPrefixCache's second sink form) receives beside each event:
+/// for a Stored event, the namespace and the token ids of the new pages, which a
+/// publisher needs to send them on (vLLM's BlockStored carries token ids). Empty for
+/// other events. Valid only during the sink call.
+struct PagedStoredPages {
+  std::uint64_t ns = 0;                   ///< The namespace the pages were stored in.
+  std::span<const std::uint32_t> tokens;  ///< page_size tokens per new page, root side first.
+};
+
 /// Memory held by a PagedPrefixCache, split into the index and the token ids it indexes.
 struct PagedCacheMemory {
   std::size_t index_bytes = 0;  ///< Nodes, page ids, block hashes, edge table, heap, namespaces.
@@ -7039,16 +9093,21 @@ class PagedPrefixCache {
   static_assert(!std::is_same_v<std::remove_cv_t<PageId>, bool>, "PageId must not be bool");
   static_assert(alignof(PageId) <= alignof(std::uint64_t), "PageId alignment above 8");
 
-  using meta_type = typename Policy::meta_type;
-  using key_type = typename Policy::key_type;
-  static constexpr std::uint32_t npos = 0xFFFFFFFFU;
-  using ns_map = std::unordered_map<std::uint64_t, std::uint32_t>;
-  using seed_map = std::unordered_map<std::uint64_t, std::uint64_t>;
+  // The types the parts (detail/paged_state.hpp) use.
+  using Types = detail::PagedTypes<PageId, Policy, std::function<void(const KvEvent&)>,
+                                   std::function<void(const KvEvent&, const PagedStoredPages&)>,
+                                   PagedCacheStats, PagedPrefixHandle>;
+  using State = detail::PagedCacheState<Types>;
+  using Node = typename State::Node;
+  using Tree = detail::PagedTree<Types>;
+  using Order = detail::PagedEvictionOrder<Types>;
+  using Locks = detail::PagedLocks<Types>;
+  using Matches = detail::PagedMatchPath<Types>;
+  using Removal = detail::PagedRemoval<Types>;
+  static constexpr std::uint32_t npos = detail::paged_npos;
   // The moves throw only where the policy's move, or the sink's or a map's move
   // assignment, does (the vectors and the edge table never do).
-  static constexpr bool nothrow_take =
-      std::is_nothrow_move_assignable_v<std::function<void(const KvEvent&)>> &&
-      std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
+  static constexpr bool nothrow_take = State::nothrow_take;
   static constexpr bool nothrow_move_construct =
       std::is_nothrow_move_constructible_v<Policy> && nothrow_take;
   static constexpr bool nothrow_move_assign =
@@ -7064,6 +9123,8 @@ class PagedPrefixCache {
   /// Receives the KV events. It may read the cache through const members; a non-const
   /// call from it throws std::logic_error (see the class comment).
   using event_sink = std::function<void(const KvEvent&)>;
+  /// The second sink form: also receives the tokens of stored pages (PagedStoredPages).
+  using token_sink = std::function<void(const KvEvent&, const PagedStoredPages&)>;
 
   /// What match() found.
   struct MatchResult {
@@ -7092,10 +9153,15 @@ class PagedPrefixCache {
   /// events to `sink` when given (pages are then hashed on insert and on eviction).
   /// Throws std::invalid_argument if page_size is 0 or above 2^20. O(1).
   explicit PagedPrefixCache(std::size_t page_size, Policy policy = Policy{}, event_sink sink = {})
-      : page_size_(check_page_size(page_size)),
-        policy_(std::move(policy)),
-        sink_(std::move(sink)),
-        hashes_(static_cast<bool>(sink_)) {}
+      : state_(check_page_size(page_size), std::move(policy), std::move(sink)) {}
+  /// As above, publishing to a token sink: `sink(event, pages)`, with the tokens of a
+  /// Stored event's pages (the cache keeps them anyway: passing them costs nothing).
+  /// Chosen for a callable taking both arguments. O(1).
+  template <class TokenSink>
+  requires std::is_invocable_v<TokenSink&, const KvEvent&, const PagedStoredPages&>
+  PagedPrefixCache(std::size_t page_size, Policy policy, TokenSink sink)
+      : state_(check_page_size(page_size), std::move(policy), detail::PagedTokenSinkTag{},
+               token_sink(std::move(sink))) {}
 
   /// Not copyable (one cache per engine).
   PagedPrefixCache(const PagedPrefixCache&) = delete;
@@ -7105,8 +9171,8 @@ class PagedPrefixCache {
   /// empty and usable: no namespaces, pages, events or counters, the same page size, its
   /// policy as Policy's move left it, and no sink (publishes_events() false). O(1).
   PagedPrefixCache(PagedPrefixCache&& other) noexcept(nothrow_move_construct)
-      : page_size_(other.page_size_), policy_(std::move(other.policy_)), hashes_(false) {
-    take_contents(other);
+      : state_(other.state_.blocks.page_size(), std::move(other.state_.policy)) {
+    state_.take(other.state_);
   }
   /// Takes over `other` as the move constructor does, leaving `other` as it says; this
   /// cache's pages are dropped without callbacks. Self-move changes nothing. O(N).
@@ -7117,9 +9183,8 @@ class PagedPrefixCache {
     if (this == &other) return *this;
     // The policy first: it is the one member whose move may throw, so a throw leaves
     // this cache as it was.
-    policy_ = std::move(other.policy_);
-    page_size_ = other.page_size_;
-    take_contents(other);
+    state_.policy = std::move(other.state_.policy);
+    state_.take(other.state_);
     return *this;
   }
   /// Releases the index (not the engine's pages: the engine owns them). O(N).
@@ -7138,35 +9203,33 @@ class PagedPrefixCache {
   /// answered with this namespace's blocks. O(names + 1) expected.
   void configure_namespace(namespace_id ns, std::string_view lora_name = {},
                            std::string_view cache_salt = {}) {
-    if (publishing_) throw_reentered();
-    if (lora_name.empty() && names_other_namespace(cache_salt, ns))
+    if (state_.events.publishing()) detail::paged_throw_reentered();
+    if (lora_name.empty() && detail::PagedNamespaces::names_other_namespace(cache_salt, ns))
       throw std::invalid_argument(
           "PagedPrefixCache: the seed is another namespace's default block-hash seed");
     const std::uint64_t seed = block_hash_seed(lora_name, cache_salt);
-    const auto it = ns_index_.find(ns);
-    if (it != ns_index_.end()) {
-      NsSlot& s = ns_slots_[it->second];
+    const std::uint32_t slot = state_.namespaces.find(ns);
+    if (slot != npos) {
+      const detail::PagedNsSlot& s = state_.namespaces[slot];
       if (s.seed == seed) return;
-      if (nodes_[s.root].first_child != npos)
+      if (state_.nodes[s.root].first_child != npos)
         throw std::invalid_argument("PagedPrefixCache: namespace holds pages, seed cannot change");
-      check_seed_free(seed, ns);
-      seed_owner_.emplace(seed, ns);  // may throw: nothing changed yet
-      seed_owner_.erase(s.seed);
-      s.seed = seed;
+      state_.namespaces.check_seed_free(seed, ns);
+      state_.namespaces.reseed(slot, seed);  // strong
       return;
     }
-    check_seed_free(seed, ns);
-    create_namespace(ns, seed);
+    state_.namespaces.check_seed_free(seed, ns);
+    Tree::open_namespace(state_, ns, seed);
   }
 
   /// The block-hash seed namespace `ns` uses (or would use) for its pages. O(1) expected.
   [[nodiscard]] std::uint64_t namespace_seed(namespace_id ns) const {
-    const auto it = ns_index_.find(ns);
-    return it != ns_index_.end() ? ns_slots_[it->second].seed : default_seed(ns);
+    const std::uint32_t slot = state_.namespaces.find(ns);
+    return slot != npos ? state_.namespaces[slot].seed : detail::PagedNamespaces::default_seed(ns);
   }
 
   /// Number of namespaces known (configured or holding pages since their last erase). O(1).
-  [[nodiscard]] std::size_t namespace_count() const noexcept { return ns_index_.size(); }
+  [[nodiscard]] std::size_t namespace_count() const noexcept { return state_.namespaces.size(); }
 
   // ---- lookups ----------------------------------------------------------------------------
 
@@ -7191,12 +9254,12 @@ class PagedPrefixCache {
   /// reuse its capacity.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::vector<PageId>& pages) {
     pages.clear();
-    return walk<false>(
-        tokens, ns, tokens.size() / page_size_,
+    return ended(Matches::template walk<false>(
+        state_, tokens, ns, tokens.size() / state_.blocks.page_size(),
         [&](std::size_t, const PageId* ids, std::size_t n) {
           pages.insert(pages.end(), ids, ids + n);
         },
-        nullptr);
+        nullptr));
   }
 
   /// As match() above, writing the page ids to out[0, matched / page_size()), as an engine
@@ -7209,35 +9272,22 @@ class PagedPrefixCache {
   /// sizeof(PageId) <= 4: ids then land only on compared tokens. With 8-byte ids at page
   /// size 1 they would overwrite tokens still to compare: use separate storage.
   MatchEnd match(std::span<const token_type> tokens, namespace_id ns, std::span<PageId> out) {
-    const std::size_t q_pages = std::min(tokens.size() / page_size_, out.size());
+    const std::size_t q_pages = std::min(tokens.size() / state_.blocks.page_size(), out.size());
     const auto emit = [&](std::size_t at, const PageId* ids, std::size_t n) {
       std::memcpy(out.data() + at, ids, n * sizeof(PageId));
     };
     // With one token per page the ids are as many bytes as the tokens: the compare copies
-    // them in the same pass (see find_child).
-    if (page_size_ == 1) return walk<true>(tokens, ns, q_pages, emit, out.data());
-    return walk<false>(tokens, ns, q_pages, emit, nullptr);
+    // them in the same pass (see PagedTree::find_child).
+    if (state_.blocks.page_size() == 1)
+      return ended(Matches::template walk<true>(state_, tokens, ns, q_pages, emit, out.data()));
+    return ended(Matches::template walk<false>(state_, tokens, ns, q_pages, emit, nullptr));
   }
 
   /// Matched tokens match() would report, without refreshing or splitting anything.
   /// O(T); never throws.
   [[nodiscard]] std::size_t peek(std::span<const token_type> tokens,
                                  namespace_id ns = 0) const noexcept {
-    const std::uint32_t slot = ns_slot(ns);
-    if (slot == npos) return 0;
-    const std::size_t q_pages = tokens.size() / page_size_;
-    std::uint32_t cur = ns_slots_[slot].root;
-    std::size_t pos = 0;
-    Found f;
-    while (pos < q_pages) {
-      f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                            q_pages - pos, f.next, f.ahead, nullptr);
-      if (f.node == npos) break;
-      pos += f.pages;
-      if (f.pages < nodes_[f.node].n) break;
-      cur = f.node;
-    }
-    return pos * page_size_;
+    return Matches::peek(state_, tokens, ns);
   }
 
   // ---- locks ------------------------------------------------------------------------------
@@ -7247,23 +9297,8 @@ class PagedPrefixCache {
   /// stale handle, when 2^32 - 1 locks are held in the namespace, or when called from the
   /// event sink; true (no-op) for an empty handle. O(nodes on the path + log L); never throws.
   bool lock(const PagedPrefixHandle& h) noexcept {
-    if (publishing_) return false;
-    if (h.empty()) return true;
-    if (!valid(h)) return false;
-    Node& root = nodes_[ns_slots_[nodes_[h.node].ns].root];
-    if (root.lock == std::numeric_limits<std::uint32_t>::max()) return false;
-    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
-      Node& nd = nodes_[x];
-      if (nd.lock == 0) {
-        evictable_pages_ -= nd.n;
-        stats_.locked_pages += nd.n;
-        if (nd.heap_pos != npos) heap_erase(x);
-      }
-      ++nd.lock;
-    }
-    ++nodes_[h.node].own;
-    ++root.lock;
-    return true;
+    if (state_.events.publishing()) return false;
+    return Locks::lock(state_, h);
   }
 
   /// Releases one lock taken with lock() on a handle ending where `h` ends. Returns
@@ -7272,34 +9307,19 @@ class PagedPrefixCache {
   /// called from the event sink; true (no-op) for an empty handle. O(nodes on the path +
   /// log L); never throws.
   bool unlock(const PagedPrefixHandle& h) noexcept {
-    if (publishing_) return false;
-    if (h.empty()) return true;
-    if (!valid(h) || nodes_[h.node].own == 0) return false;
-    --nodes_[h.node].own;
-    for (std::uint32_t x = h.node; nodes_[x].kind == Kind::node; x = nodes_[x].parent) {
-      Node& nd = nodes_[x];
-      --nd.lock;
-      if (nd.lock == 0) {
-        evictable_pages_ += nd.n;
-        stats_.locked_pages -= nd.n;
-        if (nd.first_child == npos) heap_push(x);
-      }
-    }
-    --nodes_[ns_slots_[nodes_[h.node].ns].root].lock;
-    return true;
+    if (state_.events.publishing()) return false;
+    return Locks::unlock(state_, h);
   }
 
   /// True when `h` is empty or still names a cached prefix. O(1).
   [[nodiscard]] bool valid(const PagedPrefixHandle& h) const noexcept {
-    if (h.empty()) return true;
-    return h.node < nodes_.size() && nodes_[h.node].kind == Kind::node &&
-           nodes_[h.node].gen == h.generation;
+    return Tree::valid(state_, h);
   }
 
   /// Locks taken with handles ending where `h` ends and not yet released (0 for an
   /// empty or stale handle). O(1).
   [[nodiscard]] std::size_t lock_count(const PagedPrefixHandle& h) const noexcept {
-    return !h.empty() && valid(h) ? nodes_[h.node].own : 0U;
+    return Locks::count(state_, h);
   }
 
   // ---- insert / evict ---------------------------------------------------------------------
@@ -7319,41 +9339,44 @@ class PagedPrefixCache {
   /// the engine still owns its pages (a throwing sink consumes the event id).
   InsertResult insert(std::span<const token_type> tokens, std::span<const PageId> pages,
                       namespace_id ns = 0, std::int64_t priority = 0) {
-    if (publishing_) throw_reentered();
-    const std::size_t q_pages = tokens.size() / page_size_;
+    if (state_.events.publishing()) detail::paged_throw_reentered();
+    const std::size_t q_pages = tokens.size() / page_size();
     if (pages.size() < q_pages)
       throw std::invalid_argument("PagedPrefixCache::insert: fewer page ids than whole pages");
     InsertResult r;
     if (q_pages == 0) {
-      ++stats_.inserts;
+      ++state_.stats.inserts;
       return r;
     }
     if (q_pages > std::numeric_limits<std::uint32_t>::max() - 1)
       throw std::invalid_argument("PagedPrefixCache::insert: more than 2^32 - 2 pages");
 
     // Phase 1: find the path and allocate everything; nothing changes yet.
-    const auto it = ns_index_.find(ns);
+    std::uint32_t slot = state_.namespaces.find(ns);
+    const bool new_ns = slot == npos;
     std::uint64_t seed = 0;
     std::uint32_t cur = npos;
-    if (it != ns_index_.end()) {
-      cur = ns_slots_[it->second].root;
-      seed = ns_slots_[it->second].seed;
+    if (!new_ns) {
+      cur = state_.namespaces[slot].root;
+      seed = state_.namespaces[slot].seed;
     } else {
-      seed = default_seed(ns);
-      check_seed_free(seed, ns);
+      seed = detail::PagedNamespaces::default_seed(ns);
+      state_.namespaces.check_seed_free(seed, ns);
     }
-    path_.clear();
+    state_.path.clear();
     std::size_t pos = 0;
     std::uint32_t split_node = npos;
     std::uint32_t split_pages = 0;
     if (cur != npos) {
-      Found f;
+      typename Tree::Found f;
       while (pos < q_pages) {
-        f = find_child<false>(nodes_.data(), edges_.view(), cur, tokens.data() + pos * page_size_,
-                              q_pages - pos, f.next, f.ahead, nullptr);
+        f = Tree::template find_child<false>(state_, state_.nodes.data(), state_.edges.view(), cur,
+                                             tokens.data() + pos * page_size(), q_pages - pos,
+                                             f.next, f.ahead, nullptr);
         if (f.node == npos) break;
-        const Node& x = nodes_[f.node];
-        const PageId* ids = page_ids(x);
+        const Node& x = state_.nodes[f.node];
+        // A local: push_back may write any memory, after which x.ids would be reloaded.
+        const PageId* ids = x.ids;
         for (std::size_t i = 0; i < f.pages; ++i)
           if (ids[i] != pages[pos + i]) r.duplicates.push_back(pages[pos + i]);
         pos += f.pages;
@@ -7362,47 +9385,34 @@ class PagedPrefixCache {
           split_pages = static_cast<std::uint32_t>(f.pages);
           break;
         }
-        path_.push_back(f.node);
+        state_.path.push_back(f.node);
         cur = f.node;
       }
     }
     const std::size_t new_pages = q_pages - pos;
-    SplitBlocks split_space;
+    typename Tree::SplitBlocks split_space;
     std::unique_ptr<unsigned char[]> leaf_block;
-    if (split_node != npos) split_space = split_blocks(nodes_[split_node], split_pages);
-    if (new_pages > 0) leaf_block = make_block(static_cast<std::uint32_t>(new_pages));
+    if (split_node != npos)
+      split_space = state_.blocks.split_blocks(state_.nodes[split_node], split_pages);
+    if (new_pages > 0) leaf_block = state_.blocks.make_block(static_cast<std::uint32_t>(new_pages));
     std::optional<kv_event::Stored> event;
-    if (new_pages > 0 && hashes_) {
-      kv_event::Stored st;
-      st.blocks.resize(new_pages);
-      std::vector<std::uint64_t> locals(new_pages);
-      BlockHashOptions opts;
-      opts.seed = seed;
-      local_block_hashes(tokens.subspan(pos * page_size_, new_pages * page_size_), page_size_,
-                         locals, opts);
+    if (new_pages > 0 && state_.events.on()) {
       std::optional<std::uint64_t> parent;
-      if (split_node != npos) {
-        const Node& c = nodes_[split_node];
-        parent = chain(parent_hash(c), tokens_of(c), split_pages, seed,
-                       [](std::uint32_t, std::uint64_t) {});
-      } else if (pos > 0) {
-        parent = nodes_[cur].last_hash;
-      }
-      st.parent_hash = parent;
-      for (std::size_t i = 0; i < new_pages; ++i) {
-        const std::uint64_t h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
-        st.blocks[i] = KvBlock{h, locals[i]};
-        parent = h;
-      }
-      event.emplace(std::move(st));
+      if (split_node != npos)
+        parent = Tree::head_hash(state_, state_.nodes[split_node], split_pages);
+      else if (pos > 0)
+        parent = state_.nodes[cur].last_hash;
+      event.emplace(
+          detail::paged_stored_event(tokens.subspan(pos * page_size(), new_pages * page_size()),
+                                     page_size(), new_pages, seed, parent));
     }
     const std::size_t extra_nodes = (split_node != npos ? 1U : 0U) + (new_pages > 0 ? 1U : 0U);
-    reserve_nodes(extra_nodes + 1);  // + a root for a new namespace
-    edges_.reserve(extra_nodes);
-    reserve_heap(stats_.nodes + extra_nodes);
-    if (it == ns_index_.end()) {
-      create_namespace(ns, seed);  // strong: nothing else changed yet
-      cur = ns_slots_[ns_index_.find(ns)->second].root;
+    Tree::reserve_nodes(state_, extra_nodes + 1);  // + a root for a new namespace
+    state_.edges.reserve(extra_nodes);
+    Order::reserve(state_, state_.stats.nodes + extra_nodes);
+    if (new_ns) {
+      slot = Tree::open_namespace(state_, ns, seed);  // strong: nothing else changed yet
+      cur = state_.namespaces[slot].root;
     }
     // The event goes out before the commit, the one step after it that cannot throw: a
     // sink that throws has not published it, and leaves the cache as it was (the new
@@ -7410,32 +9420,34 @@ class PagedPrefixCache {
     const std::uint64_t leaf_hash = event ? event->blocks.back().block_hash : 0;
     if (event) {
       try {
-        publish(std::move(*event));
+        state_.events.publish(
+            std::move(*event), state_.stats.events,
+            PagedStoredPages{ns, tokens.subspan(pos * page_size(), new_pages * page_size())});
       } catch (...) {
-        if (it == ns_index_.end()) drop_empty_namespace(ns);
+        if (new_ns) Tree::drop_empty_namespace(state_, slot);
         throw;
       }
     }
 
     // Phase 2: commit; nothing below throws.
-    ++tick_;
-    ++stats_.inserts;
-    for (const std::uint32_t x : path_)
-      touch_insert(x, ns, priority);
+    ++state_.tick;
+    ++state_.stats.inserts;
+    for (const std::uint32_t x : state_.path)
+      Order::touch_insert(state_, x, ns, priority);
     if (split_node != npos) {
-      cur = split(split_node, split_pages, std::move(split_space));
-      touch_insert(cur, ns, priority);
+      cur = Tree::split(state_, split_node, split_pages, std::move(split_space));
+      Order::touch_insert(state_, cur, ns, priority);
     }
     if (new_pages > 0) {
-      cur = add_leaf(cur, tokens.data() + pos * page_size_, pages.data() + pos,
-                     static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns, priority,
-                     leaf_hash);
+      cur = Tree::add_leaf(state_, cur, tokens.data() + pos * page_size(), pages.data() + pos,
+                           static_cast<std::uint32_t>(new_pages), std::move(leaf_block), ns,
+                           priority, leaf_hash);
     }
     r.cached_pages = pos;
     r.inserted_pages = new_pages;
-    r.handle = handle_of(cur);
-    stats_.inserted_pages += new_pages;
-    stats_.duplicate_pages += r.duplicates.size();
+    r.handle = Tree::handle_of(state_, cur);
+    state_.stats.inserted_pages += new_pages;
+    state_.stats.duplicate_pages += r.duplicates.size();
     return r;
   }
 
@@ -7454,13 +9466,14 @@ class PagedPrefixCache {
   /// (on_evict ran), the event id consumed, and the exception propagates.
   template <class OnEvict>
   std::size_t evict(std::size_t n_pages, OnEvict&& on_evict) {
-    if (publishing_) throw_reentered();
-    const std::size_t target = std::min(n_pages, evictable_pages_);
+    if (state_.events.publishing()) detail::paged_throw_reentered();
+    const std::size_t target = std::min(n_pages, state_.evictable_pages);
     if (target == 0) return 0;
     std::vector<std::uint64_t> removed;
-    if (hashes_) removed.reserve(target);
-    evict_reserved(target, on_evict, removed);
-    if (hashes_) publish(kv_event::Removed{std::move(removed)});
+    if (state_.events.on()) removed.reserve(target);
+    Removal::evict(state_, target, on_evict, removed);
+    if (state_.events.on())
+      state_.events.publish(kv_event::Removed{std::move(removed)}, state_.stats.events);
     return target;
   }
 
@@ -7476,10 +9489,10 @@ class PagedPrefixCache {
   /// the cache is cleared (on_free ran), the event id consumed, the exception propagates.
   template <class OnFree>
   bool clear(OnFree&& on_free) {
-    if (publishing_) throw_reentered();
-    if (stats_.locked_pages > 0) return false;
-    clear_reserved(on_free);
-    publish(kv_event::Cleared{});
+    if (state_.events.publishing()) detail::paged_throw_reentered();
+    if (state_.stats.locked_pages > 0) return false;
+    Removal::clear(state_, on_free);
+    state_.events.publish(kv_event::Cleared{}, state_.stats.events);
     return true;
   }
 
@@ -7496,26 +9509,19 @@ class PagedPrefixCache {
   /// exception propagates.
   template <class OnFree>
   bool erase_namespace(namespace_id ns, OnFree&& on_free) {
-    if (publishing_) throw_reentered();
-    const auto it = ns_index_.find(ns);
-    if (it == ns_index_.end()) return true;
-    const std::uint32_t slot = it->second;
-    const std::uint32_t root = ns_slots_[slot].root;
-    if (nodes_[root].lock > 0) return false;
+    if (state_.events.publishing()) detail::paged_throw_reentered();
+    const std::uint32_t slot = state_.namespaces.find(ns);
+    if (slot == npos) return true;
+    const std::uint32_t root = state_.namespaces[slot].root;
+    if (state_.nodes[root].lock > 0) return false;
     std::vector<std::uint32_t> order;  // every node of the namespace, parents first
-    std::size_t pages = 0;
-    for (std::uint32_t c = nodes_[root].first_child; c != npos; c = nodes_[c].next)
-      order.push_back(c);
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      pages += nodes_[order[i]].n;
-      for (std::uint32_t c = nodes_[order[i]].first_child; c != npos; c = nodes_[c].next)
-        order.push_back(c);
-    }
+    const std::size_t pages = Removal::collect(state_, root, order);
     std::vector<std::uint64_t> removed;
-    if (hashes_) removed.reserve(pages);
-    erase_reserved(slot, order, on_free, removed);
-    stats_.erased_pages += pages;
-    if (hashes_ && pages > 0) publish(kv_event::Removed{std::move(removed)});
+    if (state_.events.on()) removed.reserve(pages);
+    Removal::erase(state_, slot, order, on_free, removed);
+    state_.stats.erased_pages += pages;
+    if (state_.events.on() && pages > 0)
+      state_.events.publish(kv_event::Removed{std::move(removed)}, state_.stats.events);
     return true;
   }
 
@@ -7527,31 +9533,61 @@ class PagedPrefixCache {
   // ---- state ------------------------------------------------------------------------------
 
   /// Tokens per page. O(1).
-  [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
+  [[nodiscard]] std::size_t page_size() const noexcept { return state_.blocks.page_size(); }
   /// Pages in the cache. O(1).
-  [[nodiscard]] std::size_t cached_pages() const noexcept { return stats_.cached_pages; }
+  [[nodiscard]] std::size_t cached_pages() const noexcept { return state_.stats.cached_pages; }
   /// Pages on the path of at least one lock. O(1).
-  [[nodiscard]] std::size_t locked_pages() const noexcept { return stats_.locked_pages; }
+  [[nodiscard]] std::size_t locked_pages() const noexcept { return state_.stats.locked_pages; }
   /// Pages evict() can free now (cached minus locked). O(1).
-  [[nodiscard]] std::size_t evictable_pages() const noexcept { return evictable_pages_; }
+  [[nodiscard]] std::size_t evictable_pages() const noexcept { return state_.evictable_pages; }
   /// Tree nodes, namespace roots not counted. O(1).
-  [[nodiscard]] std::size_t node_count() const noexcept { return stats_.nodes; }
+  [[nodiscard]] std::size_t node_count() const noexcept { return state_.stats.nodes; }
   /// True when a sink was given: pages carry block hashes and events are published. O(1).
-  [[nodiscard]] bool publishes_events() const noexcept { return hashes_; }
+  [[nodiscard]] bool publishes_events() const noexcept { return state_.events.on(); }
   /// Id the next event will carry (events are numbered 0, 1, 2, ...). O(1).
-  [[nodiscard]] std::uint64_t next_event_id() const noexcept { return next_event_id_; }
+  [[nodiscard]] std::uint64_t next_event_id() const noexcept { return state_.events.next_id(); }
   /// Counters and gauges. O(1).
-  [[nodiscard]] const PagedCacheStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const PagedCacheStats& stats() const noexcept { return state_.stats; }
   /// The policy object (its own state, e.g. an adaptive target). O(1).
-  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] const Policy& policy() const noexcept { return state_.policy; }
+
+  /// The block hash (the sequence hash its Stored event named) of every cached page, over
+  /// all namespaces, sorted ascending: the set a KvIndex fed by this cache's events holds
+  /// for its worker (KvIndex::block_hashes) when the index's view is exact. Computed from
+  /// the tokens, so it needs no sink. O(cached tokens + P log P), P = cached pages.
+  [[nodiscard]] std::vector<std::uint64_t> block_hashes() const {
+    std::vector<std::uint64_t> out;
+    out.reserve(state_.stats.cached_pages);
+    std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> stack;
+    for (std::uint32_t slot = 0; slot < state_.namespaces.slot_count(); ++slot) {
+      const detail::PagedNsSlot& s = state_.namespaces[slot];
+      if (!s.live) continue;
+      for (std::uint32_t c = state_.nodes[s.root].first_child; c != npos; c = state_.nodes[c].next)
+        stack.emplace_back(c, std::nullopt);
+      while (!stack.empty()) {
+        const auto [x, parent] = stack.back();
+        stack.pop_back();
+        const Node& nd = state_.nodes[x];
+        std::optional<std::uint64_t> last = parent;
+        if (nd.n != 0)
+          last =
+              detail::paged_chain_hashes(parent, nd.tok, nd.n, page_size(), s.seed,
+                                         [&](std::uint32_t, std::uint64_t h) { out.push_back(h); });
+        for (std::uint32_t c = nd.first_child; c != npos; c = state_.nodes[c].next)
+          stack.emplace_back(c, last);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
 
   /// Cached pages (locked ones included) whose node is in key class `k` of the
   /// policy; 0 for k >= classes. With one class, all cached pages. O(1).
   [[nodiscard]] std::size_t class_pages(std::size_t k) const noexcept {
     if constexpr (classes == 1)
-      return k == 0 ? stats_.cached_pages : 0;
+      return k == 0 ? state_.stats.cached_pages : 0;
     else
-      return k < classes ? class_pages_[k] : 0;
+      return k < classes ? state_.class_pages[k] : 0;
   }
 
   /// Heap bytes held, split into the index and the token ids (capacities). token_bytes
@@ -7560,12 +9596,11 @@ class PagedPrefixCache {
   /// block at most half live compacts it (after a trim, unless that allocation fails). O(1).
   [[nodiscard]] PagedCacheMemory memory() const noexcept {
     PagedCacheMemory m;
-    m.token_bytes = block_pages_ * page_size_ * sizeof(token_type);
-    m.index_bytes = block_pages_ * sizeof(PageId) + nodes_.capacity() * sizeof(Node) +
-                    edges_.memory_bytes() + heap_capacity() * sizeof(HeapEntry) +
-                    ns_slots_.capacity() * sizeof(NsSlot) +
-                    (ns_index_.size() + seed_owner_.size()) * 4 * sizeof(std::uint64_t) +
-                    path_.capacity() * sizeof(std::uint32_t);
+    m.token_bytes = state_.blocks.token_bytes();
+    m.index_bytes =
+        state_.blocks.id_bytes() + state_.nodes.capacity() * sizeof(Node) +
+        state_.edges.memory_bytes() + Order::capacity(state_) * sizeof(typename State::HeapEntry) +
+        state_.namespaces.memory_bytes() + state_.path.capacity() * sizeof(std::uint32_t);
     return m;
   }
 
@@ -7573,51 +9608,52 @@ class PagedPrefixCache {
   /// counters, heap membership and order, block hashes). O(N + pages * page_size);
   /// for tests.
   [[nodiscard]] bool check_invariants() const {
+    const std::vector<Node>& nodes = state_.nodes;
+    const std::size_t ps = state_.blocks.page_size();
     std::size_t live = 0, pages = 0, locked = 0, evictable = 0, in_heap = 0, block_pages = 0;
     std::array<std::size_t, classes> class_pages{};
-    for (std::uint32_t slot = 0; slot < ns_slots_.size(); ++slot) {
-      const NsSlot& s = ns_slots_[slot];
+    for (std::uint32_t slot = 0; slot < state_.namespaces.slot_count(); ++slot) {
+      const detail::PagedNsSlot& s = state_.namespaces[slot];
       if (!s.live) continue;
-      const auto it = ns_index_.find(s.id);
-      if (it == ns_index_.end() || it->second != slot) return false;
-      const auto so = seed_owner_.find(s.seed);
-      if (so == seed_owner_.end() || so->second != s.id) return false;
-      const Node& root = nodes_[s.root];
-      if (root.kind != Kind::root || root.ns != slot || root.parent != npos) return false;
+      if (!state_.namespaces.indexed(slot)) return false;
+      const Node& root = nodes[s.root];
+      if (root.kind != detail::PagedKind::root || root.ns != slot || root.parent != npos)
+        return false;
       std::vector<std::uint32_t> stack{s.root};
       while (!stack.empty()) {
         const std::uint32_t x = stack.back();
         stack.pop_back();
-        const Node& nd = nodes_[x];
+        const Node& nd = nodes[x];
         std::uint64_t child_locks = 0;
         std::uint32_t prev = npos;
-        for (std::uint32_t c = nd.first_child; c != npos; c = nodes_[c].next) {
-          const Node& ch = nodes_[c];
-          if (ch.kind != Kind::node || ch.parent != x || ch.prev != prev || ch.ns != slot)
+        for (std::uint32_t c = nd.first_child; c != npos; c = nodes[c].next) {
+          const Node& ch = nodes[c];
+          if (ch.kind != detail::PagedKind::node || ch.parent != x || ch.prev != prev ||
+              ch.ns != slot)
             return false;
-          if (ch.n == 0 || off_of(ch) + ch.n > ch.cap) return false;
+          if (ch.n == 0 || state_.blocks.off_of(ch) + ch.n > ch.cap) return false;
           if (ch.tok !=
-              reinterpret_cast<const token_type*>(ch.block.get()) + off_of(ch) * page_size_)
+              reinterpret_cast<const token_type*>(ch.block.get()) + state_.blocks.off_of(ch) * ps)
             return false;
-          if (ch.depth != (nd.kind == Kind::root ? 0U : nd.depth + nd.n)) return false;
+          if (ch.depth != (nd.kind == detail::PagedKind::root ? 0U : nd.depth + nd.n)) return false;
           // The child is reachable through its (parent, first token) chain.
           bool reachable = false;
           const void* hint = nullptr;
-          const std::uint32_t head = edges_.view().find(x, tokens_of(ch)[0], hint);
-          for (std::uint32_t e = head; e != npos; e = nodes_[e].next_same)
+          const std::uint32_t head = state_.edges.view().find(x, ch.tok[0], hint);
+          for (std::uint32_t e = head; e != npos; e = nodes[e].next_same)
             reachable = reachable || e == c;
           if (!reachable) return false;
           // The chain's edge carries its head's tokens as the look-ahead's prefetch hint.
           if (head == c && hint != ch.tok) return false;
           // Siblings never share their first page.
-          for (std::uint32_t o = ch.next; o != npos; o = nodes_[o].next)
-            if (std::memcmp(tokens_of(ch), tokens_of(nodes_[o]), page_bytes()) == 0) return false;
+          for (std::uint32_t o = ch.next; o != npos; o = nodes[o].next)
+            if (std::memcmp(ch.tok, nodes[o].tok, state_.blocks.page_bytes()) == 0) return false;
           child_locks += ch.lock;
           prev = c;
           stack.push_back(c);
         }
         if (child_locks + nd.own != nd.lock) return false;
-        if (nd.kind == Kind::root) continue;
+        if (nd.kind == detail::PagedKind::root) continue;
         ++live;
         pages += nd.n;
         block_pages += nd.cap;
@@ -7625,122 +9661,42 @@ class PagedPrefixCache {
         if (nd.lock == 0) evictable += nd.n;
         const bool leaf = nd.first_child == npos && nd.lock == 0;
         if (leaf != (nd.heap_pos != npos)) return false;
-        class_pages[class_of(nd)] += nd.n;
+        class_pages[Order::class_of(state_, nd)] += nd.n;
         if (leaf) {
           ++in_heap;
-          const auto& heap = heaps_[class_of(nd)];
+          const auto& heap = state_.heaps[Order::class_of(state_, nd)];
           if (nd.heap_pos >= heap.size() || heap[nd.heap_pos].node != x) return false;
-          const key_type now = policy_.key(nd.meta);
-          const key_type& stored = heap[nd.heap_pos].key;
+          const auto now = state_.policy.key(nd.meta);
+          const auto& stored = heap[nd.heap_pos].key;
           if (now < stored) return false;
           if (!Policy::monotone_keys && stored < now) return false;
         }
-        if (hashes_ && chain(parent_hash(nd), tokens_of(nd), nd.n, s.seed,
-                             [](std::uint32_t, std::uint64_t) {}) != nd.last_hash)
-          return false;
+        if (state_.events.on() && Tree::head_hash(state_, nd, nd.n) != nd.last_hash) return false;
       }
     }
-    if (live != stats_.nodes || pages != stats_.cached_pages || locked != stats_.locked_pages ||
-        evictable != evictable_pages_ || in_heap != heap_size() || block_pages != block_pages_)
+    const PagedCacheStats& st = state_.stats;
+    if (live != st.nodes || pages != st.cached_pages || locked != st.locked_pages ||
+        evictable != state_.evictable_pages || in_heap != Order::size(state_) ||
+        block_pages != state_.blocks.block_pages())
       return false;
     if constexpr (classes > 1)
-      if (class_pages != class_pages_) return false;
-    if (edges_.size() != stats_.nodes - chained_siblings()) return false;
-    for (const auto& heap : heaps_)
+      if (class_pages != state_.class_pages) return false;
+    if (state_.edges.size() != st.nodes - Tree::chained_siblings(state_)) return false;
+    for (const auto& heap : state_.heaps)
       for (std::size_t i = 1; i < heap.size(); ++i)
         if (heap[i].key < heap[(i - 1) / 2].key) return false;
     std::size_t free_count = 0;
-    for (std::uint32_t f = free_head_; f != npos; f = nodes_[f].next) {
-      if (nodes_[f].kind != Kind::free) return false;
+    for (std::uint32_t f = state_.free_head; f != npos; f = nodes[f].next) {
+      if (nodes[f].kind != detail::PagedKind::free) return false;
       ++free_count;
     }
-    return free_count == free_count_ && live + free_count + live_namespaces() == nodes_.size();
+    return free_count == state_.free_count &&
+           live + free_count + state_.namespaces.size() == nodes.size();
   }
 
  private:
-  enum class Kind : std::uint8_t { free, root, node };
-
-  // One tree node. Pages [off, off + n) of its block are live: a split copies its
-  // smaller part to a new block (advancing `off` when the tail stays), a trim lowers
-  // `n`; a block is compacted once at most half of it would be live (see split_blocks).
-  // `tok` and `ids` point at the first live page's tokens and id, so a match reads them
-  // without the block's layout arithmetic.
-  // Layout: what match() reads and writes on every node of its path (tok, ids, n,
-  // first_child and, for the common policies, meta) comes first and fills at most 32
-  // bytes; with the node aligned to 32 bytes those fields never straddle a cache line,
-  // so a walk misses at most once per node. The rest serves insert, evict and locks.
-  struct alignas(32) Node {
-    token_type* tok = nullptr;  // tokens of the first live page
-    PageId* ids = nullptr;      // id of the first live page
-    std::uint32_t n = 0;        // live pages
-    std::uint32_t first_child = npos;
-    meta_type meta{};
-    std::unique_ptr<unsigned char[]> block{};
-    std::uint32_t cap = 0;           // pages the block holds
-    std::uint32_t next_same = npos;  // next sibling with the same first token
-    std::uint32_t gen = 0;           // bumped when the node is freed or trimmed
-    std::uint32_t depth = 0;         // pages before this node on its path
-    std::uint32_t parent = npos;
-    std::uint32_t next = npos;      // next sibling (free list link for free nodes)
-    std::uint32_t prev = npos;      // previous sibling
-    std::uint32_t lock = 0;         // locks whose path runs through this node
-    std::uint32_t own = 0;          // locks taken with a handle ending at this node
-    std::uint32_t heap_pos = npos;  // position in the heap of evictable leaves
-    std::uint32_t ns = 0;           // namespace slot
-    Kind kind = Kind::free;
-    std::uint64_t last_hash = 0;  // with a sink: sequence hash of the last page
-  };
-
-  struct HeapEntry {
-    key_type key;
-    std::uint32_t node;
-  };
-
-  struct NsSlot {
-    namespace_id id = 0;
-    std::uint64_t seed = 0;
-    std::uint32_t root = npos;
-    bool live = false;
-  };
-
-  // 16 bytes, so that it travels in two registers.
-  struct Found {
-    std::uint32_t node = npos;
-    std::uint32_t pages = 0;  // leading pages of the node that match (at most its n)
-    // When `ahead`: the edge-chain head under `node` for the query's next token (npos: none),
-    // looked up while the node was compared.
-    std::uint32_t next = npos;
-    bool ahead = false;
-  };
-
-  // Compares at least this long look the next level up while they run (see find_child).
-  static constexpr std::size_t look_ahead_bytes = 256;
-
-  // The moves' common part: takes every member but the page size and the policy from
-  // `other` and leaves `other` an empty cache (a moved-from standard container is only
-  // "valid but unspecified", and the counters and free-list links describe the
-  // containers, so each is exchanged with its empty value). The sink goes with the
-  // contents.
-  void take_contents(PagedPrefixCache& other) noexcept(nothrow_take) {
-    sink_ = std::exchange(other.sink_, nullptr);
-    hashes_ = std::exchange(other.hashes_, false);
-    nodes_ = std::exchange(other.nodes_, {});
-    free_head_ = std::exchange(other.free_head_, npos);
-    free_count_ = std::exchange(other.free_count_, 0);
-    block_pages_ = std::exchange(other.block_pages_, 0);
-    evictable_pages_ = std::exchange(other.evictable_pages_, 0);
-    edges_ = std::exchange(other.edges_, {});
-    heaps_ = std::exchange(other.heaps_, {});
-    class_pages_ = std::exchange(other.class_pages_, {});
-    ns_slots_ = std::exchange(other.ns_slots_, {});
-    ns_index_ = std::exchange(other.ns_index_, {});
-    seed_owner_ = std::exchange(other.seed_owner_, {});
-    path_ = std::exchange(other.path_, {});
-    ns_hint_ = std::exchange(other.ns_hint_, npos);
-    tick_ = std::exchange(other.tick_, 0);
-    next_event_id_ = std::exchange(other.next_event_id_, 0);
-    stats_ = std::exchange(other.stats_, {});
-  }
+  // A walk's end as match() reports it.
+  static MatchEnd ended(const typename Matches::End& e) noexcept { return {e.matched, e.handle}; }
 
   static std::size_t check_page_size(std::size_t page_size) {
     if (page_size == 0 || page_size > (std::size_t{1} << 20))
@@ -7748,865 +9704,7 @@ class PagedPrefixCache {
     return page_size;
   }
 
-  static std::uint64_t default_seed(namespace_id ns) {
-    if (ns == 0) return block_hash_seed();
-    return block_hash_seed({}, std::to_string(ns));
-  }
-
-  // True when a cache salt with no LoRA name gives namespace `ns` the default seed of
-  // another id m (default_seed(m)): the empty salt is namespace 0's, and the decimal form
-  // std::to_string(m) (no sign, no leading zero) is m's for m != 0.
-  static bool names_other_namespace(std::string_view salt, namespace_id ns) noexcept {
-    if (salt.empty()) return ns != 0;
-    if (salt.size() > 20 || salt[0] == '0') return false;
-    namespace_id m = 0;
-    for (const char ch : salt) {
-      if (ch < '0' || ch > '9') return false;
-      const auto d = static_cast<namespace_id>(ch - '0');
-      if (m > (std::numeric_limits<namespace_id>::max() - d) / 10) return false;
-      m = m * 10 + d;
-    }
-    return m != ns;
-  }
-
-  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_size_ * sizeof(token_type); }
-
-  // Block layout for `cap` pages: [tokens][page ids], the ids aligned. Ids follow
-  // the tokens so that a match streams through both in one direction.
-  [[nodiscard]] std::size_t ids_offset(std::size_t cap) const noexcept {
-    const std::size_t end = cap * page_bytes();
-    return (end + alignof(PageId) - 1) / alignof(PageId) * alignof(PageId);
-  }
-  [[nodiscard]] std::size_t block_bytes(std::size_t cap) const noexcept {
-    return ids_offset(cap) + cap * sizeof(PageId);
-  }
-  [[nodiscard]] std::unique_ptr<unsigned char[]> make_block(std::uint32_t cap) const {
-    return std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes(cap)]);
-  }
-  [[nodiscard]] PageId* page_ids(const Node& x) const noexcept { return x.ids; }
-  [[nodiscard]] token_type* tokens_of(const Node& x) const noexcept { return x.tok; }
-  // The first live page's index in x's block.
-  [[nodiscard]] std::size_t off_of(const Node& x) const noexcept {
-    return static_cast<std::size_t>(x.ids -
-                                    reinterpret_cast<PageId*>(x.block.get() + ids_offset(x.cap)));
-  }
-  // Gives x a fresh block of `cap` pages, all live from its first; the old block is freed.
-  void set_block(Node& x, std::unique_ptr<unsigned char[]> block, std::uint32_t cap) noexcept {
-    x.block = std::move(block);
-    x.cap = cap;
-    x.tok = reinterpret_cast<token_type*>(x.block.get());
-    x.ids = reinterpret_cast<PageId*>(x.block.get() + ids_offset(cap));
-  }
-  // Drops x's first k live pages (a split gave them to a new node).
-  void advance(Node& x, std::uint32_t k) noexcept {
-    x.tok += std::size_t{k} * page_size_;
-    x.ids += k;
-    x.n -= k;
-  }
-
-  // The child of `parent` sharing the most leading pages with q (at least one), or npos,
-  // read through `nodes` (nodes_.data()) and `edges` (edges_.view()): a caller that makes
-  // calls between lookups keeps them in registers instead of reloading the members. `head`,
-  // when `known`, is the edge-chain head of (parent, q[0]) from the previous level's Found.
-  // With Copy (page size 1 only), the ids of the matched pages are written to out[0, pages).
-  // A leaf is answered from its node, without probing the edge table (a likely cache miss):
-  // every query that matches a whole cached sequence ends at one. Only a partial match pays
-  // for the division by the page size.
-  // The next level is looked up before the node is compared, and the first lines of the
-  // next node's tokens and ids are prefetched: a node, its block and the next edge slot are
-  // a chain of dependent loads, each a likely cache miss, which then overlaps the compare
-  // instead of following it. The speculation is wasted only on a partial match (the last
-  // node of a walk), and a leaf has nothing to look ahead to. Below look_ahead_bytes the
-  // compare is too short to hide those misses and the look-ahead's instructions would cost
-  // more than they save: only the next edge slot is prefetched.
-  // Forced inline: out of line, saving and restoring its registers cost as much as the edge
-  // probe on short pages.
-  template <bool Copy>
-  [[nodiscard]] [[gnu::always_inline]] Found find_child(const Node* nodes,
-                                                        detail::PagedEdgeTable::View edges,
-                                                        std::uint32_t parent, const token_type* q,
-                                                        std::size_t q_pages, std::uint32_t head,
-                                                        bool known, PageId* out) const noexcept {
-    if (nodes[parent].first_child == npos) return {};
-    const std::size_t ps = page_size_;
-    const std::size_t pb = ps * sizeof(token_type);
-    for (std::uint32_t c = known ? head : edges.find(parent, q[0]); c != npos;
-         c = nodes[c].next_same) {
-      const Node& x = nodes[c];
-      const std::size_t pages = std::min<std::size_t>(x.n, q_pages);
-      const std::size_t cmp = pages * pb;
-      std::uint32_t next = npos;
-      bool ahead = false;
-      if (x.first_child != npos && q_pages > pages) {
-        if (cmp >= look_ahead_bytes) {
-          ahead = true;
-          const void* tokens = nullptr;
-          next = edges.find(c, q[pages * ps], tokens);
-          if (next != npos) prefetch_head(&nodes[next], tokens);
-        } else {
-          edges.prefetch(c, q[pages * ps]);
-        }
-      }
-      // Copy (page size 1, into a caller's table): one pass compares the tokens and copies
-      // the ids of the matching ones to out, instead of a compare and then a second pass
-      // over as many id bytes.
-      // Otherwise every node of a path but the last matches whole, so "all equal" is asked
-      // first, of memcmp: the C library picks the CPU's widest compare when the program
-      // loads, and answers in fewer instructions than mismatch, which only a partial match
-      // then pays.
-      if constexpr (Copy) {
-        const std::size_t same = detail::mismatch_copy(x.tok, q, x.ids, out, pages);
-        if (same == pages) return {c, static_cast<std::uint32_t>(pages), next, ahead};
-        if (same > 0) return {c, static_cast<std::uint32_t>(same)};
-        continue;
-      }
-      if (std::memcmp(x.tok, q, cmp) == 0)
-        return {c, static_cast<std::uint32_t>(pages), next, ahead};
-      const std::size_t same = detail::mismatch(x.tok, q, cmp);
-      const auto k = static_cast<std::uint32_t>(same / pb);
-      if (k > 0) return {c, k};
-    }
-    return {};
-  }
-
-  // Asks for node x's line and the first lines of its tokens (up to 256 bytes: past them
-  // the hardware prefetcher is following the compare), whose address the edge slot keeps
-  // so that the two misses overlap instead of the node's preceding the block's. Prefetches
-  // never fault: a stale or short hint costs only bandwidth. Forced inline: GCC deems a
-  // function that only prefetches free of effects and deletes the calls to it.
-  [[gnu::always_inline]] static void prefetch_head(const Node* x, const void* tokens) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    const char* t = static_cast<const char*>(tokens);
-    __builtin_prefetch(x);
-    __builtin_prefetch(t);
-    __builtin_prefetch(t + 64);
-    __builtin_prefetch(t + 128);
-    __builtin_prefetch(t + 192);
-#else
-    (void)x;
-    (void)tokens;
-#endif
-  }
-
-  // match(): walks the first q_pages pages of `tokens`, handing emit(offset in pages, ids,
-  // count) the ids of each matched node in path order; with Copy (page size 1) the compare
-  // writes them to out instead and emit is not called.
-  template <bool Copy, class Emit>
-  MatchEnd walk(std::span<const token_type> tokens, namespace_id ns, std::size_t q_pages,
-                Emit&& emit, PageId* out) {
-    if (publishing_) [[unlikely]]
-      throw_reentered();
-    ++stats_.lookups;
-    stats_.query_tokens += tokens.size();
-    ++tick_;
-    const std::uint32_t slot = ns_slot(ns);
-    if (slot == npos) return {};
-    ns_hint_ = slot;
-    // Locals: the compare and the copy are calls that may write any memory, after which
-    // members would be loaded again at every node.
-    const std::size_t ps = page_size_;
-    const token_type* const q = tokens.data();
-    Node* nodes = nodes_.data();
-    const detail::PagedEdgeTable::View edges = edges_.view();
-    std::uint32_t cur = ns_slots_[slot].root;
-    std::size_t pos = 0;
-    Found f;
-    while (pos < q_pages) {
-      f = find_child<Copy>(nodes, edges, cur, q + pos * ps, q_pages - pos, f.next, f.ahead,
-                           Copy ? out + pos : nullptr);
-      if (f.node == npos) break;
-      std::uint32_t c = f.node;
-      const std::size_t k = f.pages;
-      const bool inside = k < nodes[c].n;  // the match ends inside c: split it there
-      if (inside) {
-        // prepare_split() may rehash the edge table, freeing the slots `edges` views; the
-        // walk ends after this node, so `edges` is never read again.
-        prepare_split();
-        c = split(c, k, split_blocks(nodes_[c], k));
-        nodes = nodes_.data();
-      }
-      touch_match(c, ns);
-      const Node& x = nodes[c];
-      if constexpr (!Copy) emit(pos, x.ids, std::size_t{x.n});
-      pos += x.n;
-      cur = c;
-      if (inside) break;
-    }
-    stats_.hit_tokens += pos * ps;
-    // The walk ends at the root exactly when it matched nothing.
-    if (pos == 0) return {};
-    return {pos * ps, PagedPrefixHandle{cur, nodes[cur].gen}};
-  }
-
-  // The slot of namespace `ns`, or npos. match() remembers the last slot it used: an engine
-  // serving one model asks for the same namespace every time, and checking that slot is a
-  // load where the map is a hash and a probe. Only one live slot holds a given id.
-  [[nodiscard]] std::uint32_t ns_slot(namespace_id ns) const noexcept {
-    if (ns_hint_ < ns_slots_.size() && ns_slots_[ns_hint_].live && ns_slots_[ns_hint_].id == ns)
-      return ns_hint_;
-    const auto it = ns_index_.find(ns);
-    return it != ns_index_.end() ? it->second : npos;
-  }
-
-  // The sequence hash before node x's first page (none at the root).
-  [[nodiscard]] std::optional<std::uint64_t> parent_hash(const Node& x) const noexcept {
-    const Node& p = nodes_[x.parent];
-    if (p.kind != Kind::node) return std::nullopt;
-    return p.last_hash;
-  }
-
-  // Walks the sequence hashes of `n` pages at `tokens` following `parent`, calling
-  // f(page index, hash) for each; returns the last one. Allocates nothing.
-  template <class F>
-  std::uint64_t chain(std::optional<std::uint64_t> parent, const token_type* tokens, std::size_t n,
-                      std::uint64_t seed, F&& f) const noexcept {
-    constexpr std::size_t batch = 32;
-    std::uint64_t locals[batch];
-    BlockHashOptions opts;
-    opts.seed = seed;
-    std::uint64_t h = 0;
-    for (std::size_t base = 0; base < n; base += batch) {
-      const std::size_t m = std::min(batch, n - base);
-      local_block_hashes(std::span<const token_type>(tokens + base * page_size_, m * page_size_),
-                         page_size_, std::span<std::uint64_t>(locals, m), opts);
-      for (std::size_t i = 0; i < m; ++i) {
-        h = parent ? sequence_hash(*parent, locals[i]) : locals[i];
-        parent = h;
-        f(static_cast<std::uint32_t>(base + i), h);
-      }
-    }
-    return h;
-  }
-
-  [[nodiscard]] PagedPrefixHandle handle_of(std::uint32_t x) const noexcept {
-    if (nodes_[x].kind != Kind::node) return {};
-    return {x, nodes_[x].gen};
-  }
-
-  [[nodiscard]] PagedPolicyContext context(const Node& x, namespace_id ns,
-                                           std::int64_t priority) const noexcept {
-    return {tick_,
-            priority,
-            ns,
-            x.depth,
-            std::span<const token_type>(tokens_of(x), std::size_t{x.n} * page_size_),
-            false,
-            page_size_};
-  }
-
-  void touch_match(std::uint32_t x, namespace_id ns) noexcept {
-    Node& nd = nodes_[x];
-    const std::size_t before = class_of(nd);
-    policy_.on_match(nd.meta, context(nd, ns, 0));
-    touched(x, before);
-  }
-
-  void touch_insert(std::uint32_t x, namespace_id ns, std::int64_t priority) noexcept {
-    Node& nd = nodes_[x];
-    const std::size_t before = class_of(nd);
-    policy_.on_insert_hit(nd.meta, context(nd, ns, priority));
-    touched(x, before);
-  }
-
-  // After a hook changed x's metadata: a node whose key class changed moves its
-  // pages to the new class and, if it is a leaf, to the new class's heap at once;
-  // otherwise non-monotone keys are re-keyed at once and monotone ones lazily.
-  void touched(std::uint32_t x, [[maybe_unused]] std::size_t before) noexcept {
-    Node& nd = nodes_[x];
-    if constexpr (classes > 1) {
-      const std::size_t now = class_of(nd);
-      if (now != before) {
-        class_pages_[before] -= nd.n;
-        class_pages_[now] += nd.n;
-        if (nd.heap_pos != npos) {
-          heap_erase_at(before, nd.heap_pos);
-          heap_push(x);
-        }
-        return;
-      }
-    }
-    if constexpr (!Policy::monotone_keys)
-      if (nd.heap_pos != npos) heap_rekey(x);
-  }
-
-  // ---- node slots --------------------------------------------------------------------------
-
-  void reserve_nodes(std::size_t k) {
-    if (free_count_ >= k) return;
-    const std::size_t need = nodes_.size() + (k - free_count_);
-    if (need > npos) throw std::length_error("PagedPrefixCache: more than 2^32 - 1 nodes");
-    if (need > nodes_.capacity())
-      nodes_.reserve(std::max(need, nodes_.capacity() + nodes_.capacity() / 2));
-  }
-
-  // A heap holds at most one entry per node; keeping room for every node in each
-  // lets unlock(), evict() and a change of key class push without allocating.
-  // Grows geometrically.
-  void reserve_heap(std::size_t n) {
-    for (auto& heap : heaps_)
-      if (n > heap.capacity()) heap.reserve(std::max(n, heap.capacity() + heap.capacity() / 2));
-  }
-
-  // Requires reserve_nodes(): never throws.
-  std::uint32_t alloc_node() noexcept {
-    if (free_head_ != npos) {
-      const std::uint32_t x = free_head_;
-      free_head_ = nodes_[x].next;
-      --free_count_;
-      nodes_[x].next = npos;
-      return x;
-    }
-    nodes_.emplace_back();
-    return static_cast<std::uint32_t>(nodes_.size() - 1);
-  }
-
-  void free_node(std::uint32_t x) noexcept {
-    Node& nd = nodes_[x];
-    block_pages_ -= nd.cap;
-    nd.block.reset();
-    nd.tok = nullptr;
-    nd.ids = nullptr;
-    nd.cap = nd.n = nd.depth = 0;
-    nd.parent = nd.first_child = nd.prev = nd.next_same = npos;
-    nd.lock = nd.own = 0;
-    nd.heap_pos = npos;
-    ++nd.gen;
-    nd.kind = Kind::free;
-    nd.next = free_head_;
-    free_head_ = x;
-    ++free_count_;
-  }
-
-  void create_namespace(namespace_id ns, std::uint64_t seed) {
-    reserve_nodes(1);
-    std::uint32_t slot = 0;
-    while (slot < ns_slots_.size() && ns_slots_[slot].live)
-      ++slot;
-    if (slot == ns_slots_.size()) ns_slots_.emplace_back();
-    try {
-      ns_index_.emplace(ns, slot);
-      try {
-        seed_owner_.emplace(seed, ns);
-      } catch (...) {
-        ns_index_.erase(ns);
-        throw;
-      }
-    } catch (...) {
-      if (slot + 1 == ns_slots_.size() && !ns_slots_[slot].live) ns_slots_.pop_back();
-      throw;
-    }
-    const std::uint32_t root = alloc_node();
-    Node& r = nodes_[root];
-    r.kind = Kind::root;
-    r.ns = slot;
-    ns_slots_[slot] = NsSlot{ns, seed, root, true};
-  }
-
-  // Undoes create_namespace(ns) for a namespace that holds nothing yet. Never throws.
-  void drop_empty_namespace(namespace_id ns) noexcept {
-    const std::uint32_t slot = ns_index_.find(ns)->second;
-    release_slot(slot);
-    if (slot + 1 == ns_slots_.size()) ns_slots_.pop_back();
-  }
-
-  // Frees the root, the id and the seed of the namespace in `slot`, whose other nodes
-  // are gone, and marks the slot free for reuse. Never throws.
-  void release_slot(std::uint32_t slot) noexcept {
-    NsSlot& s = ns_slots_[slot];
-    free_node(s.root);
-    ns_index_.erase(s.id);
-    seed_owner_.erase(s.seed);
-    s = NsSlot{};
-  }
-
-  void check_seed_free(std::uint64_t seed, namespace_id ns) const {
-    const auto so = seed_owner_.find(seed);
-    if (so != seed_owner_.end() && so->second != ns)
-      throw std::invalid_argument("PagedPrefixCache: another namespace uses this block-hash seed");
-  }
-
-  [[nodiscard]] std::size_t live_namespaces() const noexcept {
-    return ns_index_.size();
-  }
-
-  // Nodes that are not the head of their (parent, first token) chain.
-  [[nodiscard]] std::size_t chained_siblings() const noexcept {
-    std::size_t k = 0;
-    for (const Node& nd : nodes_)
-      if (nd.kind == Kind::node && nd.next_same != npos) ++k;
-    return k;
-  }
-
-  // ---- structure ---------------------------------------------------------------------------
-
-  void prepare_split() {
-    reserve_nodes(1);
-    edges_.reserve(1);
-    reserve_heap(stats_.nodes + 1);
-  }
-
-  // A new unlinked node holding a copy of n pages (their tokens and ids) in `block`, with
-  // its parent, depth and namespace slot set; its links, locks, metadata and hash are the
-  // caller's. Requires reserve_nodes() (it may reallocate nodes_). Never throws.
-  std::uint32_t new_node(std::unique_ptr<unsigned char[]> block, std::uint32_t n,
-                         const token_type* tokens, const PageId* ids, std::uint32_t parent,
-                         std::uint32_t depth, std::uint32_t ns) noexcept {
-    const std::uint32_t x = alloc_node();
-    Node& nd = nodes_[x];
-    set_block(nd, std::move(block), n);
-    nd.n = n;
-    block_pages_ += n;
-    std::memcpy(nd.ids, ids, n * sizeof(PageId));
-    std::memcpy(nd.tok, tokens, std::size_t{n} * page_bytes());
-    nd.depth = depth;
-    nd.parent = parent;
-    nd.ns = ns;
-    nd.kind = Kind::node;
-    return x;
-  }
-
-  // The blocks a split of node x after its first k pages needs: the larger part keeps x's
-  // block (the head on a tie) and the smaller one is copied to `small`, so a split copies at
-  // most half the node; `keep`, when the larger part would fill at most half its block,
-  // receives it too. Every node's block thus stays under twice its live pages (after a
-  // trim, as far as memory allows), whatever the splits: a tail that kept its block forever (the
-  // head always copied out) would pin the whole block of a context that is branched off page by
-  // page. Throws std::bad_alloc.
-  struct SplitBlocks {
-    std::unique_ptr<unsigned char[]> small;
-    std::unique_ptr<unsigned char[]> keep;
-  };
-  [[nodiscard]] SplitBlocks split_blocks(const Node& x, std::size_t k) const {
-    const std::size_t big = std::max<std::size_t>(k, x.n - k);
-    SplitBlocks b;
-    b.small = make_block(static_cast<std::uint32_t>(x.n - big));
-    if (big * 2 <= x.cap) b.keep = make_block(static_cast<std::uint32_t>(big));
-    return b;
-  }
-
-  // Splits node c after its first k pages: a new node takes them (and c's place
-  // under its parent); c keeps the rest, and its index, so handles to c still
-  // name the same end. `blocks` comes from split_blocks(c, k). Requires
-  // prepare_split() or equivalent. Never throws.
-  std::uint32_t split(std::uint32_t c, std::size_t k_pages, SplitBlocks blocks) noexcept {
-    const auto k = static_cast<std::uint32_t>(k_pages);
-    const std::uint32_t h = alloc_node();
-    Node& H = nodes_[h];
-    Node& C = nodes_[c];
-    const token_type first = tokens_of(C)[0];
-    if (hashes_)
-      H.last_hash = chain(parent_hash(C), tokens_of(C), k, ns_slots_[C.ns].seed,
-                          [](std::uint32_t, std::uint64_t) {});
-    H.depth = C.depth;
-    H.parent = C.parent;
-    H.ns = C.ns;
-    H.kind = Kind::node;
-    const std::uint32_t tail = C.n - k;
-    if (k >= tail) {
-      // The head keeps the block (it starts at C's first live page); the tail is copied.
-      H.block = std::move(C.block);
-      H.cap = std::exchange(C.cap, 0);
-      H.tok = C.tok;
-      H.ids = C.ids;
-      H.n = k;
-      rehome(C, std::move(blocks.small), tail, C.tok + std::size_t{k} * page_size_, C.ids + k);
-      if (blocks.keep) rehome(H, std::move(blocks.keep), k, H.tok, H.ids);
-    } else {
-      rehome(H, std::move(blocks.small), k, C.tok, C.ids);
-      advance(C, k);
-      if (blocks.keep) rehome(C, std::move(blocks.keep), tail, C.tok, C.ids);
-    }
-    H.lock = C.lock;
-    H.meta = C.meta;
-    // H takes C's place among the siblings and in the edge chain.
-    H.prev = C.prev;
-    H.next = C.next;
-    if (C.prev != npos) nodes_[C.prev].next = h;
-    if (C.next != npos) nodes_[C.next].prev = h;
-    Node& P = nodes_[C.parent];
-    if (P.first_child == c) P.first_child = h;
-    H.next_same = C.next_same;
-    const std::uint32_t head = edges_.find(C.parent, first);
-    if (head == c) {
-      edges_.replace(C.parent, first, h, H.tok);
-    } else {
-      std::uint32_t e = head;
-      while (nodes_[e].next_same != c)
-        e = nodes_[e].next_same;
-      nodes_[e].next_same = h;
-    }
-    // C becomes H's only child.
-    C.depth += k;
-    C.parent = h;
-    C.prev = C.next = C.next_same = npos;
-    H.first_child = c;
-    edges_.insert_reserved(h, tokens_of(C)[0], c, C.tok);
-    ++stats_.nodes;
-    ++stats_.splits;
-    return h;
-  }
-
-  // Gives x `block`, of exactly n pages, holding a copy of the n pages at tok and ids (which
-  // may lie in x's current block: that one is freed after the copy), all of them live.
-  // Never throws.
-  void rehome(Node& x, std::unique_ptr<unsigned char[]> block, std::uint32_t n,
-              const token_type* tok, const PageId* ids) noexcept {
-    std::memcpy(block.get() + ids_offset(n), ids, n * sizeof(PageId));
-    std::memcpy(block.get(), tok, std::size_t{n} * page_bytes());
-    block_pages_ -= x.cap;
-    block_pages_ += n;
-    set_block(x, std::move(block), n);
-    x.n = n;
-  }
-
-  // Adds a new unlocked leaf under `parent` holding n pages. Requires room for a
-  // node, an edge and a heap entry. Never throws.
-  std::uint32_t add_leaf(std::uint32_t parent, const token_type* tokens, const PageId* ids,
-                         std::uint32_t n, std::unique_ptr<unsigned char[]> block, namespace_id ns,
-                         std::int64_t priority, std::uint64_t last_hash) noexcept {
-    const Node& p = nodes_[parent];
-    const std::uint32_t x = new_node(std::move(block), n, tokens, ids, parent,
-                                     p.kind == Kind::root ? 0U : p.depth + p.n, p.ns);
-    Node& L = nodes_[x];
-    Node& P = nodes_[parent];
-    L.last_hash = last_hash;
-    L.meta = policy_.on_create(context(L, ns, priority));
-    // Link as the first child; chain behind any sibling with the same first token.
-    L.prev = npos;
-    L.next = P.first_child;
-    if (P.first_child != npos) nodes_[P.first_child].prev = x;
-    if (P.kind == Kind::node && P.first_child == npos && P.heap_pos != npos) heap_erase(parent);
-    P.first_child = x;
-    const std::uint32_t head = edges_.find(parent, tokens[0]);
-    if (head == npos) {
-      edges_.insert_reserved(parent, tokens[0], x, L.tok);
-    } else {
-      L.next_same = head;
-      edges_.replace(parent, tokens[0], x, L.tok);
-    }
-    ++stats_.nodes;
-    stats_.cached_pages += n;
-    if constexpr (classes > 1) class_pages_[class_of(L)] += n;
-    evictable_pages_ += n;
-    heap_push(x);
-    return x;
-  }
-
-  // Unlinks leaf x from its parent and the edge table, and frees it.
-  void remove_leaf(std::uint32_t x) noexcept {
-    Node& L = nodes_[x];
-    Node& P = nodes_[L.parent];
-    if (L.prev != npos) nodes_[L.prev].next = L.next;
-    if (L.next != npos) nodes_[L.next].prev = L.prev;
-    if (P.first_child == x) P.first_child = L.next;
-    const token_type first = tokens_of(L)[0];
-    const std::uint32_t head = edges_.find(L.parent, first);
-    if (head == x) {
-      if (L.next_same != npos)
-        edges_.replace(L.parent, first, L.next_same, nodes_[L.next_same].tok);
-      else
-        edges_.erase(L.parent, first);
-    } else {
-      std::uint32_t e = head;
-      while (nodes_[e].next_same != x)
-        e = nodes_[e].next_same;
-      nodes_[e].next_same = L.next_same;
-    }
-    --stats_.nodes;
-    free_node(x);
-  }
-
-  // Keeps a trimmed node's block at most twice its live pages (best effort).
-  void compact(Node& x) noexcept {
-    if (std::size_t{x.n} * 2 > x.cap) return;
-    std::unique_ptr<unsigned char[]> nb(new (std::nothrow) unsigned char[block_bytes(x.n)]);
-    if (!nb) return;
-    rehome(x, std::move(nb), x.n, x.tok, x.ids);
-    // The edge naming x as its chain head carries x's tokens as its prefetch hint.
-    const auto self = static_cast<std::uint32_t>(&x - nodes_.data());
-    if (edges_.find(x.parent, x.tok[0]) == self) edges_.set_hint(x.parent, x.tok[0], x.tok);
-  }
-
-  template <class OnEvict>
-  void evict_reserved(std::size_t target, OnEvict& on_evict,
-                      std::vector<std::uint64_t>& removed) noexcept {
-    std::size_t freed = 0;
-    while (freed < target) {
-      const std::size_t k = evict_class();
-      heap_fresh_top(k);
-      const std::uint32_t x = heaps_[k][0].node;
-      Node& nd = nodes_[x];
-      std::uint32_t take = static_cast<std::uint32_t>(std::min<std::size_t>(target - freed, nd.n));
-      if constexpr (classes > 1) {
-        // The policy chooses again after every page: its choice depends on the
-        // pages per class, which this leaf's pages are leaving.
-        std::uint32_t t = 0;
-        do {
-          --class_pages_[k];
-          ++t;
-        } while (t < take && evict_class() == k);
-        take = t;
-      }
-      const std::uint32_t keep = nd.n - take;
-      for (std::uint32_t i = nd.n; i-- > keep;)
-        on_evict(page_ids(nd)[i]);
-      if (hashes_) {
-        // Only the last page's hash is kept: walk the node's chain once for the
-        // hashes of the freed pages (deepest first) and the new last page's.
-        const std::size_t first = removed.size();
-        std::uint64_t new_last = 0;
-        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
-              [&](std::uint32_t i, std::uint64_t h) {
-                if (i + 1 == keep) new_last = h;
-                if (i >= keep) removed.push_back(h);
-              });
-        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
-        nd.last_hash = new_last;
-      }
-      PagedPolicyContext ctx = context(nd, ns_slots_[nd.ns].id, 0);
-      ctx.tokens = ctx.tokens.subspan(std::size_t{keep} * page_size_);
-      ctx.whole_node = keep == 0;
-      ctx.depth_pages += keep;
-      policy_.on_evict(nd.meta, ctx);
-      stats_.cached_pages -= take;
-      evictable_pages_ -= take;
-      stats_.evicted_pages += take;
-      freed += take;
-      if (keep == 0) {
-        const std::uint32_t parent = nd.parent;
-        heap_erase_at(k, 0);
-        remove_leaf(x);
-        Node& p = nodes_[parent];
-        if (p.kind == Kind::node && p.first_child == npos && p.lock == 0) heap_push(parent);
-      } else {
-        nd.n = keep;
-        ++nd.gen;
-        compact(nd);
-      }
-    }
-  }
-
-  template <class OnFree>
-  void clear_reserved(OnFree& on_free) noexcept {
-    for (std::uint32_t x = 0; x < nodes_.size(); ++x) {
-      Node& nd = nodes_[x];
-      if (nd.kind == Kind::root) {
-        nd.first_child = npos;
-        nd.lock = 0;
-      }
-      if (nd.kind != Kind::node) continue;
-      for (std::uint32_t i = 0; i < nd.n; ++i)
-        on_free(page_ids(nd)[i]);
-      free_node(x);
-    }
-    stats_.cleared_pages += stats_.cached_pages;
-    stats_.cached_pages = 0;
-    stats_.nodes = 0;
-    evictable_pages_ = 0;
-    edges_.clear();
-    for (auto& heap : heaps_)
-      heap.clear();
-    class_pages_ = {};
-  }
-
-  template <class OnFree>
-  void erase_reserved(std::uint32_t slot, const std::vector<std::uint32_t>& order, OnFree& on_free,
-                      std::vector<std::uint64_t>& removed) noexcept {
-    // Children first, so every removal is of a leaf.
-    for (std::size_t i = order.size(); i-- > 0;) {
-      const std::uint32_t x = order[i];
-      Node& nd = nodes_[x];
-      for (std::uint32_t j = nd.n; j-- > 0;)
-        on_free(page_ids(nd)[j]);
-      if (hashes_) {  // the parent is still there: children go first
-        const std::size_t first = removed.size();
-        chain(parent_hash(nd), tokens_of(nd), nd.n, ns_slots_[nd.ns].seed,
-              [&](std::uint32_t, std::uint64_t h) { removed.push_back(h); });
-        std::reverse(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end());
-      }
-      stats_.cached_pages -= nd.n;
-      if constexpr (classes > 1) class_pages_[class_of(nd)] -= nd.n;
-      evictable_pages_ -= nd.n;
-      if (nd.heap_pos != npos) heap_erase(x);
-      remove_leaf(x);
-    }
-    release_slot(slot);
-  }
-
-  // The payload is emplaced into the event: building a variant first and moving
-  // it in trips GCC's maybe-uninitialized analysis at -O1 and above.
-  template <class Payload>
-  void publish(Payload&& payload) {
-    if (!sink_) return;
-    KvEvent ev;
-    ev.event_id = next_event_id_++;
-    ev.data.template emplace<std::decay_t<Payload>>(std::forward<Payload>(payload));
-    ++stats_.events;
-    // The caller's saved state (insert's path and reserved space, evict's heap) would go
-    // stale if the sink changed the cache: every non-const member refuses while this runs.
-    publishing_ = true;
-    struct Reset {
-      bool& flag;
-      ~Reset() { flag = false; }
-    } reset{publishing_};
-    sink_(ev);
-  }
-
-  // A non-const member called from the event sink: refused, nothing changed.
-  [[noreturn]] static void throw_reentered() {
-    throw std::logic_error("PagedPrefixCache: called from its own event sink");
-  }
-
-  // ---- heaps of evictable leaves, one per key class ------------------------------------------
-
-  // The key class of a node (always 0 for a policy without classes). A leaf is
-  // in heaps_[class_of(leaf)]: a hook that changes the class moves it at once.
-  [[nodiscard]] std::size_t class_of(const Node& nd) const noexcept {
-    if constexpr (classes == 1)
-      return 0;
-    else
-      return std::min<std::size_t>(policy_.key_class(nd.meta), classes - 1);
-  }
-
-  // The class evict() takes its next leaf from: the policy's choice, else the
-  // first class after it (cyclically) with an evictable leaf. Requires one.
-  [[nodiscard]] std::size_t evict_class() noexcept {
-    if constexpr (classes == 1) {
-      return 0;
-    } else {
-      const std::span<const std::size_t> pages(class_pages_);
-      std::size_t k = 0;
-      if constexpr (requires(std::span<const key_type* const> t) {
-                      policy_.choose_class(pages, t);
-                    }) {
-        // The policy also sees each class's least key (nullptr: no evictable leaf).
-        const key_type* tops[classes];
-        for (std::size_t c = 0; c < classes; ++c) {
-          if (!heaps_[c].empty()) heap_fresh_top(c);
-          tops[c] = heaps_[c].empty() ? nullptr : &heaps_[c][0].key;
-        }
-        k = policy_.choose_class(pages, std::span<const key_type* const>(tops));
-      } else {
-        k = policy_.choose_class(pages);
-      }
-      k = std::min<std::size_t>(k, classes - 1);
-      while (heaps_[k].empty())
-        k = k + 1 == classes ? 0 : k + 1;
-      return k;
-    }
-  }
-
-  [[nodiscard]] std::size_t heap_size() const noexcept {
-    std::size_t n = 0;
-    for (const auto& heap : heaps_)
-      n += heap.size();
-    return n;
-  }
-
-  [[nodiscard]] std::size_t heap_capacity() const noexcept {
-    std::size_t n = 0;
-    for (const auto& heap : heaps_)
-      n += heap.capacity();
-    return n;
-  }
-
-  void heap_set(std::vector<HeapEntry>& heap, std::size_t i, const HeapEntry& e) noexcept {
-    heap[i] = e;
-    nodes_[e.node].heap_pos = static_cast<std::uint32_t>(i);
-  }
-
-  void sift_up(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
-    const HeapEntry e = heap[i];
-    while (i > 0) {
-      const std::size_t p = (i - 1) / 2;
-      if (!(e.key < heap[p].key)) break;
-      heap_set(heap, i, heap[p]);
-      i = p;
-    }
-    heap_set(heap, i, e);
-  }
-
-  void sift_down(std::vector<HeapEntry>& heap, std::size_t i) noexcept {
-    const HeapEntry e = heap[i];
-    const std::size_t n = heap.size();
-    for (;;) {
-      std::size_t c = 2 * i + 1;
-      if (c >= n) break;
-      if (c + 1 < n && heap[c + 1].key < heap[c].key) ++c;
-      if (!(heap[c].key < e.key)) break;
-      heap_set(heap, i, heap[c]);
-      i = c;
-    }
-    heap_set(heap, i, e);
-  }
-
-  // Requires capacity (kept at least the number of live nodes). Never throws.
-  void heap_push(std::uint32_t x) noexcept {
-    auto& heap = heaps_[class_of(nodes_[x])];
-    heap.push_back(HeapEntry{policy_.key(nodes_[x].meta), x});
-    nodes_[x].heap_pos = static_cast<std::uint32_t>(heap.size() - 1);
-    sift_up(heap, heap.size() - 1);
-  }
-
-  void heap_erase_at(std::size_t k, std::size_t i) noexcept {
-    auto& heap = heaps_[k];
-    nodes_[heap[i].node].heap_pos = npos;
-    const HeapEntry last = heap.back();
-    heap.pop_back();
-    if (i == heap.size()) return;
-    heap_set(heap, i, last);
-    sift_up(heap, i);
-    sift_down(heap, nodes_[last.node].heap_pos);
-  }
-
-  // Removes leaf x from its heap.
-  void heap_erase(std::uint32_t x) noexcept {
-    heap_erase_at(class_of(nodes_[x]), nodes_[x].heap_pos);
-  }
-
-  void heap_rekey(std::uint32_t x) noexcept {
-    auto& heap = heaps_[class_of(nodes_[x])];
-    const std::size_t i = nodes_[x].heap_pos;
-    heap[i].key = policy_.key(nodes_[x].meta);
-    sift_up(heap, i);
-    sift_down(heap, nodes_[x].heap_pos);
-  }
-
-  // Lazy re-keying: a leaf whose key grew since it was pushed sinks when it
-  // reaches the top, so the top is then the true minimum.
-  void heap_fresh_top([[maybe_unused]] std::size_t k) noexcept {
-    if constexpr (Policy::monotone_keys) {
-      auto& heap = heaps_[k];
-      for (;;) {
-        const key_type now = policy_.key(nodes_[heap[0].node].meta);
-        if (!(heap[0].key < now)) return;
-        heap[0].key = now;
-        sift_down(heap, 0);
-      }
-    }
-  }
-
-  std::size_t page_size_;
-  Policy policy_;
-  event_sink sink_;
-  bool hashes_;
-  std::vector<Node> nodes_;
-  std::uint32_t free_head_ = npos;
-  std::size_t free_count_ = 0;
-  std::size_t block_pages_ = 0;  // pages of block capacity over all nodes
-  std::size_t evictable_pages_ = 0;
-  detail::PagedEdgeTable edges_;
-  std::array<std::vector<HeapEntry>, classes> heaps_;
-  std::array<std::size_t, classes> class_pages_{};  // cached pages per key class (classes > 1)
-  std::vector<NsSlot> ns_slots_;
-  ns_map ns_index_;
-  seed_map seed_owner_;
-  std::vector<std::uint32_t> path_;  // insert's scratch: fully matched nodes of the path
-  std::uint32_t ns_hint_ = npos;     // the slot match() used last (checked before use)
-  std::uint64_t tick_ = 0;
-  std::uint64_t next_event_id_ = 0;
-  PagedCacheStats stats_;
-  bool publishing_ = false;  // the sink is running: non-const members throw std::logic_error
+  State state_;
 };
 
 }  // namespace promptcache

@@ -147,16 +147,16 @@ prompt tokens served from cache / prompt tokens.
 
 Which paged policy to pick:
   adaptive  the default for one engine, or workers behind cache-aware routing.
-            Follows LRU exactly unless its ghost history shows ARC or
-            used-once-first losing fewer pages, or the cache thrashes (most
-            returning pages come back after 2x its capacity), where it keeps
-            pages used again. On the shipped trace and 12 generated ones
-            (docs/replay.md) it is at most 1.02% below lru and gains up to 45%
-            at small capacities (one-off documents, shared prefixes); it does
-            not reach +10% on conversations at 0.25-0.5M or the shipped
-            trace at 1-2M. Costs ~34 bytes per page of 8x its capacity.
+            Runs a small sampled simulation of each of its rules (LRU, ARC,
+            used-once first, cold first) and follows the one that hits most;
+            with no rule ahead it evicts exactly as lru. On the shipped trace
+            and 20 generated ones (docs/replay.md) it is at most 0.5% below
+            lru and at least 10% above it wherever lru serves under half of
+            the optimum (one-off documents, shared prefixes, conversations
+            that outgrow the cache). Costs ~34 bytes per page of 8x its
+            capacity, plus up to ~200 KB of simulations.
   lru       workers behind random, round-robin or least-loaded routing (there
-            adaptive lost up to 6.5%), or when memory per page matters.
+            adaptive lost up to 3.1%), or when memory per page matters.
   priority  when requests carry priorities.
   lfu/slru  only for a hot set that never changes; mru/filo only for cyclic
             scans larger than the cache.

@@ -59,6 +59,9 @@ struct KvPublisherCounters {
   std::uint64_t unknown_events = 0;      ///< Events with an unknown tag (skipped).
   std::uint64_t ignored_events = 0;      ///< Events skipped by KvWireOptions rules.
   std::uint64_t dropped_blocks = 0;      ///< Stored blocks without full tokens (skipped).
+  std::uint64_t dumps = 0;               ///< Views replaced by the publisher's state dump.
+  std::uint64_t dumps_unavailable = 0;   ///< Dumps asked for but not applied (none offered,
+                                         ///< silent, malformed, or refused by the index).
   KvWireErrc last_error = KvWireErrc::ok;  ///< The last decode error.
 
   /// Adds `o` into this. O(1).
@@ -82,6 +85,8 @@ struct KvPublisherCounters {
     unknown_events += o.unknown_events;
     ignored_events += o.ignored_events;
     dropped_blocks += o.dropped_blocks;
+    dumps += o.dumps;
+    dumps_unavailable += o.dumps_unavailable;
     if (o.last_error != KvWireErrc::ok) last_error = o.last_error;
     return *this;
   }
@@ -103,6 +108,11 @@ struct KvStream {
   // Hash of the payload bytes applied as the cursor's last seq: a replay
   // returning other bytes for that seq comes from a restarted publisher.
   std::uint64_t last_hash = 0;
+  // The cursor's last seq came from a state dump: its bytes are unknown, so the
+  // first replay reply for it is taken as its bytes rather than checked.
+  bool last_unverified = false;
+  // An unrecoverable gap since the last message: ask for a state dump.
+  bool want_dump = false;
   // The last applied batch a replay question about fell silent: asked
   // about once.
   bool verified = false;
@@ -156,6 +166,8 @@ class KvStreamFollower {
   KvStreamFollower& operator=(const KvStreamFollower&) = delete;
 
   static constexpr std::uint64_t end_marker = ~std::uint64_t{0};
+  // The start seq that asks a publisher for its state dump (no batch has it).
+  static constexpr std::uint64_t dump_request = ~std::uint64_t{0} - 1U;
 
   // How a replay ended.
   enum class ReplayEnd : std::uint8_t { done, timed_out, restarted };
@@ -292,6 +304,7 @@ class KvStreamFollower {
   static void consume(Stream& p, std::uint64_t seq, KvPayload payload) noexcept {
     p.cursor = p.cursor.advance_to(seq);
     p.last_hash = payload_hash(payload);
+    p.last_unverified = false;
     if (!p.recent.empty())
       p.recent[static_cast<std::size_t>(seq % p.recent.size())] = {seq, p.last_hash, true};
   }
@@ -360,8 +373,17 @@ class KvStreamFollower {
     std::fill(p.recent.begin(), p.recent.end(), KvStream::Applied{});
   }
 
-  // One live batch of stream `p`: applied, recovered, or dropped.
+  // One live batch of stream `p`: applied, recovered, or dropped; then, if
+  // the batch revealed a gap no replay could fill, the state dump.
   void live(Stream& p, std::uint64_t seq, KvPayload payload) {
+    follow(p, seq, payload);
+    if (p.want_dump) {
+      p.want_dump = false;
+      resync_from_dump(p);
+    }
+  }
+
+  void follow(Stream& p, std::uint64_t seq, KvPayload payload) {
     const CursorObservation<> obs = p.cursor.observe(seq);
     if (std::holds_alternative<cursor::Gap<std::uint64_t>>(obs)) {
       recover(p, seq, payload);
@@ -436,6 +458,7 @@ class KvStreamFollower {
         ++c.gaps;
         ++(lost ? c.gaps_unrecoverable : c.gaps_recovered);
       }
+      if (lost) p.want_dump = true;
       return;
     }
     ++c.gaps;
@@ -455,6 +478,9 @@ class KvStreamFollower {
       ++c.gaps_unrecoverable;
     else if (!timed_out)
       ++c.gaps_recovered;
+    // A replay that answered but no longer reaches back: the dump, if
+    // offered, restores what was lost. A silent one would leave it silent too.
+    if (lost && !timed_out) p.want_dump = true;
   }
 
   // Whether the publisher restarted, asked of its replay buffer when an old
@@ -481,6 +507,7 @@ class KvStreamFollower {
     if (lost) {
       ++c.gaps;
       ++c.gaps_unrecoverable;
+      if (end != ReplayEnd::timed_out) p.want_dump = true;
     }
     if (end == ReplayEnd::restarted) return true;
     if (end == ReplayEnd::done && (!newest || *newest < last)) return true;
@@ -532,7 +559,12 @@ class KvStreamFollower {
       newest = r;
       if (first && verify && r == from) {
         // A restarted publisher numbers new batches from 0 again: the same
-        // seq with other bytes is a different batch.
+        // seq with other bytes is a different batch. After a dump the bytes
+        // of its seq are learned here.
+        if (p.last_unverified) {
+          p.last_hash = payload_hash(payload);
+          p.last_unverified = false;
+        }
         if (payload_hash(payload) != p.last_hash) return ReplayEnd::restarted;
         first = false;
         continue;
@@ -556,7 +588,79 @@ class KvStreamFollower {
     }
   }
 
+  // Asks the replay socket for the publisher's state dump (start seq
+  // dump_request) and, when one comes whole (every reply tagged with one seq
+  // S, each a batch that decodes, then the end marker), replaces the
+  // worker's view with its events and moves the cursor to S. Anything else
+  // (the end marker alone, as vLLM answers, silence, a bad reply, a dump the
+  // index refuses) leaves the view as the gap left it. Returns whether applied.
+  bool resync_from_dump(Stream& p) {
+    if (!state_dumps_ || !derived().has_replay(p)) return false;
+    KvPublisherCounters& c = p.counters;
+    std::vector<KvEvent> events;
+    KvWireStreamState groups = p.wire;
+    std::optional<std::uint64_t> seq;
+    bool bad = false;
+    bool complete = false;
+    try {
+      if (derived().replay_send(p, dump_request)) {
+        for (;;) {
+          std::uint64_t r = 0;
+          KvPayload payload;
+          const KvReplayStep step = derived().replay_next(p, r, payload);
+          if (step == KvReplayStep::silent) {
+            ++c.replay_timeouts;
+            break;
+          }
+          if (step == KvReplayStep::end) {
+            complete = true;
+            break;
+          }
+          if (bad || (seq && *seq != r)) {
+            bad = true;  // read on to the end marker, apply nothing
+            continue;
+          }
+          seq = r;
+          const KvWireStatus st = derived().decode_payload(p, payload, batch_, groups);
+          if (!st.ok()) {
+            ++c.malformed;
+            c.last_error = st.code;
+            bad = true;
+            continue;
+          }
+          for (KvEventData& e : batch_.events)
+            events.push_back(KvEvent{events.size(), std::move(e)});
+        }
+      }
+    } catch (...) {
+      derived().replay_abandon(p);
+      throw;
+    }
+    // Its late answer must not be read as the next request's.
+    if (!complete) derived().replay_abandon(p);
+    if (!complete || bad || !seq) {
+      ++c.dumps_unavailable;
+      return false;
+    }
+    const std::uint64_t last_id = events.empty() ? 0 : events.size() - 1U;
+    if (!index_.replace_worker(p.worker, events, last_id).ok) {
+      ++c.dumps_unavailable;
+      return false;
+    }
+    ++c.dumps;
+    p.next_event_id = last_id + 1U;
+    p.cursor = CursorState<>::live(*seq);
+    p.last_unverified = true;
+    p.wire = groups;
+    p.verified = false;
+    p.replayed_lo = 1;
+    p.replayed_hi = 0;
+    std::fill(p.recent.begin(), p.recent.end(), KvStream::Applied{});
+    return true;
+  }
+
   KvFollowerRules rules_;
+  bool state_dumps_ = false;  // ask for a publisher's state dump after an unrecoverable gap
   KvIndex index_;
   KvWireBatch batch_;
   KvWireStreamState decoded_wire_;  // the publisher's state after decoding batch_
