@@ -10,9 +10,9 @@ find_program(PROMPTCACHE_NATS_SERVER NAMES nats-server HINTS /usr/sbin /usr/loca
 # its faults (tests/support/nats_server.hpp starts and kills the server); its
 # bigger variant is tagged [long] (a ctest entry of its own).
 foreach(_pc_nats_test IN ITEMS test_nats_kv_subscriber test_nats_kv_snapshot_store test_nats_fleet)
-  if(TARGET ${_pc_nats_test})
-    target_compile_definitions(${_pc_nats_test}
-                               PRIVATE PROMPTCACHE_NATS_SERVER="${PROMPTCACHE_NATS_SERVER}")
+  promptcache_test_target(${_pc_nats_test} _pc_t)
+  if(TARGET ${_pc_t})
+    target_compile_definitions(${_pc_t} PRIVATE PROMPTCACHE_NATS_SERVER="${PROMPTCACHE_NATS_SERVER}")
     set(_pc_nats_entries ${_pc_nats_test})
     set_tests_properties(${_pc_nats_test} PROPERTIES TIMEOUT 300)
     if(TEST ${_pc_nats_test}_long)
