@@ -7,22 +7,30 @@ foreach(_pc_name IN ITEMS test_kv_event_wire test_kv_event_wire_fuzz test_kv_eve
   endif()
 endforeach()
 
-# The end-to-end subscriber test runs a Python publisher that needs the
-# msgpack and zmq modules (Debian python3-msgpack python3-zmq, which live in
-# /usr/bin/python3 even when another python3 comes first on PATH).
-if(TARGET test_zmq_kv_subscriber)
-  find_program(PROMPTCACHE_E2E_PYTHON NAMES python3 HINTS /usr/bin NO_DEFAULT_PATH)
-  if(NOT PROMPTCACHE_E2E_PYTHON)
-    find_program(PROMPTCACHE_E2E_PYTHON NAMES python3)
+# promptcache_find_python_with(<cache var> <ok var> <modules>): a python3 into the
+# cache variable, /usr/bin's first (Debian's python3-msgpack and python3-zmq live in
+# the system interpreter even when another python3 comes first on PATH); <ok var>
+# is TRUE when it imports the modules (e.g. "msgpack, zmq").
+function(promptcache_find_python_with var ok_var modules)
+  find_program(${var} NAMES python3 HINTS /usr/bin NO_DEFAULT_PATH)
+  if(NOT ${var})
+    find_program(${var} NAMES python3)
   endif()
-  set(_pc_e2e_ok FALSE)
-  if(PROMPTCACHE_E2E_PYTHON)
-    execute_process(COMMAND "${PROMPTCACHE_E2E_PYTHON}" -c "import msgpack, zmq"
-                    RESULT_VARIABLE _pc_py_rc OUTPUT_QUIET ERROR_QUIET)
-    if(_pc_py_rc EQUAL 0)
-      set(_pc_e2e_ok TRUE)
+  set(_ok FALSE)
+  if(${var})
+    execute_process(COMMAND "${${var}}" -c "import ${modules}" RESULT_VARIABLE _rc OUTPUT_QUIET
+                    ERROR_QUIET)
+    if(_rc EQUAL 0)
+      set(_ok TRUE)
     endif()
   endif()
+  set(${ok_var} ${_ok} PARENT_SCOPE)
+endfunction()
+
+# The end-to-end subscriber test runs a Python publisher that needs the
+# msgpack and zmq modules.
+if(TARGET test_zmq_kv_subscriber)
+  promptcache_find_python_with(PROMPTCACHE_E2E_PYTHON _pc_e2e_ok "msgpack, zmq")
   target_compile_definitions(
     test_zmq_kv_subscriber
     PRIVATE PROMPTCACHE_E2E_PYTHON="${PROMPTCACHE_E2E_PYTHON}"
@@ -38,18 +46,7 @@ endif()
 # against an encoder written in Python (the msgpack module alone).
 if(TARGET test_kv_event_publisher)
   target_link_libraries(test_kv_event_publisher PRIVATE promptcache::zmq_kv_subscriber)
-  find_program(PROMPTCACHE_PUB_PYTHON NAMES python3 HINTS /usr/bin NO_DEFAULT_PATH)
-  if(NOT PROMPTCACHE_PUB_PYTHON)
-    find_program(PROMPTCACHE_PUB_PYTHON NAMES python3)
-  endif()
-  set(_pc_pub_py_ok FALSE)
-  if(PROMPTCACHE_PUB_PYTHON)
-    execute_process(COMMAND "${PROMPTCACHE_PUB_PYTHON}" -c "import msgpack"
-                    RESULT_VARIABLE _pc_py_rc OUTPUT_QUIET ERROR_QUIET)
-    if(_pc_py_rc EQUAL 0)
-      set(_pc_pub_py_ok TRUE)
-    endif()
-  endif()
+  promptcache_find_python_with(PROMPTCACHE_PUB_PYTHON _pc_pub_py_ok "msgpack")
   target_compile_definitions(
     test_kv_event_publisher
     PRIVATE PROMPTCACHE_PUB_PYTHON="${PROMPTCACHE_PUB_PYTHON}"
