@@ -19,15 +19,13 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/kv_wire_views.hpp"
 #include "support/nats_server.hpp"
 
 using NatsServer = promptcache_test::NatsServerProcess;
-using promptcache::KvEventWireDecoder;
 using promptcache::KvIndex;
 using promptcache::KvPublisherCounters;
 using promptcache::KvSnapshotErrc;
-using promptcache::KvWireBatch;
-using promptcache::KvWireStreamState;
 using promptcache::KvWorker;
 using promptcache::NatsKvJoinReport;
 using promptcache::NatsKvJoinStart;
@@ -38,6 +36,8 @@ using promptcache::NatsKvSnapshotStore;
 using promptcache::NatsKvSnapshotStoreOptions;
 using promptcache::NatsKvSubscriber;
 using promptcache::NatsKvSubscriberOptions;
+using promptcache_test::apply_direct;
+using promptcache_test::require_same;
 using namespace std::chrono_literals;
 
 namespace {
@@ -137,32 +137,6 @@ std::vector<std::string> multi_event_stream(std::uint64_t base, std::size_t n, s
 std::uint64_t seq_of(const std::vector<std::byte>& doc) {
   promptcache::detail::NatsReplicaReader r(std::span<const std::byte>(doc).subspan(16, 8));
   return r.u(8);
-}
-
-void apply_direct(KvIndex& index, const KvWorker& worker, const std::vector<std::string>& batches) {
-  KvEventWireDecoder decoder;
-  KvWireStreamState state;
-  KvWireBatch batch;
-  std::uint64_t id = 0;
-  for (const auto& b : batches) {
-    REQUIRE(decoder.decode(b.data(), b.size(), batch, state).ok());
-    for (const auto& e : batch.events)
-      (void)index.apply(worker, promptcache::KvEvent{id++, e});
-  }
-}
-
-void require_same(const KvIndex& got, const KvIndex& want) {
-  std::vector<KvWorker> a = got.workers();
-  std::vector<KvWorker> b = want.workers();
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  REQUIRE(a == b);
-  for (const KvWorker& w : b) {
-    INFO("worker " << w.worker_id << " rank " << w.dp_rank);
-    CHECK(got.block_count(w) == want.block_count(w));
-    CHECK(got.dump(w) == want.dump(w));
-  }
-  CHECK(got.total_blocks() == want.total_blocks());
 }
 
 std::string prefix() {

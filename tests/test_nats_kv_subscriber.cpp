@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/kv_wire_views.hpp"
 #include "support/nats_server.hpp"
 
 using promptcache::KvEventWireDecoder;
@@ -35,6 +36,8 @@ using namespace std::chrono_literals;
 namespace {
 
 using NatsServer = promptcache_test::NatsServerProcess;
+using promptcache_test::apply_direct;
+using promptcache_test::require_same;
 
 // ---- batches (vLLM KVEventBatch, array layout) ----
 
@@ -113,35 +116,6 @@ KvIndex subscriber_index() {
   return KvIndex(
       promptcache::KvIndexOptions{.on_gap = promptcache::KvGapPolicy::report,
                                   .on_unknown_parent = promptcache::KvUnknownParent::keep_orphan});
-}
-
-// `batches` applied straight to `index` as `worker`'s, as the subscriber applies them.
-void apply_direct(KvIndex& index, const KvWorker& worker, const std::vector<std::string>& batches) {
-  KvEventWireDecoder decoder;
-  KvWireStreamState state;
-  KvWireBatch batch;
-  std::uint64_t id = 0;
-  for (const auto& b : batches) {
-    REQUIRE(decoder.decode(b.data(), b.size(), batch, state).ok());
-    for (const auto& e : batch.events)
-      (void)index.apply(worker, promptcache::KvEvent{id++, e});
-  }
-}
-
-// Every worker's view in `got` equals its view in `want`.
-void require_same(const KvIndex& got, const KvIndex& want) {
-  // workers() lists in the order the index met them.
-  std::vector<KvWorker> a = got.workers();
-  std::vector<KvWorker> b = want.workers();
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  REQUIRE(a == b);
-  for (const KvWorker& w : b) {
-    INFO("worker " << w.worker_id << " rank " << w.dp_rank);
-    CHECK(got.block_count(w) == want.block_count(w));
-    CHECK(got.dump(w) == want.dump(w));
-  }
-  CHECK(got.total_blocks() == want.total_blocks());
 }
 
 NatsKvSubscriberOptions sub_options(const NatsServer& server) {
