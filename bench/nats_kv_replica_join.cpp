@@ -32,46 +32,19 @@
 #include <thread>
 #include <vector>
 
+#include "vllm_chain_batches.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr std::uint32_t block_size = 16;
-constexpr std::uint32_t chain_blocks = 64;
-constexpr std::uint32_t events_per_batch = 4;
+using bench::block_size;
+using bench::chain_blocks;
+using bench::chain_tokens;
+using bench::events_per_batch;
+using bench::make_batch;
 constexpr std::uint64_t workers = 8;
-
-std::vector<std::uint32_t> chain_tokens(std::uint64_t c) {
-  std::vector<std::uint32_t> t(std::size_t{chain_blocks} * block_size);
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::uint32_t>(c * 1000U + i);
-  return t;
-}
-
-// Chains first_chain .. first_chain + 3, blocks named (c << 20) + b.
-std::string make_batch(std::uint64_t first_chain) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> p(buf);
-  p.pack_array(3);
-  p.pack(1764600000.0);
-  p.pack_array(events_per_batch);
-  for (std::uint32_t e = 0; e < events_per_batch; ++e) {
-    const std::uint64_t c = first_chain + e;
-    p.pack_array(7);
-    p.pack(std::string("BlockStored"));
-    p.pack_array(chain_blocks);
-    for (std::uint32_t b = 0; b < chain_blocks; ++b)
-      p.pack((c << 20) + b);
-    p.pack_nil();
-    p.pack(chain_tokens(c));
-    p.pack(block_size);
-    p.pack_nil();
-    p.pack(std::string("GPU"));
-  }
-  p.pack(0);
-  return std::string(buf.data(), buf.size());
-}
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -189,7 +162,7 @@ int main(int argc, char** argv) {
   const auto publish = [&](std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t w = i % workers;
-      const std::string b = make_batch(next_chain);
+      const std::string b = make_batch(next_chain, 0);
       next_chain += events_per_batch;
       while (!pubs[w]->publish(next_seq[w], b))
         std::this_thread::sleep_for(1ms);  // the reconnect buffer is full

@@ -26,40 +26,17 @@
 #include <thread>
 #include <vector>
 
+#include "vllm_chain_batches.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr std::uint32_t block_size = 16;
-constexpr std::uint32_t chain_blocks = 64;
-constexpr std::uint32_t events_per_batch = 4;
-
-std::string make_batch(std::uint64_t first_chain, std::uint64_t seq) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> p(buf);
-  p.pack_array(3);
-  p.pack(1764600000.0 + static_cast<double>(seq) * 0.001);
-  p.pack_array(events_per_batch);
-  for (std::uint32_t e = 0; e < events_per_batch; ++e) {
-    const std::uint64_t c = first_chain + e;
-    p.pack_array(7);
-    p.pack(std::string("BlockStored"));
-    p.pack_array(chain_blocks);
-    for (std::uint32_t b = 0; b < chain_blocks; ++b)
-      p.pack((c << 20) + b);
-    p.pack_nil();
-    std::vector<std::uint32_t> tokens(std::size_t{chain_blocks} * block_size);
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<std::uint32_t>(c * 1000U + i);
-    p.pack(tokens);
-    p.pack(block_size);
-    p.pack_nil();
-    p.pack(std::string("GPU"));
-  }
-  p.pack(0);
-  return std::string(buf.data(), buf.size());
-}
+using bench::block_size;
+using bench::chain_blocks;
+using bench::events_per_batch;
+using bench::make_batch;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
