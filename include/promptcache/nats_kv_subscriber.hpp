@@ -979,7 +979,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       const std::uint64_t at = detail::nats_stream_sequence(m.get());
       wait_for_readers();
       {
-        std::unique_lock<std::mutex> lock(mutex_);
+        std::unique_lock<std::mutex> lock = applier_lock();
         if (at != 0 && at <= stream_seq_) {
           // Applied already: by this subscriber before a redelivery, or by
           // the replica whose snapshot was restored.
@@ -1013,7 +1013,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     for (auto& m : work_) {
       ++handled;
       wait_for_readers();
-      std::unique_lock<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock = applier_lock();
       const Holding holding(*this, lock);
       const MessageBoundary boundary(*this);
       const detail::NatsMsgPtr msg = std::move(m);

@@ -316,7 +316,7 @@ class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail
         if (!got) break;
         ++handled;
         wait_for_readers();
-        std::unique_lock<std::mutex> lock(mutex_);
+        std::unique_lock<std::mutex> lock = applier_lock();
         const Holding holding(*this, lock);
         ++p.counters.messages;
         const std::optional<std::uint64_t> seq =

@@ -6981,9 +6981,14 @@ class KvStreamFollower {
     KvStreamFollower& sub;
   };
 
-  // A reader's lock. std::mutex is not fair: the count tells the polling
-  // thread that someone waits, so that it steps aside between slices.
+  // A reader's lock. std::mutex is not fair, in both directions: the count
+  // tells the polling thread that someone waits, so that it steps aside
+  // between slices; and a reader first lets a waiting polling thread in, or a
+  // reader calling in a loop would take the lock back each time before the
+  // polling thread woke, and the stream would stall (bounded both ways).
   std::unique_lock<std::mutex> reader_lock() const {
+    for (int i = 0; i < 256 && applier_waiting_.load(std::memory_order_relaxed); ++i)
+      std::this_thread::yield();
     readers_waiting_.fetch_add(1, std::memory_order_relaxed);
     std::unique_lock<std::mutex> lock(mutex_);
     readers_waiting_.fetch_sub(1, std::memory_order_relaxed);
@@ -7004,24 +7009,39 @@ class KvStreamFollower {
     if (held_ == nullptr) return;
     held_->unlock();
     wait_for_readers();
-    held_->lock();
+    relock(*held_);
+  }
+
+  // The polling thread's lock, taken with applier_waiting_ raised while it
+  // waits for it, so that readers let it in.
+  std::unique_lock<std::mutex> applier_lock() {
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    relock(lock);
+    return lock;
+  }
+
+  void relock(std::unique_lock<std::mutex>& lock) {
+    applier_waiting_.store(true, std::memory_order_relaxed);
+    lock.lock();
+    applier_waiting_.store(false, std::memory_order_relaxed);
   }
 
   // Unlocked for the scope of a transport wait.
   struct Unlocked {
-    explicit Unlocked(std::unique_lock<std::mutex>* l) : lock(l) {
+    explicit Unlocked(KvStreamFollower& s) : sub(s), lock(s.held_) {
       if (lock != nullptr) lock->unlock();
     }
     ~Unlocked() {
-      if (lock != nullptr) lock->lock();
+      if (lock != nullptr) sub.relock(*lock);
     }
     Unlocked(const Unlocked&) = delete;
     Unlocked& operator=(const Unlocked&) = delete;
+    KvStreamFollower& sub;
     std::unique_lock<std::mutex>* lock;
   };
 
   // Readers are not kept waiting on the network.
-  Unlocked unlocked_wait() noexcept { return Unlocked(held_); }
+  Unlocked unlocked_wait() noexcept { return Unlocked(*this); }
 
   // ---- the rules ----
 
@@ -7409,6 +7429,7 @@ class KvStreamFollower {
   KvWireStreamState decoded_wire_;  // the publisher's state after decoding batch_
   mutable std::mutex mutex_;
   mutable std::atomic<std::uint32_t> readers_waiting_{0};
+  std::atomic<bool> applier_waiting_{false};      // the polling thread waits for mutex_
   std::unique_lock<std::mutex>* held_ = nullptr;  // the polling thread's, while it holds it
   std::size_t held_blocks_ = 0;                   // blocks applied under the current hold
   std::exception_ptr thread_error_;
@@ -7647,7 +7668,7 @@ class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail
         if (!got) break;
         ++handled;
         wait_for_readers();
-        std::unique_lock<std::mutex> lock(mutex_);
+        std::unique_lock<std::mutex> lock = applier_lock();
         const Holding holding(*this, lock);
         ++p.counters.messages;
         const std::optional<std::uint64_t> seq =
