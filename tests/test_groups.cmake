@@ -10,7 +10,7 @@
 #
 # Every file keeps its ctest entry, named after the file, which runs that file's
 # cases (Catch2's -# tags each case with its file's name); a file with cases
-# tagged [long] gets a <file>_long entry as well, as promptcache_add_test does.
+# tagged [long] gets a <file>_long entry as well (promptcache_add_test_entries).
 # `-w NoTests` makes an entry that selects no case fail. Catch2 refuses two
 # cases of the same name in one executable: files of one group need distinct
 # case names. The files' optional requirements (promptcache_optional_requirement)
@@ -30,25 +30,14 @@ function(promptcache_add_test_group target)
   # Regenerated when a file is added, removed or changes its includes.
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${ARGN})
 
-  add_executable(${target} "${_tu}")
-  promptcache_test_settings(${target})
-  if(PROMPTCACHE_TEST_PCH)
-    target_precompile_headers(${target} REUSE_FROM promptcache_test_pch)
-  endif()
+  promptcache_test_executable(${target} "${_tu}")
   if(_reqs)
     list(REMOVE_DUPLICATES _reqs)
     target_link_libraries(${target} PRIVATE ${_reqs})
   endif()
   foreach(_src IN LISTS ARGN)
     get_filename_component(_name "${_src}" NAME_WE)
-    file(STRINGS "${_src}" _long_cases REGEX "\"\\[long\\]\"")
-    if(_long_cases)
-      add_test(NAME ${_name} COMMAND ${target} -w NoTests "-#" "[#${_name}]~[long]")
-      add_test(NAME ${_name}_long COMMAND ${target} -w NoTests "-#" "[#${_name}][long]")
-      set_tests_properties(${_name}_long PROPERTIES LABELS long COST 30)
-    else()
-      add_test(NAME ${_name} COMMAND ${target} -w NoTests "-#" "[#${_name}]")
-    endif()
+    promptcache_add_test_entries(${_name} "${_src}" "[#${_name}]" ${target} -w NoTests "-#")
   endforeach()
 endfunction()
 
