@@ -977,7 +977,6 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     for (auto& m : work_) {
       ++handled;
       const std::uint64_t at = detail::nats_stream_sequence(m.get());
-      wait_for_readers();
       {
         std::unique_lock<std::mutex> lock = applier_lock();
         if (at != 0 && at <= stream_seq_) {
@@ -1012,7 +1011,6 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     std::size_t handled = 0;
     for (auto& m : work_) {
       ++handled;
-      wait_for_readers();
       std::unique_lock<std::mutex> lock = applier_lock();
       const Holding holding(*this, lock);
       const MessageBoundary boundary(*this);

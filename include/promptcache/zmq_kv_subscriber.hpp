@@ -315,7 +315,6 @@ class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail
             zmq::recv_multipart(p.sub, std::back_inserter(frames_), zmq::recv_flags::dontwait);
         if (!got) break;
         ++handled;
-        wait_for_readers();
         std::unique_lock<std::mutex> lock = applier_lock();
         const Holding holding(*this, lock);
         ++p.counters.messages;

@@ -7925,9 +7925,11 @@ class KvStreamFollower {
     relock(*held_);
   }
 
-  // The polling thread's lock, taken with applier_waiting_ raised while it
-  // waits for it, so that readers let it in.
+  // The polling thread's lock for one message: the readers already waiting go
+  // first, then it is taken with applier_waiting_ raised, so that readers let
+  // it in.
   std::unique_lock<std::mutex> applier_lock() {
+    wait_for_readers();
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
     relock(lock);
     return lock;
@@ -9245,7 +9247,6 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     for (auto& m : work_) {
       ++handled;
       const std::uint64_t at = detail::nats_stream_sequence(m.get());
-      wait_for_readers();
       {
         std::unique_lock<std::mutex> lock = applier_lock();
         if (at != 0 && at <= stream_seq_) {
@@ -9280,7 +9281,6 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     std::size_t handled = 0;
     for (auto& m : work_) {
       ++handled;
-      wait_for_readers();
       std::unique_lock<std::mutex> lock = applier_lock();
       const Holding holding(*this, lock);
       const MessageBoundary boundary(*this);

@@ -7012,9 +7012,11 @@ class KvStreamFollower {
     relock(*held_);
   }
 
-  // The polling thread's lock, taken with applier_waiting_ raised while it
-  // waits for it, so that readers let it in.
+  // The polling thread's lock for one message: the readers already waiting go
+  // first, then it is taken with applier_waiting_ raised, so that readers let
+  // it in.
   std::unique_lock<std::mutex> applier_lock() {
+    wait_for_readers();
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
     relock(lock);
     return lock;
@@ -7667,7 +7669,6 @@ class ZmqKvSubscriber : private detail::KvStreamFollower<ZmqKvSubscriber, detail
             zmq::recv_multipart(p.sub, std::back_inserter(frames_), zmq::recv_flags::dontwait);
         if (!got) break;
         ++handled;
-        wait_for_readers();
         std::unique_lock<std::mutex> lock = applier_lock();
         const Holding holding(*this, lock);
         ++p.counters.messages;
