@@ -8,17 +8,17 @@
 find_program(PROMPTCACHE_NATS_SERVER NAMES nats-server HINTS /usr/sbin /usr/local/bin)
 # test_nats_fleet runs 8 engines and 3 router replicas through one server and
 # its faults (tests/support/nats_server.hpp starts and kills the server); its
-# bigger variant is tagged [long] (a ctest entry of its own).
+# bigger variant is tagged [soak] (a ctest entry of its own, run optimized).
 foreach(_pc_nats_test IN ITEMS test_nats_kv_subscriber test_nats_kv_snapshot_store test_nats_fleet)
   promptcache_test_target(${_pc_nats_test} _pc_t)
   if(TARGET ${_pc_t})
     target_compile_definitions(${_pc_t} PRIVATE PROMPTCACHE_NATS_SERVER="${PROMPTCACHE_NATS_SERVER}")
     set(_pc_nats_entries ${_pc_nats_test})
     set_tests_properties(${_pc_nats_test} PROPERTIES TIMEOUT 300)
-    if(TEST ${_pc_nats_test}_long)
-      # About 3 minutes under ASan on a shared 2-core machine.
-      list(APPEND _pc_nats_entries ${_pc_nats_test}_long)
-      set_tests_properties(${_pc_nats_test}_long PROPERTIES TIMEOUT 900)
+    if(TEST ${_pc_nats_test}_soak)
+      # About 30 s at -O2 and 2 to 3 minutes under ASan on a shared 2-core machine.
+      list(APPEND _pc_nats_entries ${_pc_nats_test}_soak)
+      set_tests_properties(${_pc_nats_test}_soak PROPERTIES TIMEOUT 900)
     endif()
     if(NOT PROMPTCACHE_NATS_SERVER)
       message(STATUS "${_pc_nats_test} disabled: nats-server not found (Debian: nats-server)")

@@ -10,7 +10,8 @@
 #
 # Every file keeps its ctest entry, named after the file, which runs that file's
 # cases (Catch2's -# tags each case with its file's name); a file with cases
-# tagged [long] gets a <file>_long entry as well (promptcache_add_test_entries).
+# tagged [long] or [soak] gets a <file>_long or <file>_soak entry as well
+# (promptcache_add_test_entries).
 # `-w NoTests` makes an entry that selects no case fail. Catch2 refuses two
 # cases of the same name in one executable: files of one group need distinct
 # case names. The files' optional requirements (promptcache_optional_requirement)
