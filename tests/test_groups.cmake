@@ -42,24 +42,6 @@ function(promptcache_add_test_group target)
   endforeach()
 endfunction()
 
-# promptcache_group_source(<var> <prefix> <sources...>): the text of one translation
-# unit holding the sources: every #include line of them first (sorted, each once),
-# then each source inside namespace <prefix><file name>.
-function(promptcache_group_source out prefix)
-  set(_includes "")
-  set(_bodies "")
-  foreach(_src IN LISTS ARGN)
-    get_filename_component(_name "${_src}" NAME_WE)
-    file(STRINGS "${_src}" _lines REGEX "^[ \t]*#[ \t]*include[ \t]")
-    list(APPEND _includes ${_lines})
-    string(APPEND _bodies "namespace ${prefix}${_name} {\n#include \"${_src}\"\n}  // namespace ${prefix}${_name}\n")
-  endforeach()
-  list(REMOVE_DUPLICATES _includes)
-  list(SORT _includes)
-  string(REPLACE ";" "\n" _includes "${_includes}")
-  set(${out} "${_includes}\n${_bodies}" PARENT_SCOPE)
-endfunction()
-
 # promptcache_test_target(<file name> <var>): the executable that holds the file's cases.
 function(promptcache_test_target name out)
   get_property(_target GLOBAL PROPERTY PROMPTCACHE_TEST_TARGET_${name})
