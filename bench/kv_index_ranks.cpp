@@ -334,13 +334,30 @@ Row measure(std::uint32_t ranks, std::size_t live) {
   return row;
 }
 
+// A whole positive decimal number no larger than `max`, or nothing.
+std::optional<std::uint64_t> positive(const char* text, std::uint64_t max) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (end == text || *end != '\0' || text[0] == '-' || v == 0 || v > max) return std::nullopt;
+  return static_cast<std::uint64_t>(v);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t live = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 10000000U;
+  std::size_t live = 10000000U;
   std::vector<std::uint32_t> ranks;
-  for (int i = 2; i < argc; ++i)
-    ranks.push_back(static_cast<std::uint32_t>(std::strtoul(argv[i], nullptr, 10)));
+  for (int i = 1; i < argc; ++i) {
+    const auto v = positive(argv[i], i == 1 ? SIZE_MAX : UINT32_MAX);
+    if (!v) {
+      std::fprintf(stderr, "usage: kv_index_ranks [live_pairs [ranks...]] (positive numbers)\n");
+      return 2;
+    }
+    if (i == 1)
+      live = static_cast<std::size_t>(*v);
+    else
+      ranks.push_back(static_cast<std::uint32_t>(*v));
+  }
   if (ranks.empty()) ranks = {64, 256, 1024, 4096};
   std::printf("%zu live (worker, block) pairs in total; 128-block queries\n\n", live);
   std::printf("%6s %10s %10s %9s %9s %9s %9s %8s %8s %9s %6s\n", "ranks", "pairs", "nodes",
