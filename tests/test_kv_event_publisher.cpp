@@ -256,16 +256,11 @@ promptcache::ZmqKvSubscriberOptions sub_options(bool dumps) {
   return o;
 }
 
-// Serves replays until `done` holds (the subscriber runs on its own thread).
-void serve_until(Engine& e, const std::function<bool()>& done) {
-  for (int i = 0; i < 4000 && !done(); ++i)
-    e.pub.poll_replay(5ms);
-  REQUIRE(done());
-}
-
 // Serves replays until `done` holds and no request came for 30 polls (120 ms) in a row: the
 // live messages a dump covered are settled by replay questions, which must be
-// answered before the subscriber stops (unanswered, an old seq counts as a restart).
+// answered before the subscriber stops (unanswered, an old seq counts as a restart)
+// and before the engine publishes on (a buffer of a few batches would no longer reach
+// back to the question, which then counts as a second lost range and a second dump).
 void settle(const std::function<std::size_t()>& serve_once, const std::function<bool()>& done) {
   int quiet = 0;
   for (int i = 0; i < 8000 && !(done() && quiet >= 30); ++i)
@@ -283,7 +278,8 @@ std::optional<std::uint64_t> last_seq(const ZmqKvSubscriber& sub) {
 }
 
 // Steps until the subscriber has received a live message (a SUB socket drops what is
-// published before its subscription arrives), then until it applied the last batch.
+// published before its subscription arrives), then serves replays until it applied the
+// last batch and asks nothing more.
 std::uint32_t join(Engine& e, ZmqKvSubscriber& sub, std::uint32_t i) {
   std::optional<std::uint64_t> seq;
   for (int round = 0; round < 400 && sub.counters(0).messages == 0; ++round) {
@@ -291,7 +287,7 @@ std::uint32_t join(Engine& e, ZmqKvSubscriber& sub, std::uint32_t i) {
     e.pub.poll_replay(5ms);
   }
   REQUIRE(sub.counters(0).messages > 0);
-  serve_until(e, [&] { return last_seq(sub) == seq; });
+  settle(e, [&] { return last_seq(sub) == seq; });
   return i;
 }
 
