@@ -8001,7 +8001,11 @@ struct PagedEvictionOrder {
 #define PROMPTCACHE_DETAIL_AVX2 1
 #endif
 
-#if defined(PROMPTCACHE_DETAIL_AVX2)
+// GCC and Clang get the AVX2 operations from vector extensions and their builtins: the
+// <immintrin.h> they would otherwise need declares every x86 extension up to AVX-512, about
+// half a second of parsing for each translation unit that includes this library (a fifth of
+// the umbrella header's cost), for the seven operations used here.
+#if defined(PROMPTCACHE_DETAIL_AVX2) && !defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
 #include <immintrin.h>
 #endif
 
@@ -8099,15 +8103,71 @@ inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b
 #if defined(PROMPTCACHE_DETAIL_AVX2)
 #if defined(PROMPTCACHE_DETAIL_AVX2_DISPATCH)
 #define PROMPTCACHE_DETAIL_AVX2_TARGET [[gnu::target("avx2")]]
+// 32 bytes in a 256-bit register, and the element views the compares and masks take. The
+// unaligned, aliasing type is what an unaligned load or store goes through, as _mm256_loadu_si256
+// does (vmovdqu).
+typedef char Avx2Bytes __attribute__((vector_size(32)));
+typedef char Avx2BytesU __attribute__((vector_size(32), aligned(1), may_alias));
+typedef int Avx2Ints __attribute__((vector_size(32)));
+typedef float Avx2Floats __attribute__((vector_size(32)));
+using Avx2Vec = Avx2Bytes;
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_load(const void* p) noexcept {
+  return *static_cast<const Avx2BytesU*>(p);
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline void avx2_store(void* p, Avx2Vec v) noexcept {
+  *static_cast<Avx2BytesU*>(p) = v;
+}
+// Comparisons give 0 or -1 per element (0xFF bytes where equal).
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_eq8(Avx2Vec x, Avx2Vec y) noexcept {
+  return (Avx2Vec)(x == y);
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_eq32(Avx2Vec x, Avx2Vec y) noexcept {
+  return (Avx2Vec)((Avx2Ints)x == (Avx2Ints)y);
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_and(Avx2Vec x, Avx2Vec y) noexcept {
+  return x & y;
+}
+// The top bit of each byte (32 bits), of each 4-byte element (8 bits).
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t avx2_mask8(Avx2Vec v) noexcept {
+  return static_cast<std::uint32_t>(__builtin_ia32_pmovmskb256(v));
+}
+PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t avx2_mask32(Avx2Vec v) noexcept {
+  return static_cast<std::uint32_t>(__builtin_ia32_movmskps256((Avx2Floats)v));
+}
 #else
 #define PROMPTCACHE_DETAIL_AVX2_TARGET
+using Avx2Vec = __m256i;
+inline Avx2Vec avx2_load(const void* p) noexcept {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline void avx2_store(void* p, Avx2Vec v) noexcept {
+  _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+}
+inline Avx2Vec avx2_eq8(Avx2Vec x, Avx2Vec y) noexcept {
+  return _mm256_cmpeq_epi8(x, y);
+}
+inline Avx2Vec avx2_eq32(Avx2Vec x, Avx2Vec y) noexcept {
+  return _mm256_cmpeq_epi32(x, y);
+}
+inline Avx2Vec avx2_and(Avx2Vec x, Avx2Vec y) noexcept {
+  return _mm256_and_si256(x, y);
+}
+inline std::uint32_t avx2_mask8(Avx2Vec v) noexcept {
+  return static_cast<std::uint32_t>(_mm256_movemask_epi8(v));
+}
+inline std::uint32_t avx2_mask32(Avx2Vec v) noexcept {
+  return static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(v)));
+}
 #endif
-// Equality mask of a[0, 32) and b[0, 32): bit k set when byte k is equal.
+// Byte equality of a[0, 32) and b[0, 32) (0xFF where equal), and its mask: bit k set when
+// byte k is equal.
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec equal_bytes32(const unsigned char* a,
+                                                            const unsigned char* b) noexcept {
+  return avx2_eq8(avx2_load(a), avx2_load(b));
+}
 PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t mask32_avx2(const unsigned char* a,
                                                                 const unsigned char* b) noexcept {
-  return static_cast<std::uint32_t>(_mm256_movemask_epi8(
-      _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)))));
+  return avx2_mask8(equal_bytes32(a, b));
 }
 
 PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned char* a,
@@ -8117,32 +8177,17 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned 
   // 128 bytes per step while they last: one branch per four compares keeps a long equal run
   // at the speed of the loads.
   for (; n - i >= 128; i += 128) {
-    const __m256i e0 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    const __m256i e1 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
-    const __m256i e2 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 64)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 64)));
-    const __m256i e3 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 96)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 96)));
-    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
-    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(all)) != 0xFFFFFFFFU) break;
+    const Avx2Vec e0 = equal_bytes32(a + i, b + i);
+    const Avx2Vec e1 = equal_bytes32(a + i + 32, b + i + 32);
+    const Avx2Vec e2 = equal_bytes32(a + i + 64, b + i + 64);
+    const Avx2Vec e3 = equal_bytes32(a + i + 96, b + i + 96);
+    if (avx2_mask8(avx2_and(avx2_and(e0, e1), avx2_and(e2, e3))) != 0xFFFFFFFFU) break;
   }
   for (; n - i >= 64; i += 64) {
-    const __m256i e0 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    const __m256i e1 =
-        _mm256_cmpeq_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 32)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 32)));
-    if (static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_and_si256(e0, e1))) != 0xFFFFFFFFU) {
-      const std::uint64_t eq =
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e0))) |
-          static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(e1))) << 32;
+    const Avx2Vec e0 = equal_bytes32(a + i, b + i);
+    const Avx2Vec e1 = equal_bytes32(a + i + 32, b + i + 32);
+    if (avx2_mask8(avx2_and(e0, e1)) != 0xFFFFFFFFU) {
+      const std::uint64_t eq = std::uint64_t{avx2_mask8(e0)} | std::uint64_t{avx2_mask8(e1)} << 32;
       i += static_cast<std::size_t>(std::countr_zero(~eq));
       return {i, true};
     }
@@ -8159,13 +8204,13 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline MismatchStep mismatch_avx2(const unsigned 
 }
 
 // The 8 elements of p from element e (unaligned).
-PROMPTCACHE_DETAIL_AVX2_TARGET inline __m256i load8_avx2(const std::uint32_t* p,
+PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec load8_avx2(const std::uint32_t* p,
                                                          std::size_t e) noexcept {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e));
+  return avx2_load(p + e);
 }
 PROMPTCACHE_DETAIL_AVX2_TARGET inline void store8_avx2(std::uint32_t* p, std::size_t e,
-                                                       __m256i v) noexcept {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + e), v);
+                                                       Avx2Vec v) noexcept {
+  avx2_store(p + e, v);
 }
 
 // The fused compare and copy of mismatch_copy() for 4-byte elements: one pass that reads a, b
@@ -8183,20 +8228,18 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const voi
   std::size_t i = 0;
   // 32 elements (128 token bytes) per step while they last: one branch per four compares.
   for (; n - i >= 32; i += 32) {
-    const __m256i e0 = _mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i));
-    const __m256i e1 = _mm256_cmpeq_epi32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
-    const __m256i e2 = _mm256_cmpeq_epi32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
-    const __m256i e3 = _mm256_cmpeq_epi32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
-    const __m256i all = _mm256_and_si256(_mm256_and_si256(e0, e1), _mm256_and_si256(e2, e3));
-    if (_mm256_movemask_epi8(all) != -1) break;
+    const Avx2Vec e0 = avx2_eq32(load8_avx2(a, i), load8_avx2(b, i));
+    const Avx2Vec e1 = avx2_eq32(load8_avx2(a, i + 8), load8_avx2(b, i + 8));
+    const Avx2Vec e2 = avx2_eq32(load8_avx2(a, i + 16), load8_avx2(b, i + 16));
+    const Avx2Vec e3 = avx2_eq32(load8_avx2(a, i + 24), load8_avx2(b, i + 24));
+    if (avx2_mask8(avx2_and(avx2_and(e0, e1), avx2_and(e2, e3))) != 0xFFFFFFFFU) break;
     store8_avx2(dst, i, load8_avx2(src, i));
     store8_avx2(dst, i + 8, load8_avx2(src, i + 8));
     store8_avx2(dst, i + 16, load8_avx2(src, i + 16));
     store8_avx2(dst, i + 24, load8_avx2(src, i + 24));
   }
   for (; n - i >= 8; i += 8) {
-    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(
-        _mm256_castsi256_ps(_mm256_cmpeq_epi32(load8_avx2(a, i), load8_avx2(b, i)))));
+    const std::uint32_t eq = avx2_mask32(avx2_eq32(load8_avx2(a, i), load8_avx2(b, i)));
     if (eq != 0xFFU) {
       const std::size_t end = i + static_cast<std::size_t>(std::countr_zero(~eq));
       std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
@@ -8209,9 +8252,8 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline std::size_t mismatch_copy32_avx2(const voi
   // without their compare (dst may be b's own storage, a caller matching into the query's
   // buffer, so they may already hold ids), and their ids are stored again with the same values.
   const std::size_t j = n - 8;
-  const auto eq = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
-                      _mm256_cmpeq_epi32(load8_avx2(a, j), load8_avx2(b, j))))) |
-                  ((1U << (i - j)) - 1U);
+  const std::uint32_t eq =
+      avx2_mask32(avx2_eq32(load8_avx2(a, j), load8_avx2(b, j))) | ((1U << (i - j)) - 1U);
   if (eq != 0xFFU) {
     const std::size_t end = j + static_cast<std::size_t>(std::countr_zero(~eq));
     std::memcpy(dst + i, src + i, (end - i) * sizeof(std::uint32_t));
