@@ -3,6 +3,12 @@
 # build type (no optimization: what they check is how the package is found and
 # linked, and the optimized builds of the same code are the tests' and the demo's).
 set(_pc_consumer_src "${PROJECT_SOURCE_DIR}/tests/consumer")
+# The compiler of the consumers' programs (default: the build's). What they check is how
+# the package is found, configured and used, which no compiler changes; scripts/test gives
+# them clang++, which compiles them at -O0 in half the CPU time of g++. Not
+# consumer_without_catch2: its demo build is the g++ -O2 -Werror build of the examples.
+set(PROMPTCACHE_CONSUMER_CXX "${CMAKE_CXX_COMPILER}" CACHE STRING
+    "Compiler of the consumption tests' programs, a path or a name on PATH (default: the build's)")
 set(_pc_consumer_bin "${PROJECT_BINARY_DIR}/consumers")
 set(_pc_prefix "${_pc_consumer_bin}/prefix")
 
@@ -13,7 +19,7 @@ function(promptcache_add_consumer_test name mode)
     COMMAND
       "${CMAKE_CTEST_COMMAND}" --build-and-test "${_pc_consumer_src}" "${_pc_consumer_bin}/${name}"
       --build-generator "${CMAKE_GENERATOR}" --build-noclean --build-options
-      "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE="
+      "-DCMAKE_CXX_COMPILER=${PROMPTCACHE_CONSUMER_CXX}" "-DCMAKE_BUILD_TYPE="
       "-DPROMPTCACHE_CONSUME=${mode}" "-DPROMPTCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
       "-DCMAKE_PREFIX_PATH=${_pc_prefix}" "-DCMAKE_INSTALL_PREFIX=${_pc_consumer_bin}/${name}-prefix"
       ${ARGN} --test-command promptcache_consumer)
@@ -103,7 +109,7 @@ if(PROMPTCACHE_INSTALL)
   if(PROMPTCACHE_PKG_CONFIG)
     add_test(NAME consumer_pkg_config
              COMMAND "${CMAKE_COMMAND}" "-DPKG_CONFIG=${PROMPTCACHE_PKG_CONFIG}"
-                     "-DCXX=${CMAKE_CXX_COMPILER}" "-DPREFIX=${_pc_prefix}"
+                     "-DCXX=${PROMPTCACHE_CONSUMER_CXX}" "-DPREFIX=${_pc_prefix}"
                      "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DWORK_DIR=${_pc_consumer_bin}/pkg_config"
                      "-DVERSION=${PROJECT_VERSION}" -P "${PROJECT_SOURCE_DIR}/tests/pkg_config_consumer.cmake")
     set_tests_properties(consumer_pkg_config PROPERTIES FIXTURES_REQUIRED promptcache_installed
@@ -156,7 +162,7 @@ if(Python3_Interpreter_FOUND)
   # checkout with the port's options; neither may configure a developer part.
   add_test(NAME packaging_configure
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
-                   "${PROJECT_VERSION}" --configure "${CMAKE_COMMAND}" "${CMAKE_CXX_COMPILER}"
+                   "${PROJECT_VERSION}" --configure "${CMAKE_COMMAND}" "${PROMPTCACHE_CONSUMER_CXX}"
                    "${_pc_consumer_bin}/packaging_configure")
   set_tests_properties(packaging_configure PROPERTIES LABELS consumer COST 20)
 endif()
