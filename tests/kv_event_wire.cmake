@@ -29,10 +29,12 @@ endfunction()
 
 # The end-to-end subscriber test runs a Python publisher that needs the
 # msgpack and zmq modules.
-if(TARGET test_zmq_kv_subscriber)
+# (Definitions and libraries go to the file's executable, its group's where it has one.)
+promptcache_test_target(test_zmq_kv_subscriber _pc_zmq_target)
+if(TARGET ${_pc_zmq_target})
   promptcache_find_python_with(PROMPTCACHE_E2E_PYTHON _pc_e2e_ok "msgpack, zmq")
   target_compile_definitions(
-    test_zmq_kv_subscriber
+    ${_pc_zmq_target}
     PRIVATE PROMPTCACHE_E2E_PYTHON="${PROMPTCACHE_E2E_PYTHON}"
             PROMPTCACHE_E2E_PUBLISHER="${CMAKE_CURRENT_SOURCE_DIR}/kv_event_wire/e2e_publisher.py")
   set_tests_properties(test_zmq_kv_subscriber PROPERTIES TIMEOUT 180)
@@ -44,15 +46,16 @@ endif()
 
 # The publisher's test follows it with ZmqKvSubscriber and checks its bytes
 # against an encoder written in Python (the msgpack module alone).
-if(TARGET test_kv_event_publisher)
-  target_link_libraries(test_kv_event_publisher PRIVATE promptcache::zmq_kv_subscriber)
+promptcache_test_target(test_kv_event_publisher _pc_pub_target)
+if(TARGET ${_pc_pub_target})
+  target_link_libraries(${_pc_pub_target} PRIVATE promptcache::zmq_kv_subscriber)
   promptcache_find_python_with(PROMPTCACHE_PUB_PYTHON _pc_pub_py_ok "msgpack")
   target_compile_definitions(
-    test_kv_event_publisher
+    ${_pc_pub_target}
     PRIVATE PROMPTCACHE_PUB_PYTHON="${PROMPTCACHE_PUB_PYTHON}"
             PROMPTCACHE_PUB_ENCODER="${CMAKE_CURRENT_SOURCE_DIR}/kv_event_wire/vllm_encoder.py")
   if(NOT _pc_pub_py_ok)
     message(STATUS "test_kv_event_publisher: no python3 with msgpack, its byte checks are skipped")
-    target_compile_definitions(test_kv_event_publisher PRIVATE PROMPTCACHE_PUB_NO_PYTHON=1)
+    target_compile_definitions(${_pc_pub_target} PRIVATE PROMPTCACHE_PUB_NO_PYTHON=1)
   endif()
 endif()

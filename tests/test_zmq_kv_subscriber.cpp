@@ -28,7 +28,8 @@
 
 #include "catch.hpp"
 
-extern char** environ;
+// C linkage names the process environment from any namespace (a test group wraps this file in one).
+extern "C" char** environ;
 
 #ifndef PROMPTCACHE_E2E_PYTHON
 #error "PROMPTCACHE_E2E_PYTHON must name a python3 with the msgpack and zmq modules"
