@@ -747,10 +747,10 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline void avx2_store(void* p, Avx2Vec v) noexce
 }
 // Comparisons give 0 or -1 per element (0xFF bytes where equal).
 PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_eq8(Avx2Vec x, Avx2Vec y) noexcept {
-  return (Avx2Vec)(x == y);
+  return reinterpret_cast<Avx2Vec>(x == y);
 }
 PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_eq32(Avx2Vec x, Avx2Vec y) noexcept {
-  return (Avx2Vec)((Avx2Ints)x == (Avx2Ints)y);
+  return reinterpret_cast<Avx2Vec>(reinterpret_cast<Avx2Ints>(x) == reinterpret_cast<Avx2Ints>(y));
 }
 PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_and(Avx2Vec x, Avx2Vec y) noexcept {
   return x & y;
@@ -760,7 +760,7 @@ PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t avx2_mask8(Avx2Vec v) noexce
   return static_cast<std::uint32_t>(__builtin_ia32_pmovmskb256(v));
 }
 PROMPTCACHE_DETAIL_AVX2_TARGET inline std::uint32_t avx2_mask32(Avx2Vec v) noexcept {
-  return static_cast<std::uint32_t>(__builtin_ia32_movmskps256((Avx2Floats)v));
+  return static_cast<std::uint32_t>(__builtin_ia32_movmskps256(reinterpret_cast<Avx2Floats>(v)));
 }
 #else
 #define PROMPTCACHE_DETAIL_AVX2_TARGET
