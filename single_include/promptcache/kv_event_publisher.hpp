@@ -8656,16 +8656,15 @@ inline MismatchStep mismatch_sse2(const unsigned char* a, const unsigned char* b
 // 32 bytes in a 256-bit register, and the element views the compares and masks take. The
 // unaligned, aliasing type is what an unaligned load or store goes through, as _mm256_loadu_si256
 // does (vmovdqu).
-typedef char Avx2Bytes __attribute__((vector_size(32)));
-typedef char Avx2BytesU __attribute__((vector_size(32), aligned(1), may_alias));
+typedef char Avx2Vec __attribute__((vector_size(32)));
+typedef char Avx2VecU __attribute__((vector_size(32), aligned(1), may_alias));
 typedef int Avx2Ints __attribute__((vector_size(32)));
 typedef float Avx2Floats __attribute__((vector_size(32)));
-using Avx2Vec = Avx2Bytes;
 PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_load(const void* p) noexcept {
-  return *static_cast<const Avx2BytesU*>(p);
+  return *static_cast<const Avx2VecU*>(p);
 }
 PROMPTCACHE_DETAIL_AVX2_TARGET inline void avx2_store(void* p, Avx2Vec v) noexcept {
-  *static_cast<Avx2BytesU*>(p) = v;
+  *static_cast<Avx2VecU*>(p) = v;
 }
 // Comparisons give 0 or -1 per element (0xFF bytes where equal).
 PROMPTCACHE_DETAIL_AVX2_TARGET inline Avx2Vec avx2_eq8(Avx2Vec x, Avx2Vec y) noexcept {
