@@ -23,6 +23,7 @@
 #include <promptcache/kv_index.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -334,11 +335,14 @@ Row measure(std::uint32_t ranks, std::size_t live) {
   return row;
 }
 
-// A whole positive decimal number no larger than `max`, or nothing.
+// A whole positive decimal number no larger than `max`, or nothing. Digits only: strtoull
+// would also take leading blanks and a sign (" -5" as 2^64 - 5), and saturates on overflow.
 std::optional<std::uint64_t> positive(const char* text, std::uint64_t max) {
+  if (text[0] < '0' || text[0] > '9') return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const unsigned long long v = std::strtoull(text, &end, 10);
-  if (end == text || *end != '\0' || text[0] == '-' || v == 0 || v > max) return std::nullopt;
+  if (*end != '\0' || errno == ERANGE || v == 0 || v > max) return std::nullopt;
   return static_cast<std::uint64_t>(v);
 }
 
