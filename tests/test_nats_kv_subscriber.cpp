@@ -404,6 +404,21 @@ TEST_CASE("nats: a server killed mid-stream and restarted: reconnect and exact r
   }));
   // The replay subscription is known to the server again.
   REQUIRE(pub.flush(2000ms));
+  // So is the subscriber's, sent again on its own connection: nothing orders it
+  // before the publisher's next messages, which the server would drop unrouted
+  // (with nothing published after them, no gap would ever show). A probe that
+  // reaches the subscriber was routed after its subscription was in place.
+  natsConnection* nc = nullptr;
+  REQUIRE(natsConnection_ConnectTo(&nc, server.url().c_str()) == NATS_OK);
+  const std::string probe = promptcache::dynamo_kv_events_subject("test", "backend") + ".probe";
+  const std::uint64_t unidentified = sub.transport_counters().unidentified;
+  REQUIRE(poll_until(sub, [&] {
+    if (sub.transport_counters().unidentified > unidentified) return true;
+    (void)natsConnection_PublishString(nc, probe.c_str(), "x");
+    (void)natsConnection_Flush(nc);
+    return false;
+  }));
+  natsConnection_Destroy(nc);
   for (std::size_t s = 20; s < 30; ++s)
     REQUIRE(pub.publish(s, batches[s]));
   REQUIRE(reached(sub, w, 29));
