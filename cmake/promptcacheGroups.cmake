@@ -73,3 +73,27 @@ ${_calls}  return 2;
 ")
   add_executable(${target} "${_tu}")
 endfunction()
+
+# promptcache_add_program(<target> <sources...>): one of our programs that no test runs (an
+# example, the replay tool). With PROMPTCACHE_SYNTAX_ONLY_PROGRAMS it is an object library
+# instead, whose sources compile with -fsyntax-only: every diagnostic of the compiler and no
+# code. scripts/test builds its sanitized preset so, which runs none of them: generating code
+# at -O0 with the sanitizers took most of their time (the replay tool: 18.7 s of Clang's time,
+# 4.2 s for its diagnostics alone). The programs are built, linked and optimized in the
+# demo's configuration (tests/without_catch2.cmake).
+option(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS
+       "Compile the examples no test runs and the tools for their diagnostics only (-fsyntax-only)" OFF)
+if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS AND NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  message(FATAL_ERROR "PROMPTCACHE_SYNTAX_ONLY_PROGRAMS needs GCC or Clang (-fsyntax-only)")
+endif()
+function(promptcache_add_program target)
+  if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS)
+    add_library(${target} OBJECT ${ARGN})
+    # The launcher adds -fsyntax-only and leaves an empty file where the object would be, so
+    # that the build sees it up to date; nothing links it.
+    set_target_properties(${target} PROPERTIES CXX_COMPILER_LAUNCHER
+                                               "sh;${PROJECT_SOURCE_DIR}/cmake/promptcacheSyntaxOnly.sh")
+  else()
+    add_executable(${target} ${ARGN})
+  endif()
+endfunction()
