@@ -42,10 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/resource.h>
-#endif
-
+#include "bench_platform.hpp"
 #include "naive_kv_index.hpp"
 
 namespace {
@@ -61,10 +58,6 @@ constexpr std::size_t kSystemPrompts = 4;
 constexpr std::size_t kActiveConversations = 1500;
 constexpr std::size_t kQueries = 20000;
 constexpr std::size_t kTraceBlockSize = 512;  // tokens per Mooncake hash id
-
-#ifndef PROMPTCACHE_MOONCAKE_TRACE
-#define PROMPTCACHE_MOONCAKE_TRACE "tools/replay/data/mooncake_synthetic_trace.jsonl"
-#endif
 
 std::mt19937_64 rng(20261129);
 
@@ -341,19 +334,6 @@ Workload from_trace(const std::string& path, std::size_t capacity) {
   return w;
 }
 
-// Minor page faults of the process so far (0 where getrusage is missing). A replay
-// into a fresh index touches fresh memory as its tables and pools grow; on a VM each
-// first touch is a costly fault, and how many there are depends on whether the
-// allocator hands back memory freed by the previous run, so the count is printed
-// beside the throughput.
-std::uint64_t minor_faults() {
-#if defined(__unix__) || defined(__APPLE__)
-  rusage u{};
-  if (getrusage(RUSAGE_SELF, &u) == 0) return static_cast<std::uint64_t>(u.ru_minflt);
-#endif
-  return 0;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -481,6 +461,11 @@ int main(int argc, char** argv) {
         failed);
     return failed == 0 ? 0 : 1;
   }
+  // index_faults: minor page faults of each run (0 where getrusage is missing). A replay
+  // into a fresh index touches fresh memory as its tables and pools grow; on a VM each
+  // first touch is a costly fault, and how many there are depends on whether the
+  // allocator hands back memory freed by the previous run, so the count is printed
+  // beside the throughput.
   std::vector<double> index_runs, naive_runs, store_runs, remove_runs, index_faults;
   std::size_t not_applied = 0;
   std::size_t stored_ops = 0, removed_ops = 0;
@@ -488,11 +473,11 @@ int main(int argc, char** argv) {
   bench::NaiveKvIndex naive(kWorkers);
   for (int run = 0; run < runs; ++run) {
     promptcache::KvIndex fresh;
-    const std::uint64_t faults0 = minor_faults();
+    const std::uint64_t faults0 = promptcache_bench::minor_faults();
     t0 = Clock::now();
     not_applied += replay_index(w, fresh);
     index_runs.push_back(seconds_since(t0));
-    index_faults.push_back(static_cast<double>(minor_faults() - faults0));
+    index_faults.push_back(static_cast<double>(promptcache_bench::minor_faults() - faults0));
     if (run == runs - 1) index = std::move(fresh);
 
     bench::NaiveKvIndex baseline(kWorkers);

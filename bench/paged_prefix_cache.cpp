@@ -45,10 +45,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
+#include "bench_platform.hpp"
 #include "sglang_radix_port.hpp"
 
 namespace {
@@ -63,14 +60,6 @@ constexpr std::size_t system_pages = 16;
 constexpr std::size_t rounds = 7;
 constexpr std::size_t match_batch = 512;
 constexpr std::size_t write_batch = 64;
-
-std::size_t heap_in_use() {
-#if defined(__GLIBC__)
-  return mallinfo2().uordblks;
-#else
-  return 0;
-#endif
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -132,7 +121,7 @@ Row run(std::size_t target_pages, std::size_t ps, std::size_t step) {
   std::size_t token_total = 0;
   std::vector<std::uint32_t> store;  // every request's tokens, for the memcmp floor
   std::vector<std::size_t> store_off;
-  const std::size_t heap0 = heap_in_use();
+  const std::size_t heap0 = promptcache_bench::heap_in_use();
   auto port = std::make_unique<Port>(ps);
   {
     std::size_t cached = 0;
@@ -147,14 +136,14 @@ Row run(std::size_t target_pages, std::size_t ps, std::size_t step) {
       requests = r + 1;
     }
   }
-  const std::size_t heap1 = heap_in_use();
+  const std::size_t heap1 = promptcache_bench::heap_in_use();
   auto ours = std::make_unique<Cache>(ps);
   for (std::uint64_t r = 0; r < requests; ++r) {
     w.request(r, tok);
     page_ids(tok.size() / ps);
     ours->insert(tok, ids);
   }
-  const std::size_t heap2 = heap_in_use();
+  const std::size_t heap2 = promptcache_bench::heap_in_use();
   const std::size_t cached = ours->cached_pages();
   const double token_bytes = static_cast<double>(token_total * sizeof(std::uint32_t));
   row.mem_index = static_cast<double>(ours->memory().index_bytes) / static_cast<double>(cached);
@@ -321,16 +310,6 @@ Row run(std::size_t target_pages, std::size_t ps, std::size_t step) {
   return row;
 }
 
-// Heap in use, mmapped chunks included (a long context's block may be one).
-std::size_t heap_with_mmap() {
-#if defined(__GLIBC__)
-  const auto m = mallinfo2();
-  return m.uordblks + m.hblkhd;
-#else
-  return 0;
-#endif
-}
-
 struct BranchRow {
   std::size_t ps = 0, points = 0;
   bool random = false;
@@ -365,7 +344,7 @@ BranchRow branching(std::size_t ps, std::size_t context_pages, std::size_t strid
   std::vector<double> m_ns, m_page_ns, i_ns, ratio, heap;
   std::size_t sink = 0;
   for (std::size_t round = 0; round < rounds; ++round) {
-    const std::size_t heap0 = heap_with_mmap();
+    const std::size_t heap0 = promptcache_bench::heap_with_mmap();
     {
       Cache c(ps);
       c.insert(context, ids);
@@ -395,7 +374,7 @@ BranchRow branching(std::size_t ps, std::size_t context_pages, std::size_t strid
       i_ns.push_back(ns(t_insert) / n);
       const double live = static_cast<double>(c.cached_pages() * ps * sizeof(std::uint32_t));
       ratio.push_back(static_cast<double>(c.memory().token_bytes) / live);
-      heap.push_back(static_cast<double>(heap_with_mmap() - heap0) / 1e6);
+      heap.push_back(static_cast<double>(promptcache_bench::heap_with_mmap() - heap0) / 1e6);
       row.live_mb = live / 1e6;
     }
   }
@@ -409,15 +388,12 @@ BranchRow branching(std::size_t ps, std::size_t context_pages, std::size_t strid
 }
 
 void print_branching() {
-#if defined(__GLIBC__)
   // Each round builds a fresh cache. Pages the allocator hands back to the system when the
   // previous round's cache goes would be faulted in again inside the timed calls (several
   // microseconds each on a VM): that measures the allocator's trimming, not the cache. Keep
   // freed memory in the process, and big blocks on the heap, so that rounds after the first
   // (the median) run on a warm heap, as an engine's does.
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-#endif
+  promptcache_bench::keep_freed_memory();
   std::printf(
       "\nBranching off one context of 1,000 pages (page size 1: 16,000 tokens, a branch every "
       "16th): match and insert per branch, median of %zu rounds\n",

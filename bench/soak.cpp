@@ -36,10 +36,9 @@
 #include <unordered_map>
 #include <vector>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <unistd.h>
+
+#include "bench_platform.hpp"
 
 namespace {
 
@@ -57,12 +56,6 @@ double rss_mib() {
     std::fclose(f);
   }
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1048576.0;
-}
-
-void trim_allocator() {
-#if defined(__GLIBC__)
-  malloc_trim(0);
-#endif
 }
 
 // Samples and the pass/fail rule shared by both soaks.
@@ -287,7 +280,7 @@ int soak_kv(std::uint64_t total) {
   for (std::size_t w = 0; w < workers; ++w)
     index.remove_worker(w + 1);
   const double after = rss_mib();
-  trim_allocator();
+  promptcache_bench::trim_heap();
   const double after_trim = rss_mib();
   std::printf(
       "kv: every worker left: %zu workers, %zu nodes, %zu blocks, %zu bytes by "
@@ -372,7 +365,7 @@ int soak_pool(std::uint64_t total) {
   pool.clear();
   std::vector<std::vector<std::uint32_t>>().swap(convs);  // the driver's own token lists
   const double after = rss_mib();
-  trim_allocator();
+  promptcache_bench::trim_heap();
   const double after_trim = rss_mib();
   const auto m = pool.memory_usage();
   std::printf("pool: cleared: %zu entries, index %zu bytes, ids %zu bytes\n", pool.size(),
