@@ -22,23 +22,27 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "fuzz_support.hpp"
+#include "support/any_paged_cache.hpp"
 #include "support/paged_model.hpp"
 
 namespace {
 
+using paged_model::AnyPagedCache;
 using paged_model::Arc;
+using paged_model::CacheOf;
 using paged_model::Model;
 using paged_model::ModelHandle;
 using paged_model::PageId;
@@ -47,7 +51,6 @@ using paged_model::Tokens;
 using promptcache::KvEvent;
 using promptcache::KvIndex;
 using promptcache::KvWorker;
-using promptcache::PagedPrefixCache;
 using promptcache::PagedPrefixHandle;
 namespace eviction = promptcache::eviction;
 
@@ -60,18 +63,21 @@ constexpr std::size_t max_pages = 256;
 
 fuzz::OperationReport report{"fuzz_paged_prefix_cache"};
 
-template <class Policy>
+// Builds the cache under test, of the policy being fuzzed, with the given sink.
+using MakeCache = std::function<std::unique_ptr<AnyPagedCache>(AnyPagedCache::Sink)>;
+
+// The operations and checks reach the cache through AnyPagedCache
+// (tests/support/any_paged_cache.hpp), so that they compile once for every policy.
 class Harness {
  public:
-  using Cache = PagedPrefixCache<PageId, Policy>;
-
-  Harness(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink, Policy policy, Arc arc)
+  Harness(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink, const MakeCache& make,
+          Arc arc)
       : in_(in),
         ps_(page_size),
         sink_(sink),
-        cache_(page_size, std::move(policy),
-               sink ? typename Cache::event_sink([this](const KvEvent& e) { on_event(e); })
-                    : typename Cache::event_sink{}),
+        owned_(make(sink ? AnyPagedCache::Sink([this](const KvEvent& e) { on_event(e); })
+                         : AnyPagedCache::Sink{})),
+        cache_(*owned_),
         model_(page_size, pol, arc) {
     cache_.configure_namespace(2, "adapter", "");
     const std::size_t n_docs = in_.ConsumeIntegralInRange<std::size_t>(1, 8);
@@ -276,7 +282,7 @@ class Harness {
     const std::size_t namespaces_before = cache_.namespace_count();
     // Two of the shapes with the usual ids also make the sink throw or call back in.
     if (sink_ && shape >= 14) sink_mode_ = shape == 14 ? SinkMode::fail : SinkMode::reenter;
-    std::optional<typename Cache::InsertResult> r;
+    std::optional<AnyPagedCache::Insert> r;
     try {
       r = cache_.insert(t, ids, ns, prio);
     } catch (const std::invalid_argument&) {
@@ -333,7 +339,7 @@ class Harness {
     FUZZ_CHECK(model_.ties() == 0);
     if (in_.ConsumeBool()) {
       got_.clear();
-      const std::size_t k = cache_.evict(n, [&](PageId p) { got_.push_back(p); });
+      const std::size_t k = cache_.evict(n, got_);
       FUZZ_CHECK(got_ == want);
       FUZZ_CHECK(k == want.size());
     } else {
@@ -345,7 +351,7 @@ class Harness {
 
   void erase_namespace(std::uint64_t ns) {
     std::multiset<PageId> got;
-    const bool ok = cache_.erase_namespace(ns, [&](PageId p) { got.insert(p); });
+    const bool ok = cache_.erase_namespace(ns, got);
     const auto want = model_.drop(ns);
     FUZZ_CHECK(ok == want.has_value());
     if (ok) {
@@ -360,7 +366,7 @@ class Harness {
 
   void clear() {
     std::multiset<PageId> got;
-    const bool ok = cache_.clear([&](PageId p) { got.insert(p); });
+    const bool ok = cache_.clear(got);
     const auto want = model_.drop(std::nullopt);
     FUZZ_CHECK(ok == want.has_value());
     if (ok) {
@@ -421,12 +427,11 @@ class Harness {
 
   // Moving the cache keeps every handle valid; each moved-from side is an empty cache.
   void move_round_trip() {
-    Cache tmp(std::move(cache_));
-    FUZZ_CHECK(cache_.check_invariants());  // NOLINT(bugprone-use-after-move)
-    FUZZ_CHECK(cache_.cached_pages() == 0 && cache_.namespace_count() == 0);
-    cache_ = std::move(tmp);
-    FUZZ_CHECK(tmp.check_invariants());  // NOLINT(bugprone-use-after-move)
-    FUZZ_CHECK(tmp.cached_pages() == 0 && tmp.page_size() == cache_.page_size());
+    const AnyPagedCache::Moves m = cache_.move_round_trip();
+    FUZZ_CHECK(m.moved_from_valid);
+    FUZZ_CHECK(m.moved_from_empty);
+    FUZZ_CHECK(m.back_from_valid);
+    FUZZ_CHECK(m.back_from_empty);
   }
 
   bool mirror_ok(const Tokens& t, std::uint64_t ns) {
@@ -459,11 +464,11 @@ class Harness {
     // The memory bound: token ids (and the page ids beside them) at most twice the cached.
     FUZZ_CHECK(cache_.memory().token_bytes <=
                2 * cache_.cached_pages() * ps_ * sizeof(std::uint32_t));
-    if constexpr (std::is_same_v<Policy, eviction::Adaptive>) {
+    if (const auto a = cache_.adaptive()) {
       // Both sides run the same arithmetic in the same order: the targets are equal.
-      FUZZ_CHECK(cache_.policy().target() == model_.target());
-      FUZZ_CHECK(cache_.policy().ghosts_once() == model_.ghosts(1));
-      FUZZ_CHECK(cache_.policy().ghosts_reused() == model_.ghosts(2));
+      FUZZ_CHECK(a->target == model_.target());
+      FUZZ_CHECK(a->ghosts_once == model_.ghosts(1));
+      FUZZ_CHECK(a->ghosts_reused == model_.ghosts(2));
     }
     FUZZ_CHECK(cache_.publishes_events() == sink_);
     if (!sink_) {
@@ -496,7 +501,8 @@ class Harness {
   bool sink_;
   SinkMode sink_mode_ = SinkMode::record;
   std::vector<KvEvent> events_;
-  Cache cache_;
+  std::unique_ptr<AnyPagedCache> owned_;
+  AnyPagedCache& cache_;
   Model model_;
   KvIndex index_;
   const KvWorker worker_{7, 0};
@@ -512,7 +518,12 @@ class Harness {
 template <class Policy>
 void run(FuzzedDataProvider& in, std::size_t page_size, Pol pol, bool sink,
          Policy policy = Policy{}, Arc arc = {}) {
-  Harness<Policy> h(in, page_size, pol, sink, std::move(policy), arc);
+  Harness h(
+      in, page_size, pol, sink,
+      [&](AnyPagedCache::Sink s) {
+        return std::make_unique<CacheOf<Policy>>(page_size, std::move(policy), std::move(s));
+      },
+      arc);
   while (in.remaining_bytes() > 0) {
     ++fuzz::operations();
     h.step();

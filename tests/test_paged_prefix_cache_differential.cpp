@@ -15,25 +15,26 @@
 #include <set>
 #include <span>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "catch.hpp"
+#include "support/any_paged_cache.hpp"
 #include "support/paged_model.hpp"
 
 using promptcache::KvEvent;
 using promptcache::KvIndex;
 using promptcache::KvWorker;
-using promptcache::PagedPrefixCache;
 using promptcache::PagedPrefixHandle;
 namespace eviction = promptcache::eviction;
 
 namespace {
 
+using paged_model::AnyPagedCache;
 using paged_model::Arc;
+using paged_model::CacheOf;
 using paged_model::Model;
 using paged_model::ModelHandle;
 using paged_model::PageId;
@@ -53,141 +54,9 @@ struct Shape {
   bool moves = false;         ///< Also move the cache away and back (needs a default policy).
 };
 
-// The cache behind a virtual interface, so that the test's steps (run_steps below)
-// compile once for every policy: instantiated per policy, they made up most of this
-// file's build time. Each policy instantiates only these forwarding calls, which reach
-// the same members with the same arguments.
-class AnyCache {
- public:
-  struct Match {
-    std::size_t matched = 0;
-    std::vector<PageId> pages;
-    PagedPrefixHandle handle;
-  };
-  struct Insert {
-    std::size_t cached_pages = 0;
-    std::size_t inserted_pages = 0;
-    std::vector<PageId> duplicates;
-    PagedPrefixHandle handle;
-  };
-  AnyCache() = default;
-  AnyCache(const AnyCache&) = delete;
-  AnyCache& operator=(const AnyCache&) = delete;
-  virtual ~AnyCache() = default;
-  virtual Match match(const Tokens& t, std::uint64_t ns) = 0;
-  /// The overload filling a caller's vector.
-  virtual Match match(const Tokens& t, std::uint64_t ns, std::vector<PageId>& pages) = 0;
-  /// The overload filling a caller's table; `pages` stays empty.
-  virtual Match match(const Tokens& t, std::uint64_t ns, std::span<PageId> out) = 0;
-  virtual std::size_t peek(const Tokens& t, std::uint64_t ns) = 0;
-  virtual std::uint64_t namespace_seed(std::uint64_t ns) = 0;
-  virtual void configure_namespace(std::uint64_t ns, std::string_view lora) = 0;
-  virtual Insert insert(const Tokens& t, const std::vector<PageId>& ids, std::uint64_t ns,
-                        std::int64_t priority) = 0;
-  virtual bool lock(const PagedPrefixHandle& h) = 0;
-  virtual bool unlock(const PagedPrefixHandle& h) = 0;
-  virtual bool valid(const PagedPrefixHandle& h) = 0;
-  virtual std::size_t evict(std::size_t n, std::vector<PageId>& got) = 0;
-  virtual bool erase_namespace(std::uint64_t ns, std::multiset<PageId>& got) = 0;
-  virtual bool clear(std::multiset<PageId>& got) = 0;
-  /// Move-constructs a cache from this one and move-assigns it back; whether the
-  /// moved-to cache's invariants held.
-  virtual bool move_away_and_back() = 0;
-  /// Move-assigns this cache over a new one holding `doc` under fresh ids (dropped
-  /// silently), and back; whether that cache's invariants held. Needs a default policy.
-  virtual bool move_over(const Tokens& doc, PageId& next_id) = 0;
-  virtual std::size_t cached_pages() = 0;
-  virtual std::size_t locked_pages() = 0;
-  virtual std::size_t evictable_pages() = 0;
-  virtual bool check_invariants() = 0;
-  /// The adaptive policy's target; nullopt for the others.
-  virtual std::optional<double> target() = 0;
-  virtual std::vector<std::uint64_t> block_hashes() = 0;
-};
-
-template <class Policy>
-class CacheOf final : public AnyCache {
- public:
-  using Cache = PagedPrefixCache<PageId, Policy>;
-  CacheOf(std::size_t page_size, Policy policy, std::vector<KvEvent>& events)
-      : page_size_(page_size),
-        cache_(page_size, std::move(policy), [&events](const KvEvent& e) { events.push_back(e); }) {
-  }
-  Match match(const Tokens& t, std::uint64_t ns) override {
-    auto r = cache_.match(t, ns);
-    return {r.matched, std::move(r.pages), r.handle};
-  }
-  Match match(const Tokens& t, std::uint64_t ns, std::vector<PageId>& pages) override {
-    const auto e = cache_.match(t, ns, pages);
-    return {e.matched, {}, e.handle};
-  }
-  Match match(const Tokens& t, std::uint64_t ns, std::span<PageId> out) override {
-    const auto e = cache_.match(t, ns, out);
-    return {e.matched, {}, e.handle};
-  }
-  std::size_t peek(const Tokens& t, std::uint64_t ns) override { return cache_.peek(t, ns); }
-  std::uint64_t namespace_seed(std::uint64_t ns) override { return cache_.namespace_seed(ns); }
-  void configure_namespace(std::uint64_t ns, std::string_view lora) override {
-    cache_.configure_namespace(ns, lora, "");
-  }
-  Insert insert(const Tokens& t, const std::vector<PageId>& ids, std::uint64_t ns,
-                std::int64_t priority) override {
-    auto r = cache_.insert(t, ids, ns, priority);
-    return {r.cached_pages, r.inserted_pages, std::move(r.duplicates), r.handle};
-  }
-  bool lock(const PagedPrefixHandle& h) override { return cache_.lock(h); }
-  bool unlock(const PagedPrefixHandle& h) override { return cache_.unlock(h); }
-  bool valid(const PagedPrefixHandle& h) override { return cache_.valid(h); }
-  std::size_t evict(std::size_t n, std::vector<PageId>& got) override {
-    return cache_.evict(n, [&](PageId p) { got.push_back(p); });
-  }
-  bool erase_namespace(std::uint64_t ns, std::multiset<PageId>& got) override {
-    return cache_.erase_namespace(ns, [&](PageId p) { got.insert(p); });
-  }
-  bool clear(std::multiset<PageId>& got) override {
-    return cache_.clear([&](PageId p) { got.insert(p); });
-  }
-  bool move_away_and_back() override {
-    Cache moved(std::move(cache_));
-    const bool ok = moved.check_invariants();
-    cache_ = std::move(moved);
-    return ok;
-  }
-  bool move_over(const Tokens& doc, PageId& next_id) override {
-    if constexpr (std::is_default_constructible_v<Policy>) {
-      Cache other(page_size_);
-      std::vector<PageId> ids(doc.size() / page_size_);
-      for (PageId& id : ids)
-        id = next_id++;
-      other.insert(doc, ids, 0, 0);
-      other = std::move(cache_);
-      const bool ok = other.check_invariants();
-      cache_ = std::move(other);
-      return ok;
-    } else {
-      (void)doc;
-      (void)next_id;
-      return false;
-    }
-  }
-  std::size_t cached_pages() override { return cache_.cached_pages(); }
-  std::size_t locked_pages() override { return cache_.locked_pages(); }
-  std::size_t evictable_pages() override { return cache_.evictable_pages(); }
-  bool check_invariants() override { return cache_.check_invariants(); }
-  std::optional<double> target() override {
-    if constexpr (std::is_same_v<Policy, eviction::Adaptive>)
-      return cache_.policy().target();
-    else
-      return std::nullopt;
-  }
-  std::vector<std::uint64_t> block_hashes() override { return cache_.block_hashes(); }
-
- private:
-  std::size_t page_size_;
-  Cache cache_;
-};
-
-void run_steps(AnyCache& cache, std::vector<KvEvent>& events, Pol pol, std::size_t page_size,
+// The steps reach the cache through AnyPagedCache (support/any_paged_cache.hpp), so that
+// they compile once for every policy.
+void run_steps(AnyPagedCache& cache, std::vector<KvEvent>& events, Pol pol, std::size_t page_size,
                std::uint32_t seed, int steps, Arc arc, Shape shape);
 
 template <class Policy>
@@ -196,11 +65,12 @@ void run(Pol pol, std::size_t page_size, std::uint32_t seed, int steps, Policy p
   // The second cache of a move-assignment is built with a default policy.
   if constexpr (!std::is_default_constructible_v<Policy>) REQUIRE_FALSE(shape.moves);
   std::vector<KvEvent> events;
-  CacheOf<Policy> cache(page_size, std::move(policy), events);
+  CacheOf<Policy> cache(page_size, std::move(policy),
+                        [&events](const KvEvent& e) { events.push_back(e); });
   run_steps(cache, events, pol, page_size, seed, steps, arc, shape);
 }
 
-void run_steps(AnyCache& cache, std::vector<KvEvent>& events, Pol pol, std::size_t page_size,
+void run_steps(AnyPagedCache& cache, std::vector<KvEvent>& events, Pol pol, std::size_t page_size,
                std::uint32_t seed, int steps, Arc arc, Shape shape) {
   std::mt19937 rng(seed);
   Model model(page_size, pol, arc);
@@ -337,7 +207,7 @@ void run_steps(AnyCache& cache, std::vector<KvEvent>& events, Pol pol, std::size
       REQUIRE(ok == want.has_value());
       if (ok) REQUIRE(got == *want);
     } else if (op < 105) {  // move-construct away and move-assign back into the moved-from
-      REQUIRE(cache.move_away_and_back());
+      REQUIRE(cache.move_round_trip().moved_to_valid);
     } else {
       // Move-assign over a cache holding pages of its own (dropped silently), and back.
       REQUIRE(cache.move_over(docs[rnd(docs.size())], next_id));
@@ -349,7 +219,7 @@ void run_steps(AnyCache& cache, std::vector<KvEvent>& events, Pol pol, std::size
     for (const Held& h : held)
       REQUIRE(cache.valid(h.real) == model.valid(h.model));
     REQUIRE(cache.check_invariants());
-    if (const std::optional<double> target = cache.target()) REQUIRE(*target == model.target());
+    if (const auto a = cache.adaptive()) REQUIRE(a->target == model.target());
     // The mirror: a KvIndex fed only by the events answers what the cache matches.
     for (const KvEvent& e : events)
       REQUIRE(index.apply(worker, e).ok());
