@@ -80,19 +80,28 @@ endfunction()
 # code. scripts/test builds its sanitized preset so, which runs none of them: generating code
 # at -O0 with the sanitizers took most of their time (the replay tool: 18.7 s of Clang's time,
 # 4.2 s for its diagnostics alone). The programs are built, linked and optimized in the
-# demo's configuration (tests/without_catch2.cmake).
+# demo's configuration (tests/without_catch2.cmake). The documentation's snippets without a
+# main() (object libraries, tests/snippets.cmake) compile so too
+# (promptcache_syntax_only_objects): the opt preset's snippet group generates their code.
 option(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS
-       "Compile the examples no test runs and the tools for their diagnostics only (-fsyntax-only)" OFF)
+       "Compile the examples no test runs, the tools and the snippets without main() for their diagnostics only (-fsyntax-only)"
+       OFF)
 if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS AND NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   message(FATAL_ERROR "PROMPTCACHE_SYNTAX_ONLY_PROGRAMS needs GCC or Clang (-fsyntax-only)")
 endif()
+# promptcache_syntax_only_objects(<target>): under PROMPTCACHE_SYNTAX_ONLY_PROGRAMS, the object
+# library <target> compiles with -fsyntax-only. The launcher adds the flag and leaves an empty
+# file where the object would be, so that the build sees it up to date; nothing may link it.
+function(promptcache_syntax_only_objects target)
+  if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS)
+    set_target_properties(${target} PROPERTIES CXX_COMPILER_LAUNCHER
+                                               "sh;${PROJECT_SOURCE_DIR}/cmake/promptcacheSyntaxOnly.sh")
+  endif()
+endfunction()
 function(promptcache_add_program target)
   if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS)
     add_library(${target} OBJECT ${ARGN})
-    # The launcher adds -fsyntax-only and leaves an empty file where the object would be, so
-    # that the build sees it up to date; nothing links it.
-    set_target_properties(${target} PROPERTIES CXX_COMPILER_LAUNCHER
-                                               "sh;${PROJECT_SOURCE_DIR}/cmake/promptcacheSyntaxOnly.sh")
+    promptcache_syntax_only_objects(${target})
   else()
     add_executable(${target} ${ARGN})
   endif()

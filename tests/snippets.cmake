@@ -61,6 +61,7 @@ foreach(_pc_line IN LISTS _pc_snippets)
     set_tests_properties(${_pc_name} PROPERTIES LABELS snippet)
   else()
     add_library(${_pc_name} OBJECT "${_pc_src}")
+    promptcache_syntax_only_objects(${_pc_name})
   endif()
   target_link_libraries(${_pc_name} PRIVATE promptcache::block_hash promptcache::warnings
                                             Threads::Threads)
