@@ -132,9 +132,12 @@ class Model {
 
   std::vector<KvWorkerMatch> find(const Path& q, bool early_exit) const {
     std::vector<KvWorkerMatch> out;
+    out.reserve(workers_.size());
+    Path p;  // the prefix looked up; its capacity serves every worker
+    p.reserve(q.size());
     for (const auto& [w, mw] : workers_) {
       std::size_t k = 0;
-      Path p;
+      p.clear();
       while (k < q.size()) {
         p.push_back(q[k]);
         if (mw.paths.count(p) == 0U) break;
