@@ -144,10 +144,13 @@ add_test(NAME consumer_cxx17_error
                  "-DWORK_DIR=${_pc_consumer_bin}/cxx17" -P "${PROJECT_SOURCE_DIR}/tests/cxx17_consumer.cmake")
 set_tests_properties(consumer_cxx17_error PROPERTIES LABELS consumer)
 
+# Checks of the checkout itself, which no compiler or option changes, are labelled
+# `checkout`: the asan test preset leaves them to opt, as it does the consumption tests.
 # The vcpkg port's check of the checkout (CMake) agrees with the digest recorded
 # by scripts/amalgamate.py (Python).
 add_test(NAME port_source_hash COMMAND "${CMAKE_COMMAND}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" -P
                                        "${PROJECT_SOURCE_DIR}/tests/port_source_hash.cmake")
+set_tests_properties(port_source_hash PROPERTIES LABELS checkout)
 
 # The generated single-include headers must match the sources.
 find_package(Python3 COMPONENTS Interpreter)
@@ -158,6 +161,8 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME packaging_metadata
            COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/check_packaging.py"
                    "${PROJECT_VERSION}")
+  set_tests_properties(single_include_up_to_date docs_consistent packaging_metadata
+                       PROPERTIES LABELS checkout)
   # What vcpkg and Conan configure: the recipe's exports_sources alone, and the
   # checkout with the port's options; neither may configure a developer part.
   add_test(NAME packaging_configure
