@@ -80,11 +80,12 @@ endfunction()
 # code. scripts/test builds its sanitized preset so, which runs none of them: generating code
 # at -O0 with the sanitizers took most of their time (the replay tool: 18.7 s of Clang's time,
 # 4.2 s for its diagnostics alone). The programs are built, linked and optimized in the
-# demo's configuration (tests/without_catch2.cmake). The documentation's snippets without a
-# main() (object libraries, tests/snippets.cmake) compile so too
-# (promptcache_syntax_only_objects): the opt preset's snippet group generates their code.
+# demo's configuration (tests/without_catch2.cmake). The object libraries nothing links
+# compile so too (promptcache_syntax_only_objects): the documentation's snippets without a
+# main(), whose code the opt preset's snippet group generates, and the check that each
+# public header compiles on its own.
 option(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS
-       "Compile the examples no test runs, the tools and the snippets without main() for their diagnostics only (-fsyntax-only)"
+       "Compile the examples no test runs, the tools and the objects nothing links for their diagnostics only (-fsyntax-only)"
        OFF)
 if(PROMPTCACHE_SYNTAX_ONLY_PROGRAMS AND NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   message(FATAL_ERROR "PROMPTCACHE_SYNTAX_ONLY_PROGRAMS needs GCC or Clang (-fsyntax-only)")
