@@ -2087,9 +2087,10 @@ class KvFingerprintTable {
   [[gnu::always_inline]] bool erase(std::uint32_t fp, std::uint32_t value,
                                     bool shrink = true) noexcept {
     if (cap_ == 0U) return false;
+    const Entry* const s = slots_.get();
     std::size_t i = home(fp);
     for (bool wrapped = false;;) {
-      const Entry& e = slots_[i];
+      const Entry& e = s[i];
       if (e.value == kv_npos) return false;
       if (e.value == value && e.fp == fp) break;
       if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return false;
@@ -2109,8 +2110,9 @@ class KvFingerprintTable {
   [[gnu::always_inline]] void erase_present(std::uint32_t fp, std::uint32_t value,
                                             bool shrink = true) noexcept {
     // The entry sits in the run that holds its home slot, at or after home.
+    const Entry* const s = slots_.get();
     std::size_t i = home(fp);
-    while (slots_[i].value != value)
+    while (s[i].value != value)
       i = next(i);
     erase_slot(i, shrink);
   }
@@ -2132,13 +2134,14 @@ class KvFingerprintTable {
   [[gnu::always_inline]] void erase_slot(std::size_t i, bool shrink) noexcept {
     // Backward shift: the run is sorted, so the entries that may move into
     // the hole are exactly those up to the first one at its home slot.
+    Entry* const s = slots_.get();
     for (std::size_t j = next(i);; j = next(j)) {
-      const Entry& e = slots_[j];
+      const Entry& e = s[j];
       if (e.value == kv_npos || home(e.fp) == j) break;
-      slots_[i] = e;
+      s[i] = e;
       i = j;
     }
-    slots_[i].value = kv_npos;
+    s[i].value = kv_npos;
     --size_;
     if (shrink && below_load()) shrink_to_load();
   }
@@ -2206,21 +2209,22 @@ class KvFingerprintTable {
   /// every entry is found by a lookup of its fingerprint, and that the count
   /// matches. O(capacity * run length); for tests.
   [[nodiscard]] bool check() const {
+    const Entry* const s = slots_.get();
     std::size_t n = 0;
     for (std::size_t i = 0; i < cap_; ++i) {
-      if (slots_[i].value == kv_npos) continue;
+      if (s[i].value == kv_npos) continue;
       ++n;
       const std::size_t j = next(i);
-      if (slots_[j].value != kv_npos) {  // the next entry of the run sorts after this one
+      if (s[j].value != kv_npos) {  // the next entry of the run sorts after this one
         // Home slots counted from slot i: the entry at i sits distance(home, i)
         // after its home, the one at j distance(home, j) after its own.
-        const std::size_t back_i = distance(home(slots_[i].fp), i);
-        const std::size_t back_j = distance(home(slots_[j].fp), j);
+        const std::size_t back_i = distance(home(s[i].fp), i);
+        const std::size_t back_j = distance(home(s[j].fp), j);
         if (back_j > back_i + 1U) return false;  // j's home lies before i's
-        if (back_j == back_i + 1U && slots_[j].fp < slots_[i].fp) return false;
+        if (back_j == back_i + 1U && s[j].fp < s[i].fp) return false;
       }
-      const std::uint32_t v = slots_[i].value;
-      if (probe(slots_[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
+      const std::uint32_t v = s[i].value;
+      if (probe(s[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
     }
     return n == size_;
   }
@@ -2271,11 +2275,12 @@ class KvFingerprintTable {
 
   // Writes `entry` at `i`, shifting the rest of the run up by one slot.
   void put(std::size_t i, Entry entry) noexcept {
-    while (slots_[i].value != kv_npos) {
-      std::swap(entry, slots_[i]);
+    Entry* const s = slots_.get();
+    while (s[i].value != kv_npos) {
+      std::swap(entry, s[i]);
       i = next(i);
     }
-    slots_[i] = entry;
+    s[i] = entry;
   }
 
   void place(const Entry& entry) noexcept {
@@ -2322,6 +2327,8 @@ class KvFingerprintTable {
     return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
+  // The loops index a raw pointer taken once: in an unoptimized build, unique_ptr's
+  // operator[] is a chain of calls per probe.
   std::unique_ptr<Entry[]> slots_;
   std::size_t size_ = 0;
   std::size_t cap_ = 0;

@@ -1559,9 +1559,10 @@ class KvFingerprintTable {
   [[gnu::always_inline]] bool erase(std::uint32_t fp, std::uint32_t value,
                                     bool shrink = true) noexcept {
     if (cap_ == 0U) return false;
+    const Entry* const s = slots_.get();
     std::size_t i = home(fp);
     for (bool wrapped = false;;) {
-      const Entry& e = slots_[i];
+      const Entry& e = s[i];
       if (e.value == kv_npos) return false;
       if (e.value == value && e.fp == fp) break;
       if ((e.fp > fp || wrapped) && after(e, i, fp, wrapped)) return false;
@@ -1581,8 +1582,9 @@ class KvFingerprintTable {
   [[gnu::always_inline]] void erase_present(std::uint32_t fp, std::uint32_t value,
                                             bool shrink = true) noexcept {
     // The entry sits in the run that holds its home slot, at or after home.
+    const Entry* const s = slots_.get();
     std::size_t i = home(fp);
-    while (slots_[i].value != value)
+    while (s[i].value != value)
       i = next(i);
     erase_slot(i, shrink);
   }
@@ -1604,13 +1606,14 @@ class KvFingerprintTable {
   [[gnu::always_inline]] void erase_slot(std::size_t i, bool shrink) noexcept {
     // Backward shift: the run is sorted, so the entries that may move into
     // the hole are exactly those up to the first one at its home slot.
+    Entry* const s = slots_.get();
     for (std::size_t j = next(i);; j = next(j)) {
-      const Entry& e = slots_[j];
+      const Entry& e = s[j];
       if (e.value == kv_npos || home(e.fp) == j) break;
-      slots_[i] = e;
+      s[i] = e;
       i = j;
     }
-    slots_[i].value = kv_npos;
+    s[i].value = kv_npos;
     --size_;
     if (shrink && below_load()) shrink_to_load();
   }
@@ -1678,21 +1681,22 @@ class KvFingerprintTable {
   /// every entry is found by a lookup of its fingerprint, and that the count
   /// matches. O(capacity * run length); for tests.
   [[nodiscard]] bool check() const {
+    const Entry* const s = slots_.get();
     std::size_t n = 0;
     for (std::size_t i = 0; i < cap_; ++i) {
-      if (slots_[i].value == kv_npos) continue;
+      if (s[i].value == kv_npos) continue;
       ++n;
       const std::size_t j = next(i);
-      if (slots_[j].value != kv_npos) {  // the next entry of the run sorts after this one
+      if (s[j].value != kv_npos) {  // the next entry of the run sorts after this one
         // Home slots counted from slot i: the entry at i sits distance(home, i)
         // after its home, the one at j distance(home, j) after its own.
-        const std::size_t back_i = distance(home(slots_[i].fp), i);
-        const std::size_t back_j = distance(home(slots_[j].fp), j);
+        const std::size_t back_i = distance(home(s[i].fp), i);
+        const std::size_t back_j = distance(home(s[j].fp), j);
         if (back_j > back_i + 1U) return false;  // j's home lies before i's
-        if (back_j == back_i + 1U && slots_[j].fp < slots_[i].fp) return false;
+        if (back_j == back_i + 1U && s[j].fp < s[i].fp) return false;
       }
-      const std::uint32_t v = slots_[i].value;
-      if (probe(slots_[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
+      const std::uint32_t v = s[i].value;
+      if (probe(s[i].fp, [&](std::uint32_t x) { return x == v; }).pos != i) return false;
     }
     return n == size_;
   }
@@ -1743,11 +1747,12 @@ class KvFingerprintTable {
 
   // Writes `entry` at `i`, shifting the rest of the run up by one slot.
   void put(std::size_t i, Entry entry) noexcept {
-    while (slots_[i].value != kv_npos) {
-      std::swap(entry, slots_[i]);
+    Entry* const s = slots_.get();
+    while (s[i].value != kv_npos) {
+      std::swap(entry, s[i]);
       i = next(i);
     }
-    slots_[i] = entry;
+    s[i] = entry;
   }
 
   void place(const Entry& entry) noexcept {
@@ -1794,6 +1799,8 @@ class KvFingerprintTable {
     return static_cast<std::size_t>((std::uint64_t{fp} * cap) >> 32U);
   }
 
+  // The loops index a raw pointer taken once: in an unoptimized build, unique_ptr's
+  // operator[] is a chain of calls per probe.
   std::unique_ptr<Entry[]> slots_;
   std::size_t size_ = 0;
   std::size_t cap_ = 0;
@@ -7913,8 +7920,9 @@ class PoolChildMap {
     // 12 bytes of the map, which the pool keeps on its node's first cache line.
     // A 64-bit shift: shift_ may exceed the width of a 32-bit size_t.
     const auto mask = static_cast<std::size_t>(~std::uint64_t{0} >> shift_);
+    const Slot* const table = slots_.get();
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
+      const Slot& s = table[i];
       if (s.node == nullptr) return nullptr;
       if (s.key == key) return &s;
     }
@@ -7947,18 +7955,19 @@ class PoolChildMap {
   /// Removes an existing key (backward-shift deletion keeps probe chains intact).
   void erase(Token key) noexcept {
     const std::size_t mask = capacity_ - 1;
-    std::size_t hole = static_cast<std::size_t>(&existing(key) - slots_.get());
-    for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
-      const std::size_t home = index_of(slots_[j].key);
+    Slot* const table = slots_.get();
+    std::size_t hole = static_cast<std::size_t>(&existing(key) - table);
+    for (std::size_t j = (hole + 1) & mask; table[j].node != nullptr; j = (j + 1) & mask) {
+      const std::size_t home = index_of(table[j].key);
       // Move j into the hole unless its home lies cyclically in (hole, j].
       const bool home_after_hole =
           hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
       if (!home_after_hole) {
-        slots_[hole] = slots_[j];
+        table[hole] = table[j];
         hole = j;
       }
     }
-    slots_[hole] = Slot{};
+    table[hole] = Slot{};
     --size_;
     // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
     // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
@@ -7980,8 +7989,9 @@ class PoolChildMap {
 
   /// Any child (the first in table order), or nullptr.
   [[nodiscard]] Node* any() const noexcept {
+    const Slot* const table = slots_.get();
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) return slots_[i].node;
+      if (table[i].node != nullptr) return table[i].node;
     }
     return nullptr;
   }
@@ -8016,8 +8026,9 @@ class PoolChildMap {
     other.slots_ = std::move(table);
     other.capacity_ = new_capacity;
     other.shift_ = shift_for(new_capacity);
+    const Slot* const old = slots_.get();
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) other.place(slots_[i]);
+      if (old[i].node != nullptr) other.place(old[i]);
     }
     other.size_ = size_;
     swap(other);
@@ -8025,21 +8036,25 @@ class PoolChildMap {
 
   void place(const Slot& slot) noexcept {
     const std::size_t mask = capacity_ - 1;
+    Slot* const table = slots_.get();
     std::size_t i = index_of(slot.key);
-    while (slots_[i].node != nullptr)
+    while (table[i].node != nullptr)
       i = (i + 1) & mask;
-    slots_[i] = slot;
+    table[i] = slot;
   }
 
   Slot& existing(Token key) noexcept {
     const std::size_t mask = capacity_ - 1;
+    Slot* const table = slots_.get();
     std::size_t i = index_of(key);
-    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+    while (!(table[i].key == key && table[i].node != nullptr))
       i = (i + 1) & mask;
-    return slots_[i];
+    return table[i];
   }
 
-  std::unique_ptr<Slot[]> slots_;  // find() reads slots_ and shift_ only: keep them first
+  // find() reads slots_ and shift_ only: keep them first. The loops index a raw pointer taken
+  // once: in an unoptimized build, unique_ptr's operator[] is a chain of calls per probe.
+  std::unique_ptr<Slot[]> slots_;
   unsigned shift_ = 64;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;

@@ -1266,8 +1266,9 @@ class PoolChildMap {
     // 12 bytes of the map, which the pool keeps on its node's first cache line.
     // A 64-bit shift: shift_ may exceed the width of a 32-bit size_t.
     const auto mask = static_cast<std::size_t>(~std::uint64_t{0} >> shift_);
+    const Slot* const table = slots_.get();
     for (std::size_t i = index_of(key);; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
+      const Slot& s = table[i];
       if (s.node == nullptr) return nullptr;
       if (s.key == key) return &s;
     }
@@ -1300,18 +1301,19 @@ class PoolChildMap {
   /// Removes an existing key (backward-shift deletion keeps probe chains intact).
   void erase(Token key) noexcept {
     const std::size_t mask = capacity_ - 1;
-    std::size_t hole = static_cast<std::size_t>(&existing(key) - slots_.get());
-    for (std::size_t j = (hole + 1) & mask; slots_[j].node != nullptr; j = (j + 1) & mask) {
-      const std::size_t home = index_of(slots_[j].key);
+    Slot* const table = slots_.get();
+    std::size_t hole = static_cast<std::size_t>(&existing(key) - table);
+    for (std::size_t j = (hole + 1) & mask; table[j].node != nullptr; j = (j + 1) & mask) {
+      const std::size_t home = index_of(table[j].key);
       // Move j into the hole unless its home lies cyclically in (hole, j].
       const bool home_after_hole =
           hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
       if (!home_after_hole) {
-        slots_[hole] = slots_[j];
+        table[hole] = table[j];
         hole = j;
       }
     }
-    slots_[hole] = Slot{};
+    table[hole] = Slot{};
     --size_;
     // A table left mostly empty by mass evictions would make any()/for_each scan it; shrink
     // when a table is 1/8 full. Best effort: if the allocation fails, keep the big table.
@@ -1333,8 +1335,9 @@ class PoolChildMap {
 
   /// Any child (the first in table order), or nullptr.
   [[nodiscard]] Node* any() const noexcept {
+    const Slot* const table = slots_.get();
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) return slots_[i].node;
+      if (table[i].node != nullptr) return table[i].node;
     }
     return nullptr;
   }
@@ -1369,8 +1372,9 @@ class PoolChildMap {
     other.slots_ = std::move(table);
     other.capacity_ = new_capacity;
     other.shift_ = shift_for(new_capacity);
+    const Slot* const old = slots_.get();
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].node != nullptr) other.place(slots_[i]);
+      if (old[i].node != nullptr) other.place(old[i]);
     }
     other.size_ = size_;
     swap(other);
@@ -1378,21 +1382,25 @@ class PoolChildMap {
 
   void place(const Slot& slot) noexcept {
     const std::size_t mask = capacity_ - 1;
+    Slot* const table = slots_.get();
     std::size_t i = index_of(slot.key);
-    while (slots_[i].node != nullptr)
+    while (table[i].node != nullptr)
       i = (i + 1) & mask;
-    slots_[i] = slot;
+    table[i] = slot;
   }
 
   Slot& existing(Token key) noexcept {
     const std::size_t mask = capacity_ - 1;
+    Slot* const table = slots_.get();
     std::size_t i = index_of(key);
-    while (!(slots_[i].key == key && slots_[i].node != nullptr))
+    while (!(table[i].key == key && table[i].node != nullptr))
       i = (i + 1) & mask;
-    return slots_[i];
+    return table[i];
   }
 
-  std::unique_ptr<Slot[]> slots_;  // find() reads slots_ and shift_ only: keep them first
+  // find() reads slots_ and shift_ only: keep them first. The loops index a raw pointer taken
+  // once: in an unoptimized build, unique_ptr's operator[] is a chain of calls per probe.
+  std::unique_ptr<Slot[]> slots_;
   unsigned shift_ = 64;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
