@@ -19,6 +19,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
+#include <stdexcept>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -127,8 +129,7 @@ class Model {
     if (q == 0) return r;
     ++tick_;
     for (std::size_t k = 1; k <= q; ++k) {
-      const auto key = std::make_pair(ns, Tokens(t.begin(), t.begin() + long(k * ps_)));
-      auto it = pages_.find(key);
+      auto it = pages_.find(prefix_of(ns, t, k));
       if (it != pages_.end() && r.inserted == 0) {
         ++r.cached;
         PageMeta& m = it->second;
@@ -144,7 +145,7 @@ class Model {
         m.last_access = m.created = tick_;
         m.hits = 1;
         m.priority = prio;
-        pages_[key] = m;
+        pages_[std::make_pair(ns, Tokens(t.begin(), t.begin() + long(k * ps_)))] = m;
         ++r.inserted;
       }
     }
@@ -184,7 +185,7 @@ class Model {
 
   [[nodiscard]] bool valid(const ModelHandle& h) const {
     if (h.prefix.empty()) return true;
-    const auto it = pages_.find(std::make_pair(h.ns, h.prefix));
+    const auto it = pages_.find(KeyView{h.ns, h.prefix});
     return it != pages_.end() && it->second.birth == h.birth;
   }
 
@@ -244,7 +245,7 @@ class Model {
   // Locks taken with handles ending where `h` ends (0 for the empty or a stale handle).
   [[nodiscard]] std::uint64_t own(const ModelHandle& h) const {
     if (h.prefix.empty() || !valid(h)) return 0;
-    return pages_.at(std::make_pair(h.ns, h.prefix)).own;
+    return page(KeyView{h.ns, h.prefix}).own;
   }
 
   // evict() steps that found two evictable leaves with the same key (the rules exclude it).
@@ -268,6 +269,27 @@ class Model {
 
  private:
   using PageKey = std::pair<std::uint64_t, Tokens>;
+  // A key seen without copying its tokens, for lookups.
+  struct KeyView {
+    std::uint64_t ns;
+    std::span<const std::uint32_t> prefix;
+  };
+  // std::pair's order (namespace, then tokens lexicographically), also between a
+  // PageKey and a KeyView.
+  struct KeyLess {
+    using is_transparent = void;
+    static KeyView view(const PageKey& k) { return {k.first, k.second}; }
+    static KeyView view(const KeyView& k) { return k; }
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      const KeyView x = view(a);
+      const KeyView y = view(b);
+      if (x.ns != y.ns) return x.ns < y.ns;
+      return std::lexicographical_compare(x.prefix.begin(), x.prefix.end(), y.prefix.begin(),
+                                          y.prefix.end());
+    }
+  };
+  using PageMap = std::map<PageKey, PageMeta, KeyLess>;
   // A ghost is known by namespace, page position and the page's tokens (all of
   // them: the pages here are shorter than the policy's token sample).
   using GhostKey = std::tuple<std::uint64_t, std::size_t, Tokens>;
@@ -325,7 +347,7 @@ class Model {
   }
 
   // The least recently used evictable page of class `cls` (0: used once).
-  std::map<PageKey, PageMeta>::iterator best_page(int cls) {
+  PageMap::iterator best_page(int cls) {
     auto best = pages_.end();
     for (auto it = pages_.begin(); it != pages_.end(); ++it) {
       if (it->second.lock > 0 || (it->second.reused ? 1 : 0) != cls || extended(it->first))
@@ -335,16 +357,30 @@ class Model {
     return best;
   }
 
+  // The first k pages of t in namespace ns.
+  [[nodiscard]] KeyView prefix_of(std::uint64_t ns, const Tokens& t, std::size_t k) const {
+    return {ns, std::span<const std::uint32_t>(t.data(), k * ps_)};
+  }
+
+  // The page under `key`, which must be cached (as std::map::at).
+  const PageMeta& page(const KeyView& key) const {
+    const auto it = pages_.find(key);
+    if (it == pages_.end()) throw std::out_of_range("paged_model: no such page");
+    return it->second;
+  }
+
+  // The k-th page of t in namespace ns, which must be cached.
   PageMeta& at(std::uint64_t ns, const Tokens& t, std::size_t k) {
-    return pages_.at(std::make_pair(ns, Tokens(t.begin(), t.begin() + long(k * ps_))));
+    const auto it = pages_.find(prefix_of(ns, t, k));
+    if (it == pages_.end()) throw std::out_of_range("paged_model: no such page");
+    return it->second;
   }
 
   [[nodiscard]] Match walk(const Tokens& t, std::uint64_t ns) const {
     Match r;
     std::size_t k = 0;
     while ((k + 1) * ps_ <= t.size()) {
-      const auto it =
-          pages_.find(std::make_pair(ns, Tokens(t.begin(), t.begin() + long((k + 1) * ps_))));
+      const auto it = pages_.find(prefix_of(ns, t, k + 1));
       if (it == pages_.end()) break;
       r.pages.push_back(it->second.id);
       ++k;
@@ -359,7 +395,7 @@ class Model {
     h.ns = ns;
     if (k == 0) return h;
     h.prefix.assign(t.begin(), t.begin() + long(k * ps_));
-    h.birth = pages_.at(std::make_pair(ns, h.prefix)).birth;
+    h.birth = page(KeyView{ns, h.prefix}).birth;
     return h;
   }
 
@@ -384,7 +420,7 @@ class Model {
   std::vector<Ghost> ghosts_;
   std::size_t ghost_tail_ = 0;
   double p_ = 0.0;
-  std::map<PageKey, PageMeta> pages_;
+  PageMap pages_;
   std::uint64_t tick_ = 0;
   std::uint64_t births_ = 0;
   std::size_t ties_ = 0;
