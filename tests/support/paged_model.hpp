@@ -362,18 +362,17 @@ class Model {
     return {ns, std::span<const std::uint32_t>(t.data(), k * ps_)};
   }
 
-  // The page under `key`, which must be cached (as std::map::at).
-  const PageMeta& page(const KeyView& key) const {
-    const auto it = pages_.find(key);
-    if (it == pages_.end()) throw std::out_of_range("paged_model: no such page");
+  // The page under `key` in `pages` (const or not), which must be cached (as std::map::at).
+  template <class Pages>
+  static auto& page_in(Pages& pages, const KeyView& key) {
+    const auto it = pages.find(key);
+    if (it == pages.end()) throw std::out_of_range("paged_model: no such page");
     return it->second;
   }
-
+  const PageMeta& page(const KeyView& key) const { return page_in(pages_, key); }
   // The k-th page of t in namespace ns, which must be cached.
   PageMeta& at(std::uint64_t ns, const Tokens& t, std::size_t k) {
-    const auto it = pages_.find(prefix_of(ns, t, k));
-    if (it == pages_.end()) throw std::out_of_range("paged_model: no such page");
-    return it->second;
+    return page_in(pages_, prefix_of(ns, t, k));
   }
 
   [[nodiscard]] Match walk(const Tokens& t, std::uint64_t ns) const {
