@@ -2,9 +2,9 @@
 # temporary store directory) and stop it by its pid, even when a case fails.
 # Without libnats the test is not built; without nats-server it is built but
 # not run. Either way ctest lists it as not run, with the reason printed here.
-# It is not among the ThreadSanitizer tests (tests/CMakeLists.txt); built with
-# -fsanitize=thread it runs without reports and without suppressions, but
-# libnats is not instrumented, so races inside it would go unseen.
+# test_nats_kv_snapshot_store is among the ThreadSanitizer tests
+# (tests/CMakeLists.txt) for the subscriber's own locking; libnats is not
+# instrumented, so races inside it would go unseen.
 find_program(PROMPTCACHE_NATS_SERVER NAMES nats-server HINTS /usr/sbin /usr/local/bin)
 # test_nats_fleet runs 8 engines and 3 router replicas through one server and
 # its faults (tests/support/nats_server.hpp starts and kills the server); its

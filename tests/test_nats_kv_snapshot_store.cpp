@@ -11,11 +11,14 @@
 #include <promptcache/nats_kv_snapshot_store.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -555,27 +558,56 @@ TEST_CASE("durable replicas: snapshots taken while the thread applies are at mes
   a.start();
   // Every snapshot's sequence and bytes (hashed): between two messages the
   // state is a function of the sequence, so two snapshots at one sequence
-  // with other bytes would be one taken inside a message.
-  std::uint64_t prev_seq = 0;
-  std::uint64_t prev_hash = 0;
-  std::size_t taken = 0;
-  std::size_t inside_a_message = 0;
+  // with other bytes would be one taken inside a message, or one whose index
+  // moved on while it was serialized. A second thread takes snapshots at the
+  // same time (they overlap, and the thread must still get its turn), and a
+  // third reads the index meanwhile.
+  using SeqHash = std::pair<std::uint64_t, std::uint64_t>;
+  const auto seq_hash = [](const std::vector<std::byte>& doc) {
+    return SeqHash{seq_of(doc), promptcache::detail::xxh3_64(doc.data(), doc.size())};
+  };
+  std::atomic<bool> done{false};
+  std::vector<SeqHash> other_taken;
+  std::thread other([&] {
+    while (!done.load()) {
+      other_taken.push_back(seq_hash(a.snapshot()));
+      std::this_thread::yield();
+    }
+  });
+  std::size_t reads = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      reads += a.with_index([](const KvIndex& i) { return i.total_blocks() > 0 ? 1U : 0U; });
+      std::this_thread::yield();
+    }
+  });
+  std::vector<SeqHash> taken;
   std::vector<std::vector<std::byte>> docs;  // a sample, to restore
   for (int i = 0; i < 1000000 && a.stream_sequence() < last; ++i) {
     std::vector<std::byte> doc = a.snapshot();
-    ++taken;
-    const std::uint64_t s = seq_of(doc);
-    const std::uint64_t h = promptcache::detail::xxh3_64(doc.data(), doc.size());
-    if (s == prev_seq && h != prev_hash && taken > 1) ++inside_a_message;
-    if (s != prev_seq && s >= docs.size() * last / 8 && docs.size() < 8) docs.push_back(doc);
-    prev_seq = s;
-    prev_hash = h;
+    taken.push_back(seq_hash(doc));
+    const std::uint64_t s = taken.back().first;
+    if ((taken.size() == 1 || s != taken[taken.size() - 2].first) && s >= docs.size() * last / 8 &&
+        docs.size() < 8)
+      docs.push_back(doc);
     if (i % 64 == 0) (void)store.save(a);
   }
+  done.store(true);
+  other.join();
+  reader.join();
+  CHECK(a.stream_sequence() == last);  // the thread got its turns between the snapshots
   a.stop();
   REQUIRE(caught_up(a, store));
   require_same(a.index(), fleet.direct());
+  taken.insert(taken.end(), other_taken.begin(), other_taken.end());
+  std::sort(taken.begin(), taken.end());
+  std::size_t inside_a_message = 0;
+  for (std::size_t i = 1; i < taken.size(); ++i)
+    if (taken[i].first == taken[i - 1].first && taken[i].second != taken[i - 1].second)
+      ++inside_a_message;
   CHECK(inside_a_message == 0);
+  CHECK_FALSE(other_taken.empty());
+  CHECK(reads > 0);
   CHECK_FALSE(docs.empty());
   for (std::size_t i = 0; i < docs.size(); ++i) {
     auto o = sub_options(server, "r" + std::to_string(i));

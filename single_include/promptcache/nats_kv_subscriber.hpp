@@ -8939,49 +8939,39 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   /// The replica document: the index (kv_index_snapshot), every stream's
   /// seq cursor and decoder state, current at stream_sequence(), which it
   /// carries. Taken between two messages (it waits for the one being
-  /// handled); holds the index lock while it serializes, so readers wait
-  /// O(blocks held) (0.4-0.8 s at a million blocks on a loaded 2-core
-  /// machine). Throws only
-  /// std::bad_alloc. docs/nats_kv_subscriber.md#durable-replicas.
+  /// handled). The polling thread applies nothing until it returns (O(blocks
+  /// held), about 0.1-0.2 s per million pairs on an idle core); with_index()
+  /// and the other readers are answered meanwhile: the index lock is held only
+  /// to copy the streams' state. Throws only std::bad_alloc.
+  /// docs/nats_kv_subscriber.md#durable-replicas.
   [[nodiscard]] std::vector<std::byte> snapshot() const {
     auto lock = reader_lock();
+    // Turns, so that neither side waits long: a message waiting for earlier
+    // snapshots goes before this one (snapshots from two threads in turn would
+    // otherwise hold it off forever), and a snapshot waiting for the end of a
+    // message goes before the next message.
+    if (message_waiting_) boundary_cv_.wait(lock, [this] { return !message_waiting_; });
     if (in_message_) {
-      // Counted as waiting, so that the polling thread lets it in between
-      // two messages instead of taking the next one.
-      readers_waiting_.fetch_add(1, std::memory_order_relaxed);
+      ++boundary_waiters_;
       boundary_cv_.wait(lock, [this] { return !in_message_; });
-      readers_waiting_.fetch_sub(1, std::memory_order_relaxed);
+      --boundary_waiters_;
     }
-    const std::vector<std::byte> index = kv_index_snapshot(index_, stream_seq_);
     std::vector<std::byte> out;
-    out.reserve(detail::nats_replica_head + streams_.size() * detail::nats_replica_record +
-                index.size() + 16);
+    std::vector<std::byte> index;
     detail::NatsReplicaWriter w(out);
-    for (const char c : detail::nats_replica_magic)
-      out.push_back(static_cast<std::byte>(c));
-    w.u(1, 8);
-    w.u(stream_seq_, 8);
-    w.u(streams_.size(), 4);
-    for (const auto& [worker, p] : streams_) {
-      const std::optional<std::uint64_t> last = p->cursor.last_applied_id();
-      w.u(worker.worker_id, 8);
-      w.u(worker.dp_rank, 4);
-      w.u(last ? 1 : 0, 1);
-      w.u(last.value_or(0), 8);
-      w.u(p->next_event_id, 8);
-      w.u(p->last_hash, 8);
-      std::uint64_t known[detail::nats_replica_groups] = {};
-      std::uint64_t main[detail::nats_replica_groups] = {};
-      for (std::uint32_t g = 0; g < KvWireStreamState::max_groups; ++g)
-        if (const std::optional<bool> m = p->wire.is_main_group(g)) {
-          known[g / 64U] |= std::uint64_t{1} << (g % 64U);
-          if (*m) main[g / 64U] |= std::uint64_t{1} << (g % 64U);
-        }
-      for (const std::uint64_t k : known)
-        w.u(k, 8);
-      for (const std::uint64_t m : main)
-        w.u(m, 8);
+    {
+      // Its end, on every exit (a throw included), lets the next message in.
+      const SnapshotPause pause(*this, lock);
+      write_streams(out);
+      // Serialized without the lock, which readers take meanwhile: the index
+      // only changes inside a message or a restore, and both wait for the
+      // pause to end. Concurrent const reads of a KvIndex are safe.
+      const std::uint64_t seq = stream_seq_;
+      lock.unlock();
+      index = kv_index_snapshot(index_, seq);
     }
+    lock.unlock();
+    out.reserve(out.size() + 16 + index.size());
     w.u(index.size(), 8);
     out.insert(out.end(), index.begin(), index.end());
     w.u(detail::xxh3_64(out.data(), out.size()), 8);
@@ -8999,7 +8989,9 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   KvSnapshotStatus restore(std::span<const std::byte> document) {
     before_poll("NatsKvSubscriber::restore with the thread running");
     using E = KvSnapshotErrc;
-    const auto lock = reader_lock();
+    auto lock = reader_lock();
+    // A snapshot() on another thread reads the index without the lock.
+    boundary_cv_.wait(lock, [this] { return snapshots_ == 0; });
     if (document.empty()) return {E::empty, "no bytes"};
     if (messages_ != 0 || !streams_.empty() || index_.worker_count() != 0U)
       return {E::index_not_empty, "the subscriber handled messages"};
@@ -9087,10 +9079,53 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   }
 
  private:
+  // The replica document's head and stream records, current at stream_seq_.
+  // Under the lock.
+  void write_streams(std::vector<std::byte>& out) const {
+    detail::NatsReplicaWriter w(out);
+    out.reserve(detail::nats_replica_head + streams_.size() * detail::nats_replica_record + 16);
+    for (const char c : detail::nats_replica_magic)
+      out.push_back(static_cast<std::byte>(c));
+    w.u(1, 8);
+    w.u(stream_seq_, 8);
+    w.u(streams_.size(), 4);
+    for (const auto& [worker, p] : streams_) {
+      const std::optional<std::uint64_t> last = p->cursor.last_applied_id();
+      w.u(worker.worker_id, 8);
+      w.u(worker.dp_rank, 4);
+      w.u(last ? 1 : 0, 1);
+      w.u(last.value_or(0), 8);
+      w.u(p->next_event_id, 8);
+      w.u(p->last_hash, 8);
+      std::uint64_t known[detail::nats_replica_groups] = {};
+      std::uint64_t main[detail::nats_replica_groups] = {};
+      for (std::uint32_t g = 0; g < KvWireStreamState::max_groups; ++g)
+        if (const std::optional<bool> m = p->wire.is_main_group(g)) {
+          known[g / 64U] |= std::uint64_t{1} << (g % 64U);
+          if (*m) main[g / 64U] |= std::uint64_t{1} << (g % 64U);
+        }
+      for (const std::uint64_t k : known)
+        w.u(k, 8);
+      for (const std::uint64_t m : main)
+        w.u(m, 8);
+    }
+  }
+
   // While the polling thread handles one message, which may release the lock
-  // between slices and during replay waits: a snapshot waits for its end.
+  // between slices and during replay waits: a snapshot waits for its end, and
+  // a message waits for the snapshots being serialized (without the lock).
   struct MessageBoundary {
-    explicit MessageBoundary(NatsKvSubscriber& s) noexcept : sub(s) { sub.in_message_ = true; }
+    MessageBoundary(NatsKvSubscriber& s, std::unique_lock<std::mutex>& lock) : sub(s) {
+      if (sub.snapshots_ != 0 || sub.boundary_waiters_ != 0) {
+        sub.message_waiting_ = true;
+        sub.boundary_cv_.wait(lock,
+                              [this] { return sub.snapshots_ == 0 && sub.boundary_waiters_ == 0; });
+        sub.message_waiting_ = false;
+        // The snapshots that came meanwhile now wait for this message's end.
+        sub.boundary_cv_.notify_all();
+      }
+      sub.in_message_ = true;
+    }
     ~MessageBoundary() {
       sub.in_message_ = false;
       sub.boundary_cv_.notify_all();
@@ -9098,6 +9133,25 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     MessageBoundary(const MessageBoundary&) = delete;
     MessageBoundary& operator=(const MessageBoundary&) = delete;
     NatsKvSubscriber& sub;
+  };
+
+  // A snapshot being taken: counted from its construction (under the lock)
+  // until its destruction, which takes the lock back if the snapshot let it
+  // go, and wakes a waiting message or restore.
+  struct SnapshotPause {
+    SnapshotPause(const NatsKvSubscriber& s, std::unique_lock<std::mutex>& l) noexcept
+        : sub(s), lock(l) {
+      ++sub.snapshots_;
+    }
+    ~SnapshotPause() {
+      if (!lock.owns_lock()) lock.lock();
+      --sub.snapshots_;
+      sub.boundary_cv_.notify_all();
+    }
+    SnapshotPause(const SnapshotPause&) = delete;
+    SnapshotPause& operator=(const SnapshotPause&) = delete;
+    const NatsKvSubscriber& sub;
+    std::unique_lock<std::mutex>& lock;
   };
 
   // libnats's delivery thread: queue the message for the polling thread.
@@ -9207,7 +9261,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
           ++redelivered_;
         } else {
           const Holding holding(*this, lock);
-          const MessageBoundary boundary(*this);
+          const MessageBoundary boundary(*this, lock);
           handle(m.get());
           stream_seq_ = std::max(stream_seq_, at);
         }
@@ -9235,7 +9289,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       ++handled;
       std::unique_lock<std::mutex> lock = applier_lock();
       const Holding holding(*this, lock);
-      const MessageBoundary boundary(*this);
+      const MessageBoundary boundary(*this, lock);
       const detail::NatsMsgPtr msg = std::move(m);
       handle(msg.get());
     }
@@ -9367,8 +9421,11 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   std::uint64_t messages_ = 0;
   std::uint64_t unidentified_ = 0;
   std::uint64_t redelivered_ = 0;
-  std::uint64_t stream_seq_ = 0;  // the JetStream sequence of the last message handled
-  bool in_message_ = false;       // the polling thread is inside handle()
+  std::uint64_t stream_seq_ = 0;              // the JetStream sequence of the last message handled
+  bool in_message_ = false;                   // the polling thread is inside handle()
+  bool message_waiting_ = false;              // the polling thread waits for the snapshots to end
+  mutable std::size_t snapshots_ = 0;         // snapshot() calls past their wait
+  mutable std::size_t boundary_waiters_ = 0;  // snapshot() calls waiting for a message's end
   mutable std::condition_variable boundary_cv_;
   std::atomic<std::uint64_t> dropped_{0};
   std::mutex queue_mutex_;
