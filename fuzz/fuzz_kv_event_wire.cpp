@@ -9,7 +9,8 @@
 // decoder must answer what a fresh one answers.
 //
 // Structured: the input describes a batch of events (stored with int, signed and
-// byte-string hashes, parents, plain and Eagle token lists, LoRA names, media keys,
+// byte-string hashes, parents, plain and Eagle token lists, LoRA names, cache salts
+// (an event's, SGLang's metadata map, or among the first block's keys), media keys,
 // mediums, attention groups; removed; cleared; unknown tags; extreme timestamps and
 // ranks). The harness computes the batch the documented rules give, encodes the
 // events with msgpack-cxx in every layout the publishers use (array batch with
@@ -31,6 +32,7 @@
 #include <promptcache/kv_event_wire.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -224,6 +226,9 @@ struct WireEvent {
   OptStr medium;
   bool medium_int = false;  // a medium of the wrong type (ignored by the rules)
   OptStr lora_name;
+  // Only with no LoRA name: the array layout carries it as SGLang's metadata
+  // map in lora_name's position.
+  OptStr cache_salt;
   bool has_extra = false;
   std::vector<std::optional<std::vector<MediaKey>>> extra;  // per block: nil or keys
   OptUint group_idx;
@@ -327,7 +332,7 @@ class Generator {
     MediaKey k;
     k.pair = in_.ConsumeBool();
     static constexpr char hex[] = "0123456789abcdefABCDEF";
-    switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 4)) {
       case 0:
       case 1: {  // a 64-digit hexadecimal media identifier
         std::uint64_t v = 0;
@@ -343,7 +348,12 @@ class Generator {
         k.s.assign(63, '0');
         k.s.insert(pick(64), 1, 'g');
         break;
-      default:  // a LoRA name, a salt, a shorter id
+      case 3:  // a salt key (maybe empty), or a LoRA name
+        k.s = std::array<const char*, 5>{"dynamo-cache-salt:", "dynamo-cache-salt:t1",
+                                         "dynamo-cache-salt:tenant-2", "lora-a",
+                                         "dynamo-cache-salt:x"}[pick(5)];
+        break;
+      default:  // a shorter id, or another string
         k.s = std::string(pick(70), 'a');
         if (k.s.size() == 64) k.s.back() = 'z';
         break;
@@ -397,7 +407,8 @@ class Generator {
     for (std::size_t i = n_tokens + (e.eagle ? 1U : 0U); i > 0; --i)
       e.tokens.push_back(token());
     e.lora_id = opt_uint({0, 3, u64max});
-    e.lora_name = opt_str({"", "lora-a", "adapters/b", "GPU"});
+    e.lora_name = opt_str({"", "lora-a", "adapters/b", "GPU", "dynamo-cache-salt:x"});
+    if (!e.lora_name.is_str()) e.cache_salt = opt_str({"", "t1", "tenant-2"});
     e.has_extra = in_.ConsumeBool();
     if (e.has_extra) {
       for (std::size_t b = pick(blocks + 2); b > 0; --b) {
@@ -418,6 +429,25 @@ class Generator {
 };
 
 // ---- the batch the rules give --------------------------------------------------------------
+
+// Dynamo's salt among the first block's keys: the first plain string past
+// "dynamo-cache-salt:" with something after it, one copy of the LoRA name
+// skipped.
+std::string_view extra_keys_salt(const WireEvent& e, const std::string& lora) {
+  if (!e.has_extra || e.extra.empty() || !e.extra[0]) return {};
+  constexpr std::string_view prefix = "dynamo-cache-salt:";
+  bool lora_seen = lora.empty();
+  for (const MediaKey& k : *e.extra[0]) {
+    if (k.pair) continue;
+    if (!lora_seen && k.s == lora) {
+      lora_seen = true;
+      continue;
+    }
+    if (k.s.size() > prefix.size() && k.s.compare(0, prefix.size(), prefix) == 0)
+      return std::string_view(k.s).substr(prefix.size());
+  }
+  return {};
+}
 
 // The group kinds a stream state has learned, as the documentation states them:
 // group -> main, recorded only below the cap, the last record holding.
@@ -506,7 +536,9 @@ KvWireBatch expected(const WireBatch& wb, const KvWireOptions& o, GroupModel* gr
           if (k.hash) media[b].push_back(*k.hash);
     std::vector<std::span<const std::uint64_t>> spans(media.begin(), media.end());
     promptcache::BlockHashOptions ho;
-    ho.seed = promptcache::block_hash_seed(e.lora_name.is_str() ? e.lora_name.s : "");
+    const std::string lora = e.lora_name.is_str() ? e.lora_name.s : "";
+    ho.seed = promptcache::block_hash_seed(
+        lora, e.cache_salt.is_str() ? std::string_view(e.cache_salt.s) : extra_keys_salt(e, lora));
     ho.media = spans;
     ho.eagle = e.eagle;
     const std::span<const std::uint32_t> window(e.tokens.data(),
@@ -771,7 +803,7 @@ class Encoder {
       std::size_t last = 4;
       if (e.lora_id.present()) last = 5;
       if (e.medium.present() || e.medium_int) last = 6;
-      if (e.lora_name.present()) last = 7;
+      if (e.lora_name.present() || e.cache_salt.present()) last = 7;
       if (e.has_extra) last = 8;
       if (e.group_idx.present()) last = 9;
       if (e.spec_kind.present()) last = 10;
@@ -792,7 +824,14 @@ class Encoder {
             medium(e);
             break;
           case 7:
-            opt_str(e.lora_name);
+            if (e.cache_salt.present()) {
+              open_map(1);
+              str("cache_salt");
+              opt_str(e.cache_salt);
+              close();
+            } else {
+              opt_str(e.lora_name);
+            }
             break;
           case 8:
             extra(e);
@@ -851,6 +890,7 @@ class Encoder {
       lora_id_k,
       medium_k,
       lora_name_k,
+      salt_k,
       extra_k,
       group_k,
       spec_k,
@@ -862,6 +902,7 @@ class Encoder {
       if (e.parent_present) keys.push_back(parent_k);
       if (e.lora_id.present()) keys.push_back(lora_id_k);
       if (e.lora_name.present()) keys.push_back(lora_name_k);
+      if (e.cache_salt.present()) keys.push_back(salt_k);
       if (e.has_extra) keys.push_back(extra_k);
     }
     if (e.type == WireEvent::stored || e.type == WireEvent::removed) {
@@ -907,6 +948,10 @@ class Encoder {
         case lora_name_k:
           str("lora_name");
           opt_str(e.lora_name);
+          break;
+        case salt_k:
+          str("cache_salt");
+          opt_str(e.cache_salt);
           break;
         case extra_k:
           str("extra_keys");

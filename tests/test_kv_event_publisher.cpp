@@ -79,13 +79,15 @@ std::string json_list(const auto& v) {
   return o.str();
 }
 
-struct Lora {
-  std::string name;
+// A namespace's seed as the publisher is told it (set_namespace).
+struct Seed {
+  std::string lora;
   std::optional<std::int64_t> id;
+  std::string salt;
 };
 
 std::string to_json(const std::vector<Batch>& batches, std::optional<std::uint32_t> dp_rank,
-                    const std::map<std::uint64_t, Lora>& loras) {
+                    const std::map<std::uint64_t, Seed>& seeds) {
   std::ostringstream o;
   o.precision(17);
   o << '[';
@@ -108,11 +110,16 @@ std::string to_json(const std::vector<Batch>& batches, std::optional<std::uint32
           o << "null";
         o << ",\"tokens\":" << json_list(e.tokens)
           << ",\"block_size\":" << e.tokens.size() / e.hashes.size();
-        const auto it = loras.find(e.ns);
-        if (it != loras.end()) {
-          o << ",\"lora_name\":\"" << it->second.name << "\"";
-          if (it->second.id) o << ",\"lora_id\":" << *it->second.id;
+        // A namespace not described: the cache's default, its id as the salt.
+        const auto it = seeds.find(e.ns);
+        const Seed seed = it != seeds.end() ? it->second
+                          : e.ns != 0       ? Seed{"", std::nullopt, std::to_string(e.ns)}
+                                            : Seed{};
+        if (!seed.lora.empty()) {
+          o << ",\"lora_name\":\"" << seed.lora << "\"";
+          if (seed.id) o << ",\"lora_id\":" << *seed.id;
         }
+        if (!seed.salt.empty()) o << ",\"cache_salt\":\"" << seed.salt << "\"";
       }
       o << '}';
     }
@@ -187,6 +194,11 @@ const std::vector<Batch> kScenario = {
        std::nullopt,
        {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20},
        0}}},
+    // Salted namespaces: described with a LoRA and without, and one by default.
+    {3.5,
+     {{"stored", {41, 42}, std::nullopt, {1, 2, 3, 4, 5, 6, 7, 8}, 9},
+      {"stored", {43}, 42, {9, 10, 11, 12}, 11},
+      {"stored", {44, 45}, std::nullopt, {1, 2, 3, 4, 5, 6, 7, 8}, 12}}},
 };
 
 // ---- the engine and its router ------------------------------------------------------
@@ -298,10 +310,12 @@ TEST_CASE("batches match an independent encoder of vLLM's msgspec classes, in ev
 #ifdef PROMPTCACHE_PUB_NO_PYTHON
   WARN("no python3 with msgpack: byte checks skipped");
 #else
-  const std::map<std::uint64_t, Lora> loras = {{7, {"an-adapter-name-longer-than-32-bytes", 3}}};
+  const std::map<std::uint64_t, Seed> seeds = {{7, {"an-adapter-name-longer-than-32-bytes", 3, ""}},
+                                               {9, {"lora-b", 4, "tenant-9"}},
+                                               {11, {"", std::nullopt, "t11"}}};
   for (const std::optional<std::uint32_t> rank :
        {std::optional<std::uint32_t>(2), std::optional<std::uint32_t>()}) {
-    const std::vector<std::string> expected = python_lines(to_json(kScenario, rank, loras));
+    const std::vector<std::string> expected = python_lines(to_json(kScenario, rank, seeds));
     REQUIRE(expected.size() == 3 * kScenario.size());
     std::size_t line = 0;
     for (const KvWireLayout layout :
@@ -312,8 +326,12 @@ TEST_CASE("batches match an independent encoder of vLLM's msgspec classes, in ev
       std::size_t b = 0;
       o.clock = [&b] { return kScenario[b].ts; };
       KvEventPublisher pub(o);
-      for (const auto& [ns, l] : loras)
-        pub.set_lora(ns, l.name, l.id);
+      for (const auto& [ns, sd] : seeds) {
+        if (sd.salt.empty())
+          pub.set_lora(ns, sd.lora, sd.id);
+        else
+          pub.set_namespace(ns, sd.lora, sd.salt, sd.id);
+      }
       const char* name = layout == KvWireLayout::map         ? "map"
                          : layout == KvWireLayout::array_map ? "array_map"
                                                              : "array";
@@ -433,6 +451,63 @@ TEST_CASE("the paged cache gives a token sink the tokens of the pages it stores"
   PagedPrefixCache<> moved(std::move(c));
   CHECK(moved.publishes_events());
   CHECK_FALSE(c.publishes_events());
+}
+
+TEST_CASE("a router hashes every namespace's blocks as the cache does: LoRA names and salts",
+          "[kv_event_publisher]") {
+  // The cache's namespaces: 0 and 12 by default (12's id is its salt), 7 with a LoRA,
+  // 9 with a LoRA and a salt, 11 with a salt only.
+  const auto run = [](KvWireLayout layout, bool describe_9) {
+    KvEventPublisherOptions o;
+    o.layout = layout;
+    KvEventPublisher pub(o);
+    KvIndex truth;
+    PagedPrefixCache<> cache(4, promptcache::eviction::Lru{},
+                             [&](const KvEvent& e, const PagedStoredPages& p) {
+                               pub.on_event(e, p);
+                               REQUIRE(truth.apply(W, e).ok());
+                             });
+    cache.configure_namespace(7, "lora-a");
+    cache.configure_namespace(9, "lora-b", "tenant-9");
+    cache.configure_namespace(11, "", "t11");
+    pub.set_lora(7, "lora-a", 1);
+    if (describe_9) pub.set_namespace(9, "lora-b", "tenant-9");
+    pub.set_namespace(11, "", "t11");
+    const std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    std::uint32_t page = 0;
+    for (const std::uint64_t ns : {0U, 7U, 9U, 11U, 12U}) {
+      std::vector<std::uint32_t> pages(3);
+      for (auto& pg : pages)
+        pg = page++;
+      cache.insert(tokens, pages, ns);
+      // A continuation: its event's first block is not the chain's.
+      std::vector<std::uint32_t> longer = tokens;
+      longer.insert(longer.end(), {20, 21, 22, 23});
+      const std::vector<std::uint32_t> more = {pages[0], pages[1], pages[2], page++};
+      cache.insert(longer, more, ns);
+    }
+    const auto enc = pub.flush();
+    REQUIRE(enc);
+    promptcache::KvWireBatch batch;
+    REQUIRE(promptcache::KvEventWireDecoder()
+                .decode(enc->payload.data(), enc->payload.size(), batch)
+                .ok());
+    KvIndex router;
+    std::uint64_t id = 0;
+    for (const auto& d : batch.events)
+      REQUIRE(router.apply(W, KvEvent{id++, d}).ok());
+    return std::pair(view(router, W), view(truth, W));
+  };
+  for (const KvWireLayout layout :
+       {KvWireLayout::map, KvWireLayout::array_map, KvWireLayout::array}) {
+    const auto [router, truth] = run(layout, true);
+    CHECK(truth.size() == 20);
+    CHECK(router == truth);
+    // Namespace 9 published without its description: its blocks hash otherwise.
+    const auto [undescribed, truth2] = run(layout, false);
+    CHECK(undescribed != truth2);
+    CHECK(undescribed.size() == truth2.size());
+  }
 }
 
 TEST_CASE("a router follows the engine live and through replays", "[kv_event_publisher]") {

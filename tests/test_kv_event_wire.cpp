@@ -411,6 +411,169 @@ TEST_CASE("the three layouts of one batch decode to the same events", "[kv_event
         promptcache::local_block_hashes(std::vector<std::uint32_t>{1, 2, 3, 4}, 4)[0]);
 }
 
+namespace {
+
+// One stored event of two blocks (tokens 1..8, block size 4) in a batch. In
+// the array layout `lora` packs position 7 (a string, nil or SGLang's
+// metadata map) and `extra_keys` position 8; in the map layout they pack the
+// "lora_name" and "cache_salt" values (`salt`; nothing packs no key).
+using Packer = msgpack::packer<Buffer>;
+using PackFn = void (*)(Packer&);
+
+Buffer salted_batch(bool map_event, PackFn lora, PackFn extra_keys, PackFn salt = nullptr) {
+  Buffer buf;
+  Packer p(buf);
+  p.pack_array(2);
+  p.pack(1.0);
+  p.pack_array(1);
+  const std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  if (!map_event) {
+    p.pack_array(9);
+    p.pack(std::string("BlockStored"));
+    p.pack(std::vector<std::uint64_t>{11, 12});
+    p.pack_nil();
+    p.pack(tokens);
+    p.pack(4);
+    p.pack_nil();  // lora_id
+    p.pack(std::string("GPU"));
+    lora(p);
+    extra_keys(p);
+    return buf;
+  }
+  p.pack_map(salt != nullptr ? 7U : 6U);
+  p.pack(std::string("type"));
+  p.pack(std::string("BlockStored"));
+  p.pack(std::string("block_hashes"));
+  p.pack(std::vector<std::uint64_t>{11, 12});
+  p.pack(std::string("token_ids"));
+  p.pack(tokens);
+  p.pack(std::string("block_size"));
+  p.pack(4);
+  p.pack(std::string("lora_name"));
+  lora(p);
+  p.pack(std::string("extra_keys"));
+  extra_keys(p);
+  if (salt != nullptr) {
+    p.pack(std::string("cache_salt"));
+    salt(p);
+  }
+  return buf;
+}
+
+// The two blocks' tokens hashes under LoRA `lora` and salt `salt`.
+std::vector<KvBlock> salted_blocks(std::string_view lora, std::string_view salt) {
+  promptcache::BlockHashOptions o;
+  o.seed = promptcache::block_hash_seed(lora, salt);
+  const auto locals =
+      promptcache::local_block_hashes(std::vector<std::uint32_t>{1, 2, 3, 4, 5, 6, 7, 8}, 4, o);
+  return {{11, locals.at(0)}, {12, locals.at(1)}};
+}
+
+std::vector<KvBlock> stored_blocks(const Buffer& buf) {
+  const KvWireBatch b = decode_ok(buf);
+  REQUIRE(b.events.size() == 1);
+  return std::get<kv_event::Stored>(b.events[0]).blocks;
+}
+
+void nil(Packer& p) {
+  p.pack_nil();
+}
+void lora_a(Packer& p) {
+  p.pack(std::string("lora-a"));
+}
+void sglang_meta(Packer& p) {  // SGLang's BlockStoredMetadata
+  p.pack_map(2);
+  p.pack(std::string("cache_salt"));
+  p.pack(std::string("tenant-1"));
+  p.pack(std::string("session_id"));
+  p.pack(std::string("s"));
+}
+void sglang_meta_unsalted(Packer& p) {
+  p.pack_map(1);
+  p.pack(std::string("session_id"));
+  p.pack(std::string("s"));
+}
+void salt_1(Packer& p) {
+  p.pack(std::string("tenant-1"));
+}
+void salt_empty(Packer& p) {
+  p.pack(std::string());
+}
+void salt_number(Packer& p) {
+  p.pack(5);
+}
+// The first block's keys: the LoRA name, an empty salt, then the salt; the
+// second block's keys name another salt, which does not count.
+void keys_salted(Packer& p) {
+  p.pack_array(2);
+  p.pack_array(3);
+  p.pack(std::string("lora-a"));
+  p.pack(std::string("dynamo-cache-salt:"));
+  p.pack(std::string("dynamo-cache-salt:tenant-1"));
+  p.pack_array(1);
+  p.pack(std::string("dynamo-cache-salt:tenant-2"));
+}
+void keys_salt_in_second_block(Packer& p) {
+  p.pack_array(2);
+  p.pack_nil();
+  p.pack_array(1);
+  p.pack(std::string("dynamo-cache-salt:tenant-2"));
+}
+void keys_salt_in_pair(Packer& p) {  // only plain strings name a salt
+  p.pack_array(1);
+  p.pack_array(1);
+  p.pack_array(2);
+  p.pack(std::string("dynamo-cache-salt:tenant-1"));
+  p.pack(0);
+}
+// A LoRA name that looks like a salt key is skipped once, as the LoRA's.
+void lora_like_salt(Packer& p) {
+  p.pack(std::string("dynamo-cache-salt:x"));
+}
+void keys_lora_like_salt_twice(Packer& p) {
+  p.pack_array(1);
+  p.pack_array(2);
+  p.pack(std::string("dynamo-cache-salt:x"));
+  p.pack(std::string("dynamo-cache-salt:x"));
+}
+
+}  // namespace
+
+TEST_CASE("cache salts seed the tokens hash as Dynamo's router reads them", "[kv_event_wire]") {
+  const std::vector<KvBlock> plain = salted_blocks("", "");
+  const std::vector<KvBlock> salted = salted_blocks("", "tenant-1");
+  const std::vector<KvBlock> lora_salted = salted_blocks("lora-a", "tenant-1");
+  REQUIRE(plain != salted);
+  REQUIRE(salted != lora_salted);
+  // No salt anywhere: the LoRA seed alone.
+  CHECK(stored_blocks(salted_batch(false, nil, nil)) == plain);
+  CHECK(stored_blocks(salted_batch(false, sglang_meta_unsalted, nil)) == plain);
+  // SGLang's metadata map in lora_name's position.
+  CHECK(stored_blocks(salted_batch(false, sglang_meta, nil)) == salted);
+  // A map event's cache_salt, with the LoRA name.
+  CHECK(stored_blocks(salted_batch(true, lora_a, nil, salt_1)) == lora_salted);
+  // The first block's extra_keys (the LoRA name and an empty salt skipped),
+  // for every block of the event; in both layouts.
+  CHECK(stored_blocks(salted_batch(false, lora_a, keys_salted)) == lora_salted);
+  CHECK(stored_blocks(salted_batch(true, lora_a, keys_salted)) == lora_salted);
+  CHECK(stored_blocks(salted_batch(true, lora_a, keys_salted, nil)) == lora_salted);
+  // An empty cache_salt is no salt, and the extra_keys are not read for one.
+  CHECK(stored_blocks(salted_batch(true, lora_a, keys_salted, salt_empty)) ==
+        salted_blocks("lora-a", ""));
+  // Keys that name no salt: in a later block, inside a pair.
+  CHECK(stored_blocks(salted_batch(false, nil, keys_salt_in_second_block)) == plain);
+  CHECK(stored_blocks(salted_batch(false, nil, keys_salt_in_pair)) == plain);
+  // The LoRA name is skipped once: its second copy is the salt.
+  CHECK(stored_blocks(salted_batch(false, lora_like_salt, keys_lora_like_salt_twice)) ==
+        salted_blocks("dynamo-cache-salt:x", "x"));
+  // A salt that is not a string is refused, and the batch with it.
+  const Buffer bad = salted_batch(true, lora_a, nil, salt_number);
+  KvWireBatch out;
+  const KvWireStatus st = KvEventWireDecoder().decode(bad.data(), bad.size(), out);
+  CHECK(st.code == KvWireErrc::bad_value);
+  CHECK(out.events.empty());
+}
+
 TEST_CASE("options: the router's block size and device-only media", "[kv_event_wire]") {
   KvWireOptions o;
   o.block_size = 4;

@@ -54,6 +54,11 @@ inline constexpr std::uint64_t block_hash_default_seed = 1337;
   return seed;
 }
 
+/// The prefix that names a cache salt among a block's extra keys in vLLM-format KV
+/// events ("dynamo-cache-salt:<salt>" in an event's first block: the convention of
+/// Dynamo's vLLM integration, which its router reads, and kv_event_wire.hpp too).
+inline constexpr std::string_view cache_salt_key_prefix = "dynamo-cache-salt:";
+
 /// How local block hashes are computed; the default is Dynamo's plain text model.
 struct BlockHashOptions {
   /// The seed from block_hash_seed() (LoRA name and cache salt).

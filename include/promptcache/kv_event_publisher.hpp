@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -160,16 +161,26 @@ class KvEventPublisher {
     pending_.push_back(std::move(ev));
   }
 
-  /// Names namespace `ns`'s LoRA adapter in its BlockStored events (lora_name, and
-  /// lora_id when given), as configure_namespace(ns, name) hashes them; an empty name
-  /// removes it. Routers hash the tokens with block_hash_seed(lora_name), so a
-  /// namespace with a cache salt cannot be described on this wire. O(1) expected.
+  /// Describes namespace `ns`'s block-hash seed in its BlockStored events as
+  /// configure_namespace(ns, lora_name, cache_salt) sets it: the adapter as lora_name
+  /// (lora_id when given) and in every block's extra_keys, the salt as the key
+  /// cache_salt_key_prefix + salt in each event's first block (where Dynamo's router
+  /// and kv_event_wire.hpp read it). A namespace never described is published as the
+  /// cache hashes an unconfigured one: 0 with neither, any other with its id in
+  /// decimal as the salt. Applies to the events not yet flushed. O(1) expected.
+  void set_namespace(std::uint64_t ns, std::string lora_name, std::string cache_salt,
+                     std::optional<std::int64_t> lora_id = {}) {
+    seeds_.insert_or_assign(ns, Seed{std::move(lora_name), lora_id, std::move(cache_salt)});
+  }
+
+  /// set_namespace(ns, name, "", id): the namespace as configure_namespace(ns, name)
+  /// hashes it. An empty name returns `ns` to its default description. O(1) expected.
   void set_lora(std::uint64_t ns, std::string name, std::optional<std::int64_t> id = {}) {
     if (name.empty()) {
-      loras_.erase(ns);
+      seeds_.erase(ns);
       return;
     }
-    loras_.insert_or_assign(ns, detail::KvPubLora{std::move(name), id});
+    set_namespace(ns, std::move(name), std::string(), id);
   }
 
   /// Ends the step: encodes the recorded events as one batch with the next seq, buffers
@@ -250,11 +261,20 @@ class KvEventPublisher {
   }
 
   void encode(std::vector<char>& out, std::span<const detail::KvPubEvent> events) const {
-    encoder_.batch(out, now(), events, options_.dp_rank,
-                   [this](std::uint64_t ns) -> const detail::KvPubLora* {
-                     const auto it = loras_.find(ns);
-                     return it == loras_.end() ? nullptr : &it->second;
-                   });
+    // A default salt (the id in decimal) lives in `digits` until the next call.
+    std::array<char, 20> digits{};
+    encoder_.batch(
+        out, now(), events, options_.dp_rank,
+        [this, &digits](std::uint64_t ns) -> detail::KvPubSeed {
+          const auto it = seeds_.find(ns);
+          if (it != seeds_.end())
+            return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
+          if (ns == 0) return {};
+          const auto r = std::to_chars(digits.data(), digits.data() + digits.size(), ns);
+          return {{},
+                  {},
+                  std::string_view(digits.data(), static_cast<std::size_t>(r.ptr - digits.data()))};
+        });
   }
 
   // Sends the dump: payloads of at most dump_blocks_per_batch blocks, each tagged with
@@ -293,7 +313,12 @@ class KvEventPublisher {
   bool mirror_ok_ = true;
   std::vector<detail::KvPubEvent> pending_;
   std::vector<char> scratch_;
-  std::unordered_map<std::uint64_t, detail::KvPubLora> loras_;
+  struct Seed {
+    std::string lora_name;
+    std::optional<std::int64_t> lora_id;
+    std::string cache_salt;
+  };
+  std::unordered_map<std::uint64_t, Seed> seeds_;
   std::uint64_t next_seq_ = 0;
   KvPublisherStats stats_;
 };

@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -89,6 +90,571 @@
 #endif
 #include <msgpack.hpp>
 
+// ---- begin promptcache/block_hash.hpp ----
+// promptcache: block_hash.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// xxh3 block hashes of token sequences, byte-identical to NVIDIA Dynamo's KV
+// router, so a C++ engine or router can publish and match the same hashes.
+//
+// A sequence of u32 tokens is cut into full blocks of `block_size` tokens (the
+// trailing partial block is not hashed: its KV is not cached yet). Each block
+// gets a *local* hash of its tokens' little-endian bytes, seeded by 1337 plus
+// the LoRA / cache-salt contributions; a block carrying images or other media
+// appends those media's u64 hashes, sorted, after its tokens. The *sequence*
+// hash chains the local hashes, so it identifies the whole prefix ending at a
+// block: seq[0] = local[0], seq[i] = xxh3(LE64(seq[i-1]) || LE64(local[i]), 1337).
+//
+// Everything is header-only (xxHash compiled inline, see
+// detail/block_hash_xxhash.hpp) and hashes the same values on big- and
+// little-endian hosts. No function allocates except the vector-returning
+// overloads (and, for a block with more than 32 media hashes, a scratch vector).
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
+#endif
+#if !defined(PROMPTCACHE_BLOCK_HASH_HPP) && \
+    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
+#define PROMPTCACHE_BLOCK_HASH_HPP
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+// ---- begin promptcache/detail/block_hash_bytes.hpp ----
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+// promptcache: detail/block_hash_bytes.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Little-endian byte encoding for block hashing. Dynamo hashes the
+// little-endian bytes of u32 tokens and u64 hashes; these helpers produce them
+// with shifts, so the result is the same on any host byte order.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace promptcache::detail {
+
+/// Writes `v` as 4 little-endian bytes at `p`. O(1).
+constexpr void store_le32(std::uint32_t v, unsigned char* p) noexcept {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+  p[2] = static_cast<unsigned char>(v >> 16);
+  p[3] = static_cast<unsigned char>(v >> 24);
+}
+
+/// Writes `v` as 8 little-endian bytes at `p`. O(1).
+constexpr void store_le64(std::uint64_t v, unsigned char* p) noexcept {
+  store_le32(static_cast<std::uint32_t>(v), p);
+  store_le32(static_cast<std::uint32_t>(v >> 32), p + 4);
+}
+
+/// Writes `words` as consecutive little-endian u32 at `out`, which must hold
+/// 4 * words.size() bytes. O(words.size()).
+constexpr void encode_le32(std::span<const std::uint32_t> words, unsigned char* out) noexcept {
+  for (const std::uint32_t w : words) {
+    store_le32(w, out);
+    out += 4;
+  }
+}
+
+/// Writes `words` as consecutive little-endian u64 at `out`, which must hold
+/// 8 * words.size() bytes. O(words.size()).
+constexpr void encode_le64(std::span<const std::uint64_t> words, unsigned char* out) noexcept {
+  for (const std::uint64_t w : words) {
+    store_le64(w, out);
+    out += 8;
+  }
+}
+
+}  // namespace promptcache::detail
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
+// ---- end promptcache/detail/block_hash_bytes.hpp ----
+// ---- begin promptcache/detail/block_hash_xxhash.hpp ----
+#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+#define PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+// promptcache: detail/block_hash_xxhash.hpp
+// SPDX-License-Identifier: Apache-2.0
+//
+// Compiles xxHash into this translation unit (XXH_INLINE_ALL: every XXH
+// function becomes a `static inline` copy named XXH_INLINE_*), so the library
+// stays header-only and never needs libxxhash at link time, and exposes the few
+// XXH3 entry points block_hash.hpp uses as functions in promptcache::detail.
+//
+// The inline copies have internal linkage, so they cannot clash with a
+// libxxhash the program also links. What could leak is the preprocessor state:
+// XXH_INLINE_ALL maps the public names (XXH3_64bits, XXH3_state_t, ...) to the
+// XXH_INLINE_* copies and defines xxhash.h's include guards. Left alone, a
+// translation unit that includes <xxhash.h> itself before or after this header
+// would silently call (and name types of) the inline copies instead of the
+// library it links, e.g. `void f(XXH3_state_t*)` would mangle differently in
+// two translation units. So every macro xxhash.h touches is saved with
+// push_macro before the include and restored with pop_macro after the wrappers
+// below are defined: afterwards <xxhash.h> means exactly what it meant before.
+//
+// If the translation unit already asked for the inline build itself
+// (XXH_INLINE_ALL or XXH_PRIVATE_API defined, or xxhash.h already included with
+// it), this header reuses those copies and leaves the state as it found it.
+// Known limit: including <xxhash.h> *with* XXH_INLINE_ALL *after* this header
+// in the same translation unit is not supported (include it first instead).
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(XXH_INLINE_ALL) || defined(XXH_PRIVATE_API) || defined(XXH_INLINE_ALL_31684351384)
+#define PROMPTCACHE_XXH_SCOPED 0
+#else
+#define PROMPTCACHE_XXH_SCOPED 1
+#endif
+
+#if PROMPTCACHE_XXH_SCOPED
+// Every name xxhash.h 0.8.x (re)defines in XXH_INLINE_ALL mode, plus its
+// include guards and configuration macros.
+#pragma push_macro("XXH_versionNumber")
+#pragma push_macro("XXH32")
+#pragma push_macro("XXH32_createState")
+#pragma push_macro("XXH32_freeState")
+#pragma push_macro("XXH32_reset")
+#pragma push_macro("XXH32_update")
+#pragma push_macro("XXH32_digest")
+#pragma push_macro("XXH32_copyState")
+#pragma push_macro("XXH32_canonicalFromHash")
+#pragma push_macro("XXH32_hashFromCanonical")
+#pragma push_macro("XXH64")
+#pragma push_macro("XXH64_createState")
+#pragma push_macro("XXH64_freeState")
+#pragma push_macro("XXH64_reset")
+#pragma push_macro("XXH64_update")
+#pragma push_macro("XXH64_digest")
+#pragma push_macro("XXH64_copyState")
+#pragma push_macro("XXH64_canonicalFromHash")
+#pragma push_macro("XXH64_hashFromCanonical")
+#pragma push_macro("XXH3_64bits")
+#pragma push_macro("XXH3_64bits_withSecret")
+#pragma push_macro("XXH3_64bits_withSeed")
+#pragma push_macro("XXH3_64bits_withSecretandSeed")
+#pragma push_macro("XXH3_createState")
+#pragma push_macro("XXH3_freeState")
+#pragma push_macro("XXH3_copyState")
+#pragma push_macro("XXH3_64bits_reset")
+#pragma push_macro("XXH3_64bits_reset_withSeed")
+#pragma push_macro("XXH3_64bits_reset_withSecret")
+#pragma push_macro("XXH3_64bits_reset_withSecretandSeed")
+#pragma push_macro("XXH3_64bits_update")
+#pragma push_macro("XXH3_64bits_digest")
+#pragma push_macro("XXH3_generateSecret")
+#pragma push_macro("XXH3_generateSecret_fromSeed")
+#pragma push_macro("XXH128")
+#pragma push_macro("XXH3_128bits")
+#pragma push_macro("XXH3_128bits_withSeed")
+#pragma push_macro("XXH3_128bits_withSecret")
+#pragma push_macro("XXH3_128bits_withSecretandSeed")
+#pragma push_macro("XXH3_128bits_reset")
+#pragma push_macro("XXH3_128bits_reset_withSeed")
+#pragma push_macro("XXH3_128bits_reset_withSecret")
+#pragma push_macro("XXH3_128bits_reset_withSecretandSeed")
+#pragma push_macro("XXH3_128bits_update")
+#pragma push_macro("XXH3_128bits_digest")
+#pragma push_macro("XXH128_isEqual")
+#pragma push_macro("XXH128_cmp")
+#pragma push_macro("XXH128_canonicalFromHash")
+#pragma push_macro("XXH128_hashFromCanonical")
+#pragma push_macro("XXH_OK")
+#pragma push_macro("XXH_ERROR")
+#pragma push_macro("XXH_errorcode")
+#pragma push_macro("XXH32_canonical_t")
+#pragma push_macro("XXH64_canonical_t")
+#pragma push_macro("XXH128_canonical_t")
+#pragma push_macro("XXH32_state_s")
+#pragma push_macro("XXH32_state_t")
+#pragma push_macro("XXH64_state_s")
+#pragma push_macro("XXH64_state_t")
+#pragma push_macro("XXH3_state_s")
+#pragma push_macro("XXH3_state_t")
+#pragma push_macro("XXH128_hash_t")
+#pragma push_macro("XXH_NAMESPACE")
+#pragma push_macro("XXH_PUBLIC_API")
+#pragma push_macro("XXH_STATIC_LINKING_ONLY")
+#pragma push_macro("XXH_INLINE_ALL")
+#pragma push_macro("XXHASH_H_5627135585666179")
+#pragma push_macro("XXHASH_H_STATIC_13879238742")
+#define XXH_INLINE_ALL
+#endif
+
+#include <xxhash.h>
+
+#if !defined(XXH_VERSION_NUMBER) || XXH_VERSION_NUMBER < 801
+#error "promptcache/block_hash.hpp needs xxHash 0.8.1 or newer"
+#endif
+
+namespace promptcache::detail {
+
+/// Size of an XXH3 secret derived from a seed (XXH3_SECRET_DEFAULT_SIZE).
+inline constexpr std::size_t xxh3_secret_size = 192;
+/// Inputs up to this many bytes are hashed with the seed alone; longer ones
+/// use the secret (XXH3_MIDSIZE_MAX).
+inline constexpr std::size_t xxh3_midsize_max = 240;
+static_assert(xxh3_secret_size == XXH3_SECRET_DEFAULT_SIZE);
+static_assert(xxh3_midsize_max == XXH3_MIDSIZE_MAX);
+
+/// XXH3_64bits: unseeded 64-bit XXH3 of `len` bytes. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len) noexcept {
+  return XXH3_64bits(data, len);
+}
+
+/// XXH3_64bits_withSeed. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len, std::uint64_t seed) noexcept {
+  return XXH3_64bits_withSeed(data, len, seed);
+}
+
+/// Fills `secret` (xxh3_secret_size bytes) with the secret XXH3 derives from
+/// `seed`, so long inputs need not re-derive it on every call. O(1).
+inline void xxh3_secret_from_seed(unsigned char* secret, std::uint64_t seed) noexcept {
+  XXH3_generateSecret_fromSeed(secret, seed);
+}
+
+/// XXH3_64bits_withSecretandSeed with a secret from xxh3_secret_from_seed(seed):
+/// equal to xxh3_64(data, len, seed), minus the per-call secret derivation. O(len).
+inline std::uint64_t xxh3_64(const void* data, std::size_t len, const unsigned char* secret,
+                             std::uint64_t seed) noexcept {
+  return XXH3_64bits_withSecretandSeed(data, len, secret, xxh3_secret_size, seed);
+}
+
+/// Streaming XXH3-64 with a seed and its derived secret: the digest equals
+/// xxh3_64(all bytes, seed). Holds ~600 bytes of state, never allocates.
+class Xxh3Stream {
+ public:
+  /// Starts an empty stream; `secret` must outlive the stream. O(1).
+  Xxh3Stream(const unsigned char* secret, std::uint64_t seed) noexcept {
+    XXH3_64bits_reset_withSecretandSeed(&state_, secret, xxh3_secret_size, seed);
+  }
+  /// Appends `len` bytes. O(len).
+  void update(const void* data, std::size_t len) noexcept {
+    XXH3_64bits_update(&state_, data, len);
+  }
+  /// The hash of everything appended so far; the stream stays usable. O(1).
+  [[nodiscard]] std::uint64_t digest() const noexcept { return XXH3_64bits_digest(&state_); }
+
+ private:
+  XXH3_state_t state_;
+};
+
+}  // namespace promptcache::detail
+
+#if PROMPTCACHE_XXH_SCOPED
+#pragma pop_macro("XXH_versionNumber")
+#pragma pop_macro("XXH32")
+#pragma pop_macro("XXH32_createState")
+#pragma pop_macro("XXH32_freeState")
+#pragma pop_macro("XXH32_reset")
+#pragma pop_macro("XXH32_update")
+#pragma pop_macro("XXH32_digest")
+#pragma pop_macro("XXH32_copyState")
+#pragma pop_macro("XXH32_canonicalFromHash")
+#pragma pop_macro("XXH32_hashFromCanonical")
+#pragma pop_macro("XXH64")
+#pragma pop_macro("XXH64_createState")
+#pragma pop_macro("XXH64_freeState")
+#pragma pop_macro("XXH64_reset")
+#pragma pop_macro("XXH64_update")
+#pragma pop_macro("XXH64_digest")
+#pragma pop_macro("XXH64_copyState")
+#pragma pop_macro("XXH64_canonicalFromHash")
+#pragma pop_macro("XXH64_hashFromCanonical")
+#pragma pop_macro("XXH3_64bits")
+#pragma pop_macro("XXH3_64bits_withSecret")
+#pragma pop_macro("XXH3_64bits_withSeed")
+#pragma pop_macro("XXH3_64bits_withSecretandSeed")
+#pragma pop_macro("XXH3_createState")
+#pragma pop_macro("XXH3_freeState")
+#pragma pop_macro("XXH3_copyState")
+#pragma pop_macro("XXH3_64bits_reset")
+#pragma pop_macro("XXH3_64bits_reset_withSeed")
+#pragma pop_macro("XXH3_64bits_reset_withSecret")
+#pragma pop_macro("XXH3_64bits_reset_withSecretandSeed")
+#pragma pop_macro("XXH3_64bits_update")
+#pragma pop_macro("XXH3_64bits_digest")
+#pragma pop_macro("XXH3_generateSecret")
+#pragma pop_macro("XXH3_generateSecret_fromSeed")
+#pragma pop_macro("XXH128")
+#pragma pop_macro("XXH3_128bits")
+#pragma pop_macro("XXH3_128bits_withSeed")
+#pragma pop_macro("XXH3_128bits_withSecret")
+#pragma pop_macro("XXH3_128bits_withSecretandSeed")
+#pragma pop_macro("XXH3_128bits_reset")
+#pragma pop_macro("XXH3_128bits_reset_withSeed")
+#pragma pop_macro("XXH3_128bits_reset_withSecret")
+#pragma pop_macro("XXH3_128bits_reset_withSecretandSeed")
+#pragma pop_macro("XXH3_128bits_update")
+#pragma pop_macro("XXH3_128bits_digest")
+#pragma pop_macro("XXH128_isEqual")
+#pragma pop_macro("XXH128_cmp")
+#pragma pop_macro("XXH128_canonicalFromHash")
+#pragma pop_macro("XXH128_hashFromCanonical")
+#pragma pop_macro("XXH_OK")
+#pragma pop_macro("XXH_ERROR")
+#pragma pop_macro("XXH_errorcode")
+#pragma pop_macro("XXH32_canonical_t")
+#pragma pop_macro("XXH64_canonical_t")
+#pragma pop_macro("XXH128_canonical_t")
+#pragma pop_macro("XXH32_state_s")
+#pragma pop_macro("XXH32_state_t")
+#pragma pop_macro("XXH64_state_s")
+#pragma pop_macro("XXH64_state_t")
+#pragma pop_macro("XXH3_state_s")
+#pragma pop_macro("XXH3_state_t")
+#pragma pop_macro("XXH128_hash_t")
+#pragma pop_macro("XXH_NAMESPACE")
+#pragma pop_macro("XXH_PUBLIC_API")
+#pragma pop_macro("XXH_STATIC_LINKING_ONLY")
+#pragma pop_macro("XXH_INLINE_ALL")
+#pragma pop_macro("XXHASH_H_5627135585666179")
+#pragma pop_macro("XXHASH_H_STATIC_13879238742")
+#endif
+
+#undef PROMPTCACHE_XXH_SCOPED
+#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
+// ---- end promptcache/detail/block_hash_xxhash.hpp ----
+
+namespace promptcache {
+
+/// Dynamo's base seed: local hashes start from it, sequence hashes always use it.
+inline constexpr std::uint64_t block_hash_default_seed = 1337;
+
+/// The local-hash seed for a LoRA adapter and a cache salt: 1337, plus (wrapping)
+/// xxh3(lora_name) if non-empty, plus xxh3(cache_salt, seed 1) if non-empty. An
+/// empty name counts as absent. O(size of the names).
+[[nodiscard]] inline std::uint64_t block_hash_seed(std::string_view lora_name = {},
+                                                   std::string_view cache_salt = {}) noexcept {
+  std::uint64_t seed = block_hash_default_seed;
+  if (!lora_name.empty()) seed += detail::xxh3_64(lora_name.data(), lora_name.size());
+  if (!cache_salt.empty()) seed += detail::xxh3_64(cache_salt.data(), cache_salt.size(), 1);
+  return seed;
+}
+
+/// The prefix that names a cache salt among a block's extra keys in vLLM-format KV
+/// events ("dynamo-cache-salt:<salt>" in an event's first block: the convention of
+/// Dynamo's vLLM integration, which its router reads, and kv_event_wire.hpp too).
+inline constexpr std::string_view cache_salt_key_prefix = "dynamo-cache-salt:";
+
+/// How local block hashes are computed; the default is Dynamo's plain text model.
+struct BlockHashOptions {
+  /// The seed from block_hash_seed() (LoRA name and cache salt).
+  std::uint64_t seed = block_hash_default_seed;
+  /// media[i] holds the media hashes carried by block i, in any order (they are
+  /// hashed sorted). Blocks past media.size() and empty entries carry no media.
+  /// Entries past the number of blocks are ignored.
+  std::span<const std::span<const std::uint64_t>> media = {};
+  /// Eagle (speculative decoding): block i hashes the block_size + 1 tokens
+  /// starting at i * block_size, so n tokens give (n - 1) / block_size blocks.
+  bool eagle = false;
+};
+
+/// Number of hashable blocks in `num_tokens` tokens: num_tokens / block_size, or
+/// (num_tokens - 1) / block_size in Eagle mode; 0 when block_size is 0. O(1).
+[[nodiscard]] constexpr std::size_t block_count(std::size_t num_tokens, std::size_t block_size,
+                                                bool eagle = false) noexcept {
+  if (block_size == 0 || num_tokens == 0) return 0;
+  return (eagle ? num_tokens - 1 : num_tokens) / block_size;
+}
+
+namespace detail {
+
+/// Hashes block windows with one seed. Derives the seed's XXH3 secret once,
+/// and only if some input is longer than xxh3_midsize_max bytes (XXH3's own
+/// seeded entry point would re-derive it on every call).
+class BlockHasher {
+ public:
+  /// Inputs up to this many bytes are encoded into an inline buffer and hashed
+  /// in one call; longer ones are streamed through it.
+  static constexpr std::size_t buffer_bytes = 2048;
+  /// Blocks with up to this many media hashes sort them without allocating.
+  static constexpr std::size_t inline_media = 32;
+
+  /// A hasher for `seed`; the secret is derived lazily. O(1).
+  explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
+
+  /// xxh3 of `len` bytes at `data` with the seed. O(len).
+  std::uint64_t hash_bytes(const void* data, std::size_t len) noexcept {
+    if (len <= xxh3_midsize_max) return xxh3_64(data, len, seed_);
+    return xxh3_64(data, len, secret(), seed_);
+  }
+
+  /// Local hash of one window of tokens and its (unsorted) media hashes, from
+  /// explicitly encoded little-endian bytes: correct on any host byte order.
+  /// O(window + media log media); allocates only for more than inline_media media.
+  std::uint64_t hash_encoded(std::span<const std::uint32_t> window,
+                             std::span<const std::uint64_t> media) {
+    std::array<std::uint64_t, inline_media> small;
+    std::vector<std::uint64_t> large;
+    std::span<std::uint64_t> sorted;
+    if (media.size() <= inline_media) {
+      sorted = std::span<std::uint64_t>(small.data(), media.size());
+    } else {
+      large.resize(media.size());
+      sorted = large;
+    }
+    std::copy(media.begin(), media.end(), sorted.begin());
+    std::sort(sorted.begin(), sorted.end());
+
+    const std::size_t token_bytes = window.size() * sizeof(std::uint32_t);
+    const std::size_t media_bytes = sorted.size() * sizeof(std::uint64_t);
+    if (token_bytes + media_bytes <= buffer_.size()) {
+      encode_le32(window, buffer_.data());
+      encode_le64(sorted, buffer_.data() + token_bytes);
+      return hash_bytes(buffer_.data(), token_bytes + media_bytes);
+    }
+    Xxh3Stream stream(secret(), seed_);
+    constexpr std::size_t tokens_per_chunk = buffer_bytes / sizeof(std::uint32_t);
+    for (std::size_t i = 0; i < window.size(); i += tokens_per_chunk) {
+      const auto part = window.subspan(i, std::min(tokens_per_chunk, window.size() - i));
+      encode_le32(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
+    }
+    constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
+    for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
+      const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
+      encode_le64(part, buffer_.data());
+      stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
+    }
+    return stream.digest();
+  }
+
+  /// The XXH3 secret derived from the seed, computed on first use. O(1).
+  const unsigned char* secret() noexcept {
+    if (!has_secret_) {
+      xxh3_secret_from_seed(secret_.data(), seed_);
+      has_secret_ = true;
+    }
+    return secret_.data();
+  }
+
+ private:
+  std::uint64_t seed_;
+  bool has_secret_ = false;
+  alignas(64) std::array<unsigned char, xxh3_secret_size> secret_;
+  std::array<unsigned char, buffer_bytes> buffer_;
+};
+
+/// local_block_hashes() with the byte path chosen by the caller. Native = true
+/// hashes token memory in place for blocks without media, which is only
+/// correct on little-endian hosts; Native = false encodes every block
+/// explicitly (the tests run it on little-endian hosts to cover the
+/// big-endian path).
+template <bool Native>
+std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
+                               std::span<std::uint64_t> out, const BlockHashOptions& options) {
+  const std::size_t count = block_count(tokens.size(), block_size, options.eagle);
+  const std::size_t window = options.eagle ? block_size + 1 : block_size;
+  const std::size_t written = std::min(count, out.size());
+  BlockHasher hasher(options.seed);
+  if constexpr (Native) {
+    // The hot path: no media anywhere, one xxh3 call per block straight from
+    // the token memory.
+    if (options.media.empty()) {
+      // Locals, so the stores to out[] cannot force reloads of the seed.
+      const std::size_t bytes = window * sizeof(std::uint32_t);
+      const std::uint64_t seed = options.seed;
+      const std::uint32_t* data = tokens.data();
+      if (bytes <= xxh3_midsize_max) {
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, seed);
+        }
+      } else {
+        const unsigned char* secret = hasher.secret();
+        for (std::size_t i = 0; i < written; ++i) {
+          out[i] = xxh3_64(data + i * block_size, bytes, secret, seed);
+        }
+      }
+      return count;
+    }
+  }
+  for (std::size_t i = 0; i < written; ++i) {
+    const auto block = tokens.subspan(i * block_size, window);
+    const std::span<const std::uint64_t> media =
+        i < options.media.size() ? options.media[i] : std::span<const std::uint64_t>{};
+    if (Native && media.empty()) {
+      out[i] = hasher.hash_bytes(block.data(), block.size_bytes());
+    } else {
+      out[i] = hasher.hash_encoded(block, media);
+    }
+  }
+  return count;
+}
+
+}  // namespace detail
+
+/// Writes the local hash of each hashable block of `tokens` to `out` and returns
+/// the number of blocks, block_count(tokens.size(), block_size, options.eagle).
+/// If that exceeds out.size(), only the first out.size() hashes are computed and
+/// written (compare the result with out.size()). block_size 0 gives 0. Does not
+/// allocate (unless a block has more than 32 media hashes). O(tokens + media).
+inline std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
+                                      std::span<std::uint64_t> out,
+                                      const BlockHashOptions& options = {}) {
+  return detail::local_block_hashes<std::endian::native == std::endian::little>(tokens, block_size,
+                                                                                out, options);
+}
+
+/// The local hash of each hashable block of `tokens`, as a new vector of
+/// block_count(tokens.size(), block_size, options.eagle) hashes. O(tokens + media).
+[[nodiscard]] inline std::vector<std::uint64_t> local_block_hashes(
+    std::span<const std::uint32_t> tokens, std::size_t block_size,
+    const BlockHashOptions& options = {}) {
+  std::vector<std::uint64_t> out(block_count(tokens.size(), block_size, options.eagle));
+  local_block_hashes(tokens, block_size, out, options);
+  return out;
+}
+
+/// The sequence hash of a block whose local hash is `local` and whose previous
+/// block has sequence hash `parent`: xxh3(LE64(parent) || LE64(local), 1337). O(1).
+[[nodiscard]] inline std::uint64_t sequence_hash(std::uint64_t parent,
+                                                 std::uint64_t local) noexcept {
+  std::array<unsigned char, 16> bytes;
+  detail::store_le64(parent, bytes.data());
+  detail::store_le64(local, bytes.data() + 8);
+  return detail::xxh3_64(bytes.data(), bytes.size(), block_hash_default_seed);
+}
+
+/// Writes the sequence hashes of a run of local hashes to `out` and returns
+/// locals.size(). Without `parent` the run starts the sequence (out[0] =
+/// locals[0]); with it, the run continues after the block whose sequence hash is
+/// *parent. If out is smaller, only its first out.size() hashes are written.
+/// `out` may be the same span as `locals` (in-place). O(locals.size()).
+inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
+                                   std::span<std::uint64_t> out,
+                                   std::optional<std::uint64_t> parent = std::nullopt) noexcept {
+  const std::size_t written = std::min(locals.size(), out.size());
+  for (std::size_t i = 0; i < written; ++i) {
+    const std::uint64_t local = locals[i];
+    out[i] = parent ? sequence_hash(*parent, local) : local;
+    parent = out[i];
+  }
+  return locals.size();
+}
+
+/// The sequence hashes of a run of local hashes, as a new vector (see the
+/// span overload for `parent`). O(locals.size()).
+[[nodiscard]] inline std::vector<std::uint64_t> sequence_hashes(
+    std::span<const std::uint64_t> locals, std::optional<std::uint64_t> parent = std::nullopt) {
+  std::vector<std::uint64_t> out(locals.size());
+  sequence_hashes(locals, out, parent);
+  return out;
+}
+
+}  // namespace promptcache
+
+#endif  // PROMPTCACHE_BLOCK_HASH_HPP
+// ---- end promptcache/block_hash.hpp ----
+
 namespace promptcache::detail {
 
 // Appends to a byte vector: the stream msgpack::packer writes to.
@@ -105,13 +671,16 @@ struct KvPubEvent {
   std::vector<std::uint64_t> hashes;    // stored / removed: the blocks
   std::vector<std::uint32_t> tokens;    // stored: block_size tokens per block
   std::uint32_t block_size = 0;         // stored
-  std::uint64_t ns = 0;                 // stored: the engine namespace (its LoRA, if any)
+  std::uint64_t ns = 0;                 // stored: the engine namespace (its seed's parts)
 };
 
-// The LoRA adapter a namespace's blocks are hashed with, as vLLM names it.
-struct KvPubLora {
-  std::string name;                // lora_name (non-empty)
-  std::optional<std::int64_t> id;  // lora_id (deprecated by vLLM, still written)
+// What a namespace's blocks are hashed with: a LoRA adapter as vLLM names it,
+// and a cache salt. Empty strings are none. Views: valid while the encoder
+// writes the event.
+struct KvPubSeed {
+  std::string_view lora_name;
+  std::optional<std::int64_t> lora_id;  // lora_id (deprecated by vLLM, still written)
+  std::string_view cache_salt;
 };
 
 // Which of the two structs are maps (array_like=False); the others are arrays.
@@ -125,11 +694,11 @@ class KvPubEncoder {
  public:
   explicit KvPubEncoder(KvPubLayout layout) noexcept : layout_(layout) {}
 
-  // One whole KVEventBatch payload into `out` (cleared first). `lora_of(ns)`
-  // gives a namespace's adapter, or nullptr for none.
-  template <class LoraOf>
+  // One whole KVEventBatch payload into `out` (cleared first). `seed_of(ns)`
+  // gives a namespace's KvPubSeed.
+  template <class SeedOf>
   void batch(std::vector<char>& out, double ts, std::span<const KvPubEvent> events,
-             std::optional<std::uint32_t> dp_rank, LoraOf&& lora_of) const {
+             std::optional<std::uint32_t> dp_rank, SeedOf&& seed_of) const {
     out.clear();
     KvPubBytes sink{&out};
     msgpack::packer<KvPubBytes> p(sink);
@@ -142,7 +711,7 @@ class KvPubEncoder {
       key(p, "events");
       p.pack_array(n);
       for (const KvPubEvent& e : events)
-        event(p, e, lora_of(e.ns));
+        event(p, e, seed_of(e.ns));
       if (dp_rank) {
         key(p, "data_parallel_rank");
         p.pack(*dp_rank);
@@ -153,7 +722,7 @@ class KvPubEncoder {
     f64(out, ts);
     p.pack_array(n);
     for (const KvPubEvent& e : events)
-      event(p, e, lora_of(e.ns));
+      event(p, e, seed_of(e.ns));
     if (dp_rank)
       p.pack(*dp_rank);
     else
@@ -189,7 +758,9 @@ class KvPubEncoder {
       p.pack(x);
   }
 
-  void event(Packer& p, const KvPubEvent& e, const KvPubLora* lora) const {
+  void event(Packer& p, const KvPubEvent& e, const KvPubSeed& seed) const {
+    const bool lora = !seed.lora_name.empty();
+    const bool salt = !seed.cache_salt.empty();
     const bool map = layout_.map_events;
     switch (e.kind) {
       case KvPubEvent::Kind::stored: {
@@ -214,27 +785,38 @@ class KvPubEncoder {
         if (map) key(p, "block_size");
         p.pack(e.block_size);
         if (map) key(p, "lora_id");
-        if (lora != nullptr && lora->id)
-          p.pack(*lora->id);
+        if (lora && seed.lora_id)
+          p.pack(*seed.lora_id);
         else
           p.pack_nil();
         if (map) key(p, "medium");
         key(p, "GPU");
         if (map) key(p, "lora_name");
-        if (lora != nullptr)
-          key(p, lora->name);
+        if (lora)
+          key(p, seed.lora_name);
         else
           p.pack_nil();
         // One entry per block: the keys besides the tokens that the block's
-        // hash covers (vLLM lists the LoRA name there), or None.
+        // hash covers (vLLM lists the LoRA name there, and the cache salt
+        // in the first block's), or None. The salt goes in the form Dynamo's
+        // router reads, in every event: a router hashes each event's blocks
+        // with the salt its first block names.
         if (map) key(p, "extra_keys");
         p.pack_array(static_cast<std::uint32_t>(e.hashes.size()));
         for (std::size_t i = 0; i < e.hashes.size(); ++i) {
-          if (lora != nullptr) {
-            p.pack_array(1);
-            key(p, lora->name);
-          } else {
+          const bool salted = salt && i == 0;
+          if (!lora && !salted) {
             p.pack_nil();
+            continue;
+          }
+          p.pack_array((lora ? 1U : 0U) + (salted ? 1U : 0U));
+          if (lora) key(p, seed.lora_name);
+          if (salted) {
+            const std::string_view prefix = cache_salt_key_prefix;
+            p.pack_str(static_cast<std::uint32_t>(prefix.size() + seed.cache_salt.size()));
+            p.pack_str_body(prefix.data(), static_cast<std::uint32_t>(prefix.size()));
+            p.pack_str_body(seed.cache_salt.data(),
+                            static_cast<std::uint32_t>(seed.cache_salt.size()));
           }
         }
         if (map) key(p, "group_idx");
@@ -5521,565 +6103,6 @@ class KvIndex {
 #include <utility>
 #include <vector>
 
-// ---- begin promptcache/block_hash.hpp ----
-// promptcache: block_hash.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// xxh3 block hashes of token sequences, byte-identical to NVIDIA Dynamo's KV
-// router, so a C++ engine or router can publish and match the same hashes.
-//
-// A sequence of u32 tokens is cut into full blocks of `block_size` tokens (the
-// trailing partial block is not hashed: its KV is not cached yet). Each block
-// gets a *local* hash of its tokens' little-endian bytes, seeded by 1337 plus
-// the LoRA / cache-salt contributions; a block carrying images or other media
-// appends those media's u64 hashes, sorted, after its tokens. The *sequence*
-// hash chains the local hashes, so it identifies the whole prefix ending at a
-// block: seq[0] = local[0], seq[i] = xxh3(LE64(seq[i-1]) || LE64(local[i]), 1337).
-//
-// Everything is header-only (xxHash compiled inline, see
-// detail/block_hash_xxhash.hpp) and hashes the same values on big- and
-// little-endian hosts. No function allocates except the vector-returning
-// overloads (and, for a block with more than 32 media hashes, a scratch vector).
-
-#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
-#error "promptcache requires C++20 (compile with -std=c++20 or /std:c++20)"
-#endif
-#if !defined(PROMPTCACHE_BLOCK_HASH_HPP) && \
-    (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) >= 202002L
-#define PROMPTCACHE_BLOCK_HASH_HPP
-
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string_view>
-#include <vector>
-
-// ---- begin promptcache/detail/block_hash_bytes.hpp ----
-#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-#define PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-// promptcache: detail/block_hash_bytes.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// Little-endian byte encoding for block hashing. Dynamo hashes the
-// little-endian bytes of u32 tokens and u64 hashes; these helpers produce them
-// with shifts, so the result is the same on any host byte order.
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-
-namespace promptcache::detail {
-
-/// Writes `v` as 4 little-endian bytes at `p`. O(1).
-constexpr void store_le32(std::uint32_t v, unsigned char* p) noexcept {
-  p[0] = static_cast<unsigned char>(v);
-  p[1] = static_cast<unsigned char>(v >> 8);
-  p[2] = static_cast<unsigned char>(v >> 16);
-  p[3] = static_cast<unsigned char>(v >> 24);
-}
-
-/// Writes `v` as 8 little-endian bytes at `p`. O(1).
-constexpr void store_le64(std::uint64_t v, unsigned char* p) noexcept {
-  store_le32(static_cast<std::uint32_t>(v), p);
-  store_le32(static_cast<std::uint32_t>(v >> 32), p + 4);
-}
-
-/// Writes `words` as consecutive little-endian u32 at `out`, which must hold
-/// 4 * words.size() bytes. O(words.size()).
-constexpr void encode_le32(std::span<const std::uint32_t> words, unsigned char* out) noexcept {
-  for (const std::uint32_t w : words) {
-    store_le32(w, out);
-    out += 4;
-  }
-}
-
-/// Writes `words` as consecutive little-endian u64 at `out`, which must hold
-/// 8 * words.size() bytes. O(words.size()).
-constexpr void encode_le64(std::span<const std::uint64_t> words, unsigned char* out) noexcept {
-  for (const std::uint64_t w : words) {
-    store_le64(w, out);
-    out += 8;
-  }
-}
-
-}  // namespace promptcache::detail
-#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_BYTES_HPP
-// ---- end promptcache/detail/block_hash_bytes.hpp ----
-// ---- begin promptcache/detail/block_hash_xxhash.hpp ----
-#ifndef PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-#define PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-// promptcache: detail/block_hash_xxhash.hpp
-// SPDX-License-Identifier: Apache-2.0
-//
-// Compiles xxHash into this translation unit (XXH_INLINE_ALL: every XXH
-// function becomes a `static inline` copy named XXH_INLINE_*), so the library
-// stays header-only and never needs libxxhash at link time, and exposes the few
-// XXH3 entry points block_hash.hpp uses as functions in promptcache::detail.
-//
-// The inline copies have internal linkage, so they cannot clash with a
-// libxxhash the program also links. What could leak is the preprocessor state:
-// XXH_INLINE_ALL maps the public names (XXH3_64bits, XXH3_state_t, ...) to the
-// XXH_INLINE_* copies and defines xxhash.h's include guards. Left alone, a
-// translation unit that includes <xxhash.h> itself before or after this header
-// would silently call (and name types of) the inline copies instead of the
-// library it links, e.g. `void f(XXH3_state_t*)` would mangle differently in
-// two translation units. So every macro xxhash.h touches is saved with
-// push_macro before the include and restored with pop_macro after the wrappers
-// below are defined: afterwards <xxhash.h> means exactly what it meant before.
-//
-// If the translation unit already asked for the inline build itself
-// (XXH_INLINE_ALL or XXH_PRIVATE_API defined, or xxhash.h already included with
-// it), this header reuses those copies and leaves the state as it found it.
-// Known limit: including <xxhash.h> *with* XXH_INLINE_ALL *after* this header
-// in the same translation unit is not supported (include it first instead).
-
-#include <cstddef>
-#include <cstdint>
-
-#if defined(XXH_INLINE_ALL) || defined(XXH_PRIVATE_API) || defined(XXH_INLINE_ALL_31684351384)
-#define PROMPTCACHE_XXH_SCOPED 0
-#else
-#define PROMPTCACHE_XXH_SCOPED 1
-#endif
-
-#if PROMPTCACHE_XXH_SCOPED
-// Every name xxhash.h 0.8.x (re)defines in XXH_INLINE_ALL mode, plus its
-// include guards and configuration macros.
-#pragma push_macro("XXH_versionNumber")
-#pragma push_macro("XXH32")
-#pragma push_macro("XXH32_createState")
-#pragma push_macro("XXH32_freeState")
-#pragma push_macro("XXH32_reset")
-#pragma push_macro("XXH32_update")
-#pragma push_macro("XXH32_digest")
-#pragma push_macro("XXH32_copyState")
-#pragma push_macro("XXH32_canonicalFromHash")
-#pragma push_macro("XXH32_hashFromCanonical")
-#pragma push_macro("XXH64")
-#pragma push_macro("XXH64_createState")
-#pragma push_macro("XXH64_freeState")
-#pragma push_macro("XXH64_reset")
-#pragma push_macro("XXH64_update")
-#pragma push_macro("XXH64_digest")
-#pragma push_macro("XXH64_copyState")
-#pragma push_macro("XXH64_canonicalFromHash")
-#pragma push_macro("XXH64_hashFromCanonical")
-#pragma push_macro("XXH3_64bits")
-#pragma push_macro("XXH3_64bits_withSecret")
-#pragma push_macro("XXH3_64bits_withSeed")
-#pragma push_macro("XXH3_64bits_withSecretandSeed")
-#pragma push_macro("XXH3_createState")
-#pragma push_macro("XXH3_freeState")
-#pragma push_macro("XXH3_copyState")
-#pragma push_macro("XXH3_64bits_reset")
-#pragma push_macro("XXH3_64bits_reset_withSeed")
-#pragma push_macro("XXH3_64bits_reset_withSecret")
-#pragma push_macro("XXH3_64bits_reset_withSecretandSeed")
-#pragma push_macro("XXH3_64bits_update")
-#pragma push_macro("XXH3_64bits_digest")
-#pragma push_macro("XXH3_generateSecret")
-#pragma push_macro("XXH3_generateSecret_fromSeed")
-#pragma push_macro("XXH128")
-#pragma push_macro("XXH3_128bits")
-#pragma push_macro("XXH3_128bits_withSeed")
-#pragma push_macro("XXH3_128bits_withSecret")
-#pragma push_macro("XXH3_128bits_withSecretandSeed")
-#pragma push_macro("XXH3_128bits_reset")
-#pragma push_macro("XXH3_128bits_reset_withSeed")
-#pragma push_macro("XXH3_128bits_reset_withSecret")
-#pragma push_macro("XXH3_128bits_reset_withSecretandSeed")
-#pragma push_macro("XXH3_128bits_update")
-#pragma push_macro("XXH3_128bits_digest")
-#pragma push_macro("XXH128_isEqual")
-#pragma push_macro("XXH128_cmp")
-#pragma push_macro("XXH128_canonicalFromHash")
-#pragma push_macro("XXH128_hashFromCanonical")
-#pragma push_macro("XXH_OK")
-#pragma push_macro("XXH_ERROR")
-#pragma push_macro("XXH_errorcode")
-#pragma push_macro("XXH32_canonical_t")
-#pragma push_macro("XXH64_canonical_t")
-#pragma push_macro("XXH128_canonical_t")
-#pragma push_macro("XXH32_state_s")
-#pragma push_macro("XXH32_state_t")
-#pragma push_macro("XXH64_state_s")
-#pragma push_macro("XXH64_state_t")
-#pragma push_macro("XXH3_state_s")
-#pragma push_macro("XXH3_state_t")
-#pragma push_macro("XXH128_hash_t")
-#pragma push_macro("XXH_NAMESPACE")
-#pragma push_macro("XXH_PUBLIC_API")
-#pragma push_macro("XXH_STATIC_LINKING_ONLY")
-#pragma push_macro("XXH_INLINE_ALL")
-#pragma push_macro("XXHASH_H_5627135585666179")
-#pragma push_macro("XXHASH_H_STATIC_13879238742")
-#define XXH_INLINE_ALL
-#endif
-
-#include <xxhash.h>
-
-#if !defined(XXH_VERSION_NUMBER) || XXH_VERSION_NUMBER < 801
-#error "promptcache/block_hash.hpp needs xxHash 0.8.1 or newer"
-#endif
-
-namespace promptcache::detail {
-
-/// Size of an XXH3 secret derived from a seed (XXH3_SECRET_DEFAULT_SIZE).
-inline constexpr std::size_t xxh3_secret_size = 192;
-/// Inputs up to this many bytes are hashed with the seed alone; longer ones
-/// use the secret (XXH3_MIDSIZE_MAX).
-inline constexpr std::size_t xxh3_midsize_max = 240;
-static_assert(xxh3_secret_size == XXH3_SECRET_DEFAULT_SIZE);
-static_assert(xxh3_midsize_max == XXH3_MIDSIZE_MAX);
-
-/// XXH3_64bits: unseeded 64-bit XXH3 of `len` bytes. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len) noexcept {
-  return XXH3_64bits(data, len);
-}
-
-/// XXH3_64bits_withSeed. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len, std::uint64_t seed) noexcept {
-  return XXH3_64bits_withSeed(data, len, seed);
-}
-
-/// Fills `secret` (xxh3_secret_size bytes) with the secret XXH3 derives from
-/// `seed`, so long inputs need not re-derive it on every call. O(1).
-inline void xxh3_secret_from_seed(unsigned char* secret, std::uint64_t seed) noexcept {
-  XXH3_generateSecret_fromSeed(secret, seed);
-}
-
-/// XXH3_64bits_withSecretandSeed with a secret from xxh3_secret_from_seed(seed):
-/// equal to xxh3_64(data, len, seed), minus the per-call secret derivation. O(len).
-inline std::uint64_t xxh3_64(const void* data, std::size_t len, const unsigned char* secret,
-                             std::uint64_t seed) noexcept {
-  return XXH3_64bits_withSecretandSeed(data, len, secret, xxh3_secret_size, seed);
-}
-
-/// Streaming XXH3-64 with a seed and its derived secret: the digest equals
-/// xxh3_64(all bytes, seed). Holds ~600 bytes of state, never allocates.
-class Xxh3Stream {
- public:
-  /// Starts an empty stream; `secret` must outlive the stream. O(1).
-  Xxh3Stream(const unsigned char* secret, std::uint64_t seed) noexcept {
-    XXH3_64bits_reset_withSecretandSeed(&state_, secret, xxh3_secret_size, seed);
-  }
-  /// Appends `len` bytes. O(len).
-  void update(const void* data, std::size_t len) noexcept {
-    XXH3_64bits_update(&state_, data, len);
-  }
-  /// The hash of everything appended so far; the stream stays usable. O(1).
-  [[nodiscard]] std::uint64_t digest() const noexcept { return XXH3_64bits_digest(&state_); }
-
- private:
-  XXH3_state_t state_;
-};
-
-}  // namespace promptcache::detail
-
-#if PROMPTCACHE_XXH_SCOPED
-#pragma pop_macro("XXH_versionNumber")
-#pragma pop_macro("XXH32")
-#pragma pop_macro("XXH32_createState")
-#pragma pop_macro("XXH32_freeState")
-#pragma pop_macro("XXH32_reset")
-#pragma pop_macro("XXH32_update")
-#pragma pop_macro("XXH32_digest")
-#pragma pop_macro("XXH32_copyState")
-#pragma pop_macro("XXH32_canonicalFromHash")
-#pragma pop_macro("XXH32_hashFromCanonical")
-#pragma pop_macro("XXH64")
-#pragma pop_macro("XXH64_createState")
-#pragma pop_macro("XXH64_freeState")
-#pragma pop_macro("XXH64_reset")
-#pragma pop_macro("XXH64_update")
-#pragma pop_macro("XXH64_digest")
-#pragma pop_macro("XXH64_copyState")
-#pragma pop_macro("XXH64_canonicalFromHash")
-#pragma pop_macro("XXH64_hashFromCanonical")
-#pragma pop_macro("XXH3_64bits")
-#pragma pop_macro("XXH3_64bits_withSecret")
-#pragma pop_macro("XXH3_64bits_withSeed")
-#pragma pop_macro("XXH3_64bits_withSecretandSeed")
-#pragma pop_macro("XXH3_createState")
-#pragma pop_macro("XXH3_freeState")
-#pragma pop_macro("XXH3_copyState")
-#pragma pop_macro("XXH3_64bits_reset")
-#pragma pop_macro("XXH3_64bits_reset_withSeed")
-#pragma pop_macro("XXH3_64bits_reset_withSecret")
-#pragma pop_macro("XXH3_64bits_reset_withSecretandSeed")
-#pragma pop_macro("XXH3_64bits_update")
-#pragma pop_macro("XXH3_64bits_digest")
-#pragma pop_macro("XXH3_generateSecret")
-#pragma pop_macro("XXH3_generateSecret_fromSeed")
-#pragma pop_macro("XXH128")
-#pragma pop_macro("XXH3_128bits")
-#pragma pop_macro("XXH3_128bits_withSeed")
-#pragma pop_macro("XXH3_128bits_withSecret")
-#pragma pop_macro("XXH3_128bits_withSecretandSeed")
-#pragma pop_macro("XXH3_128bits_reset")
-#pragma pop_macro("XXH3_128bits_reset_withSeed")
-#pragma pop_macro("XXH3_128bits_reset_withSecret")
-#pragma pop_macro("XXH3_128bits_reset_withSecretandSeed")
-#pragma pop_macro("XXH3_128bits_update")
-#pragma pop_macro("XXH3_128bits_digest")
-#pragma pop_macro("XXH128_isEqual")
-#pragma pop_macro("XXH128_cmp")
-#pragma pop_macro("XXH128_canonicalFromHash")
-#pragma pop_macro("XXH128_hashFromCanonical")
-#pragma pop_macro("XXH_OK")
-#pragma pop_macro("XXH_ERROR")
-#pragma pop_macro("XXH_errorcode")
-#pragma pop_macro("XXH32_canonical_t")
-#pragma pop_macro("XXH64_canonical_t")
-#pragma pop_macro("XXH128_canonical_t")
-#pragma pop_macro("XXH32_state_s")
-#pragma pop_macro("XXH32_state_t")
-#pragma pop_macro("XXH64_state_s")
-#pragma pop_macro("XXH64_state_t")
-#pragma pop_macro("XXH3_state_s")
-#pragma pop_macro("XXH3_state_t")
-#pragma pop_macro("XXH128_hash_t")
-#pragma pop_macro("XXH_NAMESPACE")
-#pragma pop_macro("XXH_PUBLIC_API")
-#pragma pop_macro("XXH_STATIC_LINKING_ONLY")
-#pragma pop_macro("XXH_INLINE_ALL")
-#pragma pop_macro("XXHASH_H_5627135585666179")
-#pragma pop_macro("XXHASH_H_STATIC_13879238742")
-#endif
-
-#undef PROMPTCACHE_XXH_SCOPED
-#endif  // PROMPTCACHE_DETAIL_BLOCK_HASH_XXHASH_HPP
-// ---- end promptcache/detail/block_hash_xxhash.hpp ----
-
-namespace promptcache {
-
-/// Dynamo's base seed: local hashes start from it, sequence hashes always use it.
-inline constexpr std::uint64_t block_hash_default_seed = 1337;
-
-/// The local-hash seed for a LoRA adapter and a cache salt: 1337, plus (wrapping)
-/// xxh3(lora_name) if non-empty, plus xxh3(cache_salt, seed 1) if non-empty. An
-/// empty name counts as absent. O(size of the names).
-[[nodiscard]] inline std::uint64_t block_hash_seed(std::string_view lora_name = {},
-                                                   std::string_view cache_salt = {}) noexcept {
-  std::uint64_t seed = block_hash_default_seed;
-  if (!lora_name.empty()) seed += detail::xxh3_64(lora_name.data(), lora_name.size());
-  if (!cache_salt.empty()) seed += detail::xxh3_64(cache_salt.data(), cache_salt.size(), 1);
-  return seed;
-}
-
-/// How local block hashes are computed; the default is Dynamo's plain text model.
-struct BlockHashOptions {
-  /// The seed from block_hash_seed() (LoRA name and cache salt).
-  std::uint64_t seed = block_hash_default_seed;
-  /// media[i] holds the media hashes carried by block i, in any order (they are
-  /// hashed sorted). Blocks past media.size() and empty entries carry no media.
-  /// Entries past the number of blocks are ignored.
-  std::span<const std::span<const std::uint64_t>> media = {};
-  /// Eagle (speculative decoding): block i hashes the block_size + 1 tokens
-  /// starting at i * block_size, so n tokens give (n - 1) / block_size blocks.
-  bool eagle = false;
-};
-
-/// Number of hashable blocks in `num_tokens` tokens: num_tokens / block_size, or
-/// (num_tokens - 1) / block_size in Eagle mode; 0 when block_size is 0. O(1).
-[[nodiscard]] constexpr std::size_t block_count(std::size_t num_tokens, std::size_t block_size,
-                                                bool eagle = false) noexcept {
-  if (block_size == 0 || num_tokens == 0) return 0;
-  return (eagle ? num_tokens - 1 : num_tokens) / block_size;
-}
-
-namespace detail {
-
-/// Hashes block windows with one seed. Derives the seed's XXH3 secret once,
-/// and only if some input is longer than xxh3_midsize_max bytes (XXH3's own
-/// seeded entry point would re-derive it on every call).
-class BlockHasher {
- public:
-  /// Inputs up to this many bytes are encoded into an inline buffer and hashed
-  /// in one call; longer ones are streamed through it.
-  static constexpr std::size_t buffer_bytes = 2048;
-  /// Blocks with up to this many media hashes sort them without allocating.
-  static constexpr std::size_t inline_media = 32;
-
-  /// A hasher for `seed`; the secret is derived lazily. O(1).
-  explicit BlockHasher(std::uint64_t seed) noexcept : seed_(seed) {}
-
-  /// xxh3 of `len` bytes at `data` with the seed. O(len).
-  std::uint64_t hash_bytes(const void* data, std::size_t len) noexcept {
-    if (len <= xxh3_midsize_max) return xxh3_64(data, len, seed_);
-    return xxh3_64(data, len, secret(), seed_);
-  }
-
-  /// Local hash of one window of tokens and its (unsorted) media hashes, from
-  /// explicitly encoded little-endian bytes: correct on any host byte order.
-  /// O(window + media log media); allocates only for more than inline_media media.
-  std::uint64_t hash_encoded(std::span<const std::uint32_t> window,
-                             std::span<const std::uint64_t> media) {
-    std::array<std::uint64_t, inline_media> small;
-    std::vector<std::uint64_t> large;
-    std::span<std::uint64_t> sorted;
-    if (media.size() <= inline_media) {
-      sorted = std::span<std::uint64_t>(small.data(), media.size());
-    } else {
-      large.resize(media.size());
-      sorted = large;
-    }
-    std::copy(media.begin(), media.end(), sorted.begin());
-    std::sort(sorted.begin(), sorted.end());
-
-    const std::size_t token_bytes = window.size() * sizeof(std::uint32_t);
-    const std::size_t media_bytes = sorted.size() * sizeof(std::uint64_t);
-    if (token_bytes + media_bytes <= buffer_.size()) {
-      encode_le32(window, buffer_.data());
-      encode_le64(sorted, buffer_.data() + token_bytes);
-      return hash_bytes(buffer_.data(), token_bytes + media_bytes);
-    }
-    Xxh3Stream stream(secret(), seed_);
-    constexpr std::size_t tokens_per_chunk = buffer_bytes / sizeof(std::uint32_t);
-    for (std::size_t i = 0; i < window.size(); i += tokens_per_chunk) {
-      const auto part = window.subspan(i, std::min(tokens_per_chunk, window.size() - i));
-      encode_le32(part, buffer_.data());
-      stream.update(buffer_.data(), part.size() * sizeof(std::uint32_t));
-    }
-    constexpr std::size_t media_per_chunk = buffer_bytes / sizeof(std::uint64_t);
-    for (std::size_t i = 0; i < sorted.size(); i += media_per_chunk) {
-      const auto part = sorted.subspan(i, std::min(media_per_chunk, sorted.size() - i));
-      encode_le64(part, buffer_.data());
-      stream.update(buffer_.data(), part.size() * sizeof(std::uint64_t));
-    }
-    return stream.digest();
-  }
-
-  /// The XXH3 secret derived from the seed, computed on first use. O(1).
-  const unsigned char* secret() noexcept {
-    if (!has_secret_) {
-      xxh3_secret_from_seed(secret_.data(), seed_);
-      has_secret_ = true;
-    }
-    return secret_.data();
-  }
-
- private:
-  std::uint64_t seed_;
-  bool has_secret_ = false;
-  alignas(64) std::array<unsigned char, xxh3_secret_size> secret_;
-  std::array<unsigned char, buffer_bytes> buffer_;
-};
-
-/// local_block_hashes() with the byte path chosen by the caller. Native = true
-/// hashes token memory in place for blocks without media, which is only
-/// correct on little-endian hosts; Native = false encodes every block
-/// explicitly (the tests run it on little-endian hosts to cover the
-/// big-endian path).
-template <bool Native>
-std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
-                               std::span<std::uint64_t> out, const BlockHashOptions& options) {
-  const std::size_t count = block_count(tokens.size(), block_size, options.eagle);
-  const std::size_t window = options.eagle ? block_size + 1 : block_size;
-  const std::size_t written = std::min(count, out.size());
-  BlockHasher hasher(options.seed);
-  if constexpr (Native) {
-    // The hot path: no media anywhere, one xxh3 call per block straight from
-    // the token memory.
-    if (options.media.empty()) {
-      // Locals, so the stores to out[] cannot force reloads of the seed.
-      const std::size_t bytes = window * sizeof(std::uint32_t);
-      const std::uint64_t seed = options.seed;
-      const std::uint32_t* data = tokens.data();
-      if (bytes <= xxh3_midsize_max) {
-        for (std::size_t i = 0; i < written; ++i) {
-          out[i] = xxh3_64(data + i * block_size, bytes, seed);
-        }
-      } else {
-        const unsigned char* secret = hasher.secret();
-        for (std::size_t i = 0; i < written; ++i) {
-          out[i] = xxh3_64(data + i * block_size, bytes, secret, seed);
-        }
-      }
-      return count;
-    }
-  }
-  for (std::size_t i = 0; i < written; ++i) {
-    const auto block = tokens.subspan(i * block_size, window);
-    const std::span<const std::uint64_t> media =
-        i < options.media.size() ? options.media[i] : std::span<const std::uint64_t>{};
-    if (Native && media.empty()) {
-      out[i] = hasher.hash_bytes(block.data(), block.size_bytes());
-    } else {
-      out[i] = hasher.hash_encoded(block, media);
-    }
-  }
-  return count;
-}
-
-}  // namespace detail
-
-/// Writes the local hash of each hashable block of `tokens` to `out` and returns
-/// the number of blocks, block_count(tokens.size(), block_size, options.eagle).
-/// If that exceeds out.size(), only the first out.size() hashes are computed and
-/// written (compare the result with out.size()). block_size 0 gives 0. Does not
-/// allocate (unless a block has more than 32 media hashes). O(tokens + media).
-inline std::size_t local_block_hashes(std::span<const std::uint32_t> tokens, std::size_t block_size,
-                                      std::span<std::uint64_t> out,
-                                      const BlockHashOptions& options = {}) {
-  return detail::local_block_hashes<std::endian::native == std::endian::little>(tokens, block_size,
-                                                                                out, options);
-}
-
-/// The local hash of each hashable block of `tokens`, as a new vector of
-/// block_count(tokens.size(), block_size, options.eagle) hashes. O(tokens + media).
-[[nodiscard]] inline std::vector<std::uint64_t> local_block_hashes(
-    std::span<const std::uint32_t> tokens, std::size_t block_size,
-    const BlockHashOptions& options = {}) {
-  std::vector<std::uint64_t> out(block_count(tokens.size(), block_size, options.eagle));
-  local_block_hashes(tokens, block_size, out, options);
-  return out;
-}
-
-/// The sequence hash of a block whose local hash is `local` and whose previous
-/// block has sequence hash `parent`: xxh3(LE64(parent) || LE64(local), 1337). O(1).
-[[nodiscard]] inline std::uint64_t sequence_hash(std::uint64_t parent,
-                                                 std::uint64_t local) noexcept {
-  std::array<unsigned char, 16> bytes;
-  detail::store_le64(parent, bytes.data());
-  detail::store_le64(local, bytes.data() + 8);
-  return detail::xxh3_64(bytes.data(), bytes.size(), block_hash_default_seed);
-}
-
-/// Writes the sequence hashes of a run of local hashes to `out` and returns
-/// locals.size(). Without `parent` the run starts the sequence (out[0] =
-/// locals[0]); with it, the run continues after the block whose sequence hash is
-/// *parent. If out is smaller, only its first out.size() hashes are written.
-/// `out` may be the same span as `locals` (in-place). O(locals.size()).
-inline std::size_t sequence_hashes(std::span<const std::uint64_t> locals,
-                                   std::span<std::uint64_t> out,
-                                   std::optional<std::uint64_t> parent = std::nullopt) noexcept {
-  const std::size_t written = std::min(locals.size(), out.size());
-  for (std::size_t i = 0; i < written; ++i) {
-    const std::uint64_t local = locals[i];
-    out[i] = parent ? sequence_hash(*parent, local) : local;
-    parent = out[i];
-  }
-  return locals.size();
-}
-
-/// The sequence hashes of a run of local hashes, as a new vector (see the
-/// span overload for `parent`). O(locals.size()).
-[[nodiscard]] inline std::vector<std::uint64_t> sequence_hashes(
-    std::span<const std::uint64_t> locals, std::optional<std::uint64_t> parent = std::nullopt) {
-  std::vector<std::uint64_t> out(locals.size());
-  sequence_hashes(locals, out, parent);
-  return out;
-}
-
-}  // namespace promptcache
-
-#endif  // PROMPTCACHE_BLOCK_HASH_HPP
-// ---- end promptcache/block_hash.hpp ----
 // ---- begin promptcache/detail/paged_blocks.hpp ----
 #ifndef PROMPTCACHE_DETAIL_PAGED_BLOCKS_HPP
 #define PROMPTCACHE_DETAIL_PAGED_BLOCKS_HPP
@@ -10410,16 +10433,26 @@ class KvEventPublisher {
     pending_.push_back(std::move(ev));
   }
 
-  /// Names namespace `ns`'s LoRA adapter in its BlockStored events (lora_name, and
-  /// lora_id when given), as configure_namespace(ns, name) hashes them; an empty name
-  /// removes it. Routers hash the tokens with block_hash_seed(lora_name), so a
-  /// namespace with a cache salt cannot be described on this wire. O(1) expected.
+  /// Describes namespace `ns`'s block-hash seed in its BlockStored events as
+  /// configure_namespace(ns, lora_name, cache_salt) sets it: the adapter as lora_name
+  /// (lora_id when given) and in every block's extra_keys, the salt as the key
+  /// cache_salt_key_prefix + salt in each event's first block (where Dynamo's router
+  /// and kv_event_wire.hpp read it). A namespace never described is published as the
+  /// cache hashes an unconfigured one: 0 with neither, any other with its id in
+  /// decimal as the salt. Applies to the events not yet flushed. O(1) expected.
+  void set_namespace(std::uint64_t ns, std::string lora_name, std::string cache_salt,
+                     std::optional<std::int64_t> lora_id = {}) {
+    seeds_.insert_or_assign(ns, Seed{std::move(lora_name), lora_id, std::move(cache_salt)});
+  }
+
+  /// set_namespace(ns, name, "", id): the namespace as configure_namespace(ns, name)
+  /// hashes it. An empty name returns `ns` to its default description. O(1) expected.
   void set_lora(std::uint64_t ns, std::string name, std::optional<std::int64_t> id = {}) {
     if (name.empty()) {
-      loras_.erase(ns);
+      seeds_.erase(ns);
       return;
     }
-    loras_.insert_or_assign(ns, detail::KvPubLora{std::move(name), id});
+    set_namespace(ns, std::move(name), std::string(), id);
   }
 
   /// Ends the step: encodes the recorded events as one batch with the next seq, buffers
@@ -10500,11 +10533,20 @@ class KvEventPublisher {
   }
 
   void encode(std::vector<char>& out, std::span<const detail::KvPubEvent> events) const {
-    encoder_.batch(out, now(), events, options_.dp_rank,
-                   [this](std::uint64_t ns) -> const detail::KvPubLora* {
-                     const auto it = loras_.find(ns);
-                     return it == loras_.end() ? nullptr : &it->second;
-                   });
+    // A default salt (the id in decimal) lives in `digits` until the next call.
+    std::array<char, 20> digits{};
+    encoder_.batch(
+        out, now(), events, options_.dp_rank,
+        [this, &digits](std::uint64_t ns) -> detail::KvPubSeed {
+          const auto it = seeds_.find(ns);
+          if (it != seeds_.end())
+            return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
+          if (ns == 0) return {};
+          const auto r = std::to_chars(digits.data(), digits.data() + digits.size(), ns);
+          return {{},
+                  {},
+                  std::string_view(digits.data(), static_cast<std::size_t>(r.ptr - digits.data()))};
+        });
   }
 
   // Sends the dump: payloads of at most dump_blocks_per_batch blocks, each tagged with
@@ -10543,7 +10585,12 @@ class KvEventPublisher {
   bool mirror_ok_ = true;
   std::vector<detail::KvPubEvent> pending_;
   std::vector<char> scratch_;
-  std::unordered_map<std::uint64_t, detail::KvPubLora> loras_;
+  struct Seed {
+    std::string lora_name;
+    std::optional<std::int64_t> lora_id;
+    std::string cache_salt;
+  };
+  std::unordered_map<std::uint64_t, Seed> seeds_;
   std::uint64_t next_seq_ = 0;
   KvPublisherStats stats_;
 };

@@ -473,6 +473,11 @@ inline constexpr std::uint64_t block_hash_default_seed = 1337;
   return seed;
 }
 
+/// The prefix that names a cache salt among a block's extra keys in vLLM-format KV
+/// events ("dynamo-cache-salt:<salt>" in an event's first block: the convention of
+/// Dynamo's vLLM integration, which its router reads, and kv_event_wire.hpp too).
+inline constexpr std::string_view cache_salt_key_prefix = "dynamo-cache-salt:";
+
 /// How local block hashes are computed; the default is Dynamo's plain text model.
 struct BlockHashOptions {
   /// The seed from block_hash_seed() (LoRA name and cache salt).
@@ -810,8 +815,8 @@ class CursorState {
 // Decodes the KV event batches that vLLM and SGLang publish with
 // --kv-events-config (msgpack payloads written by msgspec) into the KvEventData
 // that KvIndex consumes, computing each stored block's tokens hash the way
-// NVIDIA Dynamo's router does (block_hash.hpp, LoRA name as seed, multimodal
-// hashes from extra_keys).
+// NVIDIA Dynamo's router does (block_hash.hpp, LoRA name and cache salt as
+// seed, multimodal hashes from extra_keys).
 //
 // Three layouts are in the field and all decode:
 //   [ts, [events]] / [ts, [events], dp_rank, ...]   with array events
@@ -6265,8 +6270,10 @@ class KvEventWireDecoder {
     std::uint32_t extra_keys = kNone;
     std::uint32_t group_idx = kNone;
     std::uint32_t spec_kind = kNone;
+    std::uint32_t cache_salt = kNone;  // map events: a string or nil
     // Positional: some SGLang versions put a metadata map in lora_name's
-    // place, which names no LoRA (a "lora_name" key holds a name or nil).
+    // place, which names no LoRA (its "cache_salt" key holds the salt), and
+    // in map events a "lora_name" key holds a name or nil.
     bool positional = false;
   };
 
@@ -6507,6 +6514,8 @@ class KvEventWireDecoder {
             f.group_idx = v;
           } else if (key == "kv_cache_spec_kind") {
             f.spec_kind = v;
+          } else if (key == "cache_salt") {
+            f.cache_salt = v;
           }
         }
         k = next(v);
@@ -6658,6 +6667,39 @@ class KvEventWireDecoder {
     return std::nullopt;
   }
 
+  // The value of string key `key` in map `m`; kNone when absent.
+  std::uint32_t map_value(std::uint32_t m, std::string_view key) const noexcept {
+    std::uint32_t k = m + 1U;
+    for (std::uint32_t p = 0; p < at(m).size; ++p) {
+      const std::uint32_t v = next(k);
+      if (at(k).kind == Kind::str && str(k) == key) return v;
+      k = next(v);
+    }
+    return kNone;
+  }
+
+  // The cache salt among the first block's extra_keys (checked), Dynamo's
+  // rule: its first plain string that starts with cache_salt_key_prefix
+  // and goes on, skipping once a key equal to the LoRA name; empty if none.
+  std::string_view extra_keys_salt(std::uint32_t i, std::string_view lora) const noexcept {
+    if (i == kNone || at(i).kind != Kind::array || at(i).size == 0) return {};
+    const std::uint32_t first = i + 1U;
+    if (at(first).kind != Kind::array) return {};
+    bool lora_skipped = lora.empty();
+    std::uint32_t key = first + 1U;
+    for (std::uint32_t k = 0; k < at(first).size; ++k, key = next(key)) {
+      if (at(key).kind != Kind::str) continue;
+      const std::string_view s = str(key);
+      if (!lora_skipped && s == lora) {
+        lora_skipped = true;
+        continue;
+      }
+      if (s.size() > cache_salt_key_prefix.size() && s.starts_with(cache_salt_key_prefix))
+        return s.substr(cache_salt_key_prefix.size());
+    }
+    return {};
+  }
+
   // extra_keys (checked): a key is a string or a [string, offset] pair, or
   // any other value (a salt, an embedding hash). Only strings that name a
   // media hash count.
@@ -6710,6 +6752,9 @@ class KvEventWireDecoder {
     const bool lora_map = f.positional && f.lora_name != kNone && at(f.lora_name).kind == Kind::map;
     if (!is_nil(f.lora_name) && at(f.lora_name).kind != Kind::str && !lora_map)
       return Fail{KvWireErrc::bad_value, "lora_name is not a string"};
+    const std::uint32_t salt = lora_map ? map_value(f.lora_name, "cache_salt") : f.cache_salt;
+    if (!is_nil(salt) && at(salt).kind != Kind::str)
+      return Fail{KvWireErrc::bad_value, "cache_salt is not a string"};
     if (auto fail = check_extra_keys(f.extra_keys)) return fail;
     if (skipped_by_rule(f)) {
       ++out.ignored_events;
@@ -6733,7 +6778,9 @@ class KvEventWireDecoder {
     if (!is_nil(f.lora_name) && at(f.lora_name).kind == Kind::str) lora = str(f.lora_name);
     media_lists(f.extra_keys, kept);
     BlockHashOptions ho;
-    ho.seed = block_hash_seed(lora);
+    // A salt the event names (even an empty one, which is no salt) is the
+    // event's; otherwise its first block's extra_keys may carry one.
+    ho.seed = block_hash_seed(lora, is_nil(salt) ? extra_keys_salt(f.extra_keys, lora) : str(salt));
     ho.media = media_spans_;
     ho.eagle = eagle;
     locals_.resize(kept);

@@ -14,7 +14,7 @@ floats 8 bytes; strings are str (str8 from 32 bytes on).
 Usage: vllm_encoder.py SCENARIO.json
 SCENARIO is a list of batches {"ts", "dp_rank", "events": [...]}, each event
 {"kind": "stored", "hashes", "parent", "tokens", "block_size", "lora_name",
-"lora_id"} or {"kind": "removed", "hashes"} or {"kind": "cleared"}. Prints, per
+"lora_id", "cache_salt"} or {"kind": "removed", "hashes"} or {"kind": "cleared"}. Prints, per
 batch, one line per layout: "<layout> <hex>", layouts map, array_map, array.
 """
 import json
@@ -62,9 +62,16 @@ def event(e, array_like):
     if e["kind"] == "stored":
         n = len(e["hashes"])
         lora = e.get("lora_name")
+        salt = e.get("cache_salt")
         # vLLM lists, per block, the keys its hash covers besides the tokens
-        # (a LoRA request's adapter name), None for a block with none.
-        extra = [(lora,) if lora else None for _ in range(n)]
+        # (a LoRA request's adapter name; a cache salt in the first block's,
+        # here in the form Dynamo's vLLM integration gives it), None for a
+        # block with none.
+        extra = []
+        for i in range(n):
+            keys = ((lora,) if lora else ()) + (
+                ("dynamo-cache-salt:" + salt,) if salt and i == 0 else ())
+            extra.append(keys if keys else None)
         values = {
             "block_hashes": e["hashes"],
             "parent_block_hash": e.get("parent"),

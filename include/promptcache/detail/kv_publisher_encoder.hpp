@@ -28,6 +28,8 @@
 #endif
 #include <msgpack.hpp>
 
+#include "promptcache/block_hash.hpp"  // cache_salt_key_prefix
+
 namespace promptcache::detail {
 
 // Appends to a byte vector: the stream msgpack::packer writes to.
@@ -44,13 +46,16 @@ struct KvPubEvent {
   std::vector<std::uint64_t> hashes;    // stored / removed: the blocks
   std::vector<std::uint32_t> tokens;    // stored: block_size tokens per block
   std::uint32_t block_size = 0;         // stored
-  std::uint64_t ns = 0;                 // stored: the engine namespace (its LoRA, if any)
+  std::uint64_t ns = 0;                 // stored: the engine namespace (its seed's parts)
 };
 
-// The LoRA adapter a namespace's blocks are hashed with, as vLLM names it.
-struct KvPubLora {
-  std::string name;                // lora_name (non-empty)
-  std::optional<std::int64_t> id;  // lora_id (deprecated by vLLM, still written)
+// What a namespace's blocks are hashed with: a LoRA adapter as vLLM names it,
+// and a cache salt. Empty strings are none. Views: valid while the encoder
+// writes the event.
+struct KvPubSeed {
+  std::string_view lora_name;
+  std::optional<std::int64_t> lora_id;  // lora_id (deprecated by vLLM, still written)
+  std::string_view cache_salt;
 };
 
 // Which of the two structs are maps (array_like=False); the others are arrays.
@@ -64,11 +69,11 @@ class KvPubEncoder {
  public:
   explicit KvPubEncoder(KvPubLayout layout) noexcept : layout_(layout) {}
 
-  // One whole KVEventBatch payload into `out` (cleared first). `lora_of(ns)`
-  // gives a namespace's adapter, or nullptr for none.
-  template <class LoraOf>
+  // One whole KVEventBatch payload into `out` (cleared first). `seed_of(ns)`
+  // gives a namespace's KvPubSeed.
+  template <class SeedOf>
   void batch(std::vector<char>& out, double ts, std::span<const KvPubEvent> events,
-             std::optional<std::uint32_t> dp_rank, LoraOf&& lora_of) const {
+             std::optional<std::uint32_t> dp_rank, SeedOf&& seed_of) const {
     out.clear();
     KvPubBytes sink{&out};
     msgpack::packer<KvPubBytes> p(sink);
@@ -81,7 +86,7 @@ class KvPubEncoder {
       key(p, "events");
       p.pack_array(n);
       for (const KvPubEvent& e : events)
-        event(p, e, lora_of(e.ns));
+        event(p, e, seed_of(e.ns));
       if (dp_rank) {
         key(p, "data_parallel_rank");
         p.pack(*dp_rank);
@@ -92,7 +97,7 @@ class KvPubEncoder {
     f64(out, ts);
     p.pack_array(n);
     for (const KvPubEvent& e : events)
-      event(p, e, lora_of(e.ns));
+      event(p, e, seed_of(e.ns));
     if (dp_rank)
       p.pack(*dp_rank);
     else
@@ -128,7 +133,9 @@ class KvPubEncoder {
       p.pack(x);
   }
 
-  void event(Packer& p, const KvPubEvent& e, const KvPubLora* lora) const {
+  void event(Packer& p, const KvPubEvent& e, const KvPubSeed& seed) const {
+    const bool lora = !seed.lora_name.empty();
+    const bool salt = !seed.cache_salt.empty();
     const bool map = layout_.map_events;
     switch (e.kind) {
       case KvPubEvent::Kind::stored: {
@@ -153,27 +160,38 @@ class KvPubEncoder {
         if (map) key(p, "block_size");
         p.pack(e.block_size);
         if (map) key(p, "lora_id");
-        if (lora != nullptr && lora->id)
-          p.pack(*lora->id);
+        if (lora && seed.lora_id)
+          p.pack(*seed.lora_id);
         else
           p.pack_nil();
         if (map) key(p, "medium");
         key(p, "GPU");
         if (map) key(p, "lora_name");
-        if (lora != nullptr)
-          key(p, lora->name);
+        if (lora)
+          key(p, seed.lora_name);
         else
           p.pack_nil();
         // One entry per block: the keys besides the tokens that the block's
-        // hash covers (vLLM lists the LoRA name there), or None.
+        // hash covers (vLLM lists the LoRA name there, and the cache salt
+        // in the first block's), or None. The salt goes in the form Dynamo's
+        // router reads, in every event: a router hashes each event's blocks
+        // with the salt its first block names.
         if (map) key(p, "extra_keys");
         p.pack_array(static_cast<std::uint32_t>(e.hashes.size()));
         for (std::size_t i = 0; i < e.hashes.size(); ++i) {
-          if (lora != nullptr) {
-            p.pack_array(1);
-            key(p, lora->name);
-          } else {
+          const bool salted = salt && i == 0;
+          if (!lora && !salted) {
             p.pack_nil();
+            continue;
+          }
+          p.pack_array((lora ? 1U : 0U) + (salted ? 1U : 0U));
+          if (lora) key(p, seed.lora_name);
+          if (salted) {
+            const std::string_view prefix = cache_salt_key_prefix;
+            p.pack_str(static_cast<std::uint32_t>(prefix.size() + seed.cache_salt.size()));
+            p.pack_str_body(prefix.data(), static_cast<std::uint32_t>(prefix.size()));
+            p.pack_str_body(seed.cache_salt.data(),
+                            static_cast<std::uint32_t>(seed.cache_salt.size()));
           }
         }
         if (map) key(p, "group_idx");
