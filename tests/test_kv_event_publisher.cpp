@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -498,6 +499,13 @@ TEST_CASE("a router hashes every namespace's blocks as the cache does: LoRA name
       REQUIRE(router.apply(W, KvEvent{id++, d}).ok());
     return std::pair(view(router, W), view(truth, W));
   };
+  // What configure_namespace refuses cannot be described either.
+  KvEventPublisher pub;
+  CHECK_THROWS_AS(pub.set_namespace(5, "", ""), std::invalid_argument);
+  CHECK_THROWS_AS(pub.set_namespace(5, "", "6"), std::invalid_argument);
+  CHECK_NOTHROW(pub.set_namespace(5, "", "5"));
+  CHECK_NOTHROW(pub.set_namespace(5, "lora-a", ""));
+  CHECK_NOTHROW(pub.set_namespace(0, "", ""));
   for (const KvWireLayout layout :
        {KvWireLayout::map, KvWireLayout::array_map, KvWireLayout::array}) {
     const auto [router, truth] = run(layout, true);

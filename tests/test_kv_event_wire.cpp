@@ -481,12 +481,28 @@ void nil(Packer& p) {
 void lora_a(Packer& p) {
   p.pack(std::string("lora-a"));
 }
-void sglang_meta(Packer& p) {  // SGLang's BlockStoredMetadata
-  p.pack_map(2);
+void sglang_meta(Packer& p) {  // SGLang's BlockStoredMetadata, a nested value first
+  p.pack_map(3);
+  p.pack(std::string("tags"));
+  p.pack_array(2);
+  p.pack(std::string("a"));
+  p.pack_map(1);
+  p.pack(std::string("cache_salt"));
+  p.pack(std::string("not-this-one"));
   p.pack(std::string("cache_salt"));
   p.pack(std::string("tenant-1"));
   p.pack(std::string("session_id"));
   p.pack(std::string("s"));
+}
+void sglang_meta_nil_salt(Packer& p) {
+  p.pack_map(1);
+  p.pack(std::string("cache_salt"));
+  p.pack_nil();
+}
+void sglang_meta_number_salt(Packer& p) {
+  p.pack_map(1);
+  p.pack(std::string("cache_salt"));
+  p.pack(3);
 }
 void sglang_meta_unsalted(Packer& p) {
   p.pack_map(1);
@@ -530,10 +546,11 @@ void keys_salt_in_pair(Packer& p) {  // only plain strings name a salt
 void lora_like_salt(Packer& p) {
   p.pack(std::string("dynamo-cache-salt:x"));
 }
-void keys_lora_like_salt_twice(Packer& p) {
+void keys_lora_like_salt(Packer& p) {
   p.pack_array(1);
-  p.pack_array(2);
+  p.pack_array(3);
   p.pack(std::string("dynamo-cache-salt:x"));
+  p.pack(std::string("dynamo-cache-salt:y"));
   p.pack(std::string("dynamo-cache-salt:x"));
 }
 
@@ -548,8 +565,12 @@ TEST_CASE("cache salts seed the tokens hash as Dynamo's router reads them", "[kv
   // No salt anywhere: the LoRA seed alone.
   CHECK(stored_blocks(salted_batch(false, nil, nil)) == plain);
   CHECK(stored_blocks(salted_batch(false, sglang_meta_unsalted, nil)) == plain);
-  // SGLang's metadata map in lora_name's position.
+  // SGLang's metadata map in lora_name's position; a nil salt there leaves the
+  // extra_keys to name one.
   CHECK(stored_blocks(salted_batch(false, sglang_meta, nil)) == salted);
+  CHECK(stored_blocks(salted_batch(false, sglang_meta_nil_salt, nil)) == plain);
+  CHECK(stored_blocks(salted_batch(false, sglang_meta_nil_salt, keys_salted)) ==
+        salted_blocks("", "tenant-1"));
   // A map event's cache_salt, with the LoRA name.
   CHECK(stored_blocks(salted_batch(true, lora_a, nil, salt_1)) == lora_salted);
   // The first block's extra_keys (the LoRA name and an empty salt skipped),
@@ -563,15 +584,17 @@ TEST_CASE("cache salts seed the tokens hash as Dynamo's router reads them", "[kv
   // Keys that name no salt: in a later block, inside a pair.
   CHECK(stored_blocks(salted_batch(false, nil, keys_salt_in_second_block)) == plain);
   CHECK(stored_blocks(salted_batch(false, nil, keys_salt_in_pair)) == plain);
-  // The LoRA name is skipped once: its second copy is the salt.
-  CHECK(stored_blocks(salted_batch(false, lora_like_salt, keys_lora_like_salt_twice)) ==
-        salted_blocks("dynamo-cache-salt:x", "x"));
+  // The LoRA name is skipped once, where it stands: the key after it is the salt.
+  CHECK(stored_blocks(salted_batch(false, lora_like_salt, keys_lora_like_salt)) ==
+        salted_blocks("dynamo-cache-salt:x", "y"));
   // A salt that is not a string is refused, and the batch with it.
-  const Buffer bad = salted_batch(true, lora_a, nil, salt_number);
-  KvWireBatch out;
-  const KvWireStatus st = KvEventWireDecoder().decode(bad.data(), bad.size(), out);
-  CHECK(st.code == KvWireErrc::bad_value);
-  CHECK(out.events.empty());
+  for (const Buffer& bad : {salted_batch(true, lora_a, nil, salt_number),
+                            salted_batch(false, sglang_meta_number_salt, nil)}) {
+    KvWireBatch out;
+    const KvWireStatus st = KvEventWireDecoder().decode(bad.data(), bad.size(), out);
+    CHECK(st.code == KvWireErrc::bad_value);
+    CHECK(out.events.empty());
+  }
 }
 
 TEST_CASE("options: the router's block size and device-only media", "[kv_event_wire]") {

@@ -10439,10 +10439,16 @@ class KvEventPublisher {
   /// cache_salt_key_prefix + salt in each event's first block (where Dynamo's router
   /// and kv_event_wire.hpp read it). A namespace never described is published as the
   /// cache hashes an unconfigured one: 0 with neither, any other with its id in
-  /// decimal as the salt. Applies to the batches flushed from then on and to state
-  /// dumps (which describe every block held). O(1) expected.
+  /// decimal as the salt. lora_id is written with a LoRA name only. Applies to the
+  /// batches flushed from then on and to state dumps (which describe every block held).
+  /// Throws std::invalid_argument, nothing changed, for a description that
+  /// configure_namespace refuses (no LoRA name, and a salt that is another id's default:
+  /// empty for `ns` != 0, or another id in decimal). O(1) expected.
   void set_namespace(std::uint64_t ns, std::string lora_name, std::string cache_salt,
                      std::optional<std::int64_t> lora_id = {}) {
+    if (lora_name.empty() && detail::PagedNamespaces::names_other_namespace(cache_salt, ns))
+      throw std::invalid_argument(
+          "KvEventPublisher: the description is another namespace's default seed");
     seeds_.insert_or_assign(ns, Seed{std::move(lora_name), lora_id, std::move(cache_salt)});
   }
 
