@@ -724,11 +724,18 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   /// docs/nats_kv_subscriber.md#durable-replicas.
   [[nodiscard]] std::vector<std::byte> snapshot() const {
     auto lock = reader_lock();
-    // Turns, so that neither side waits long: a message waiting for earlier
-    // snapshots goes before this one (snapshots from two threads in turn would
-    // otherwise hold it off forever), and a snapshot waiting for the end of a
-    // message goes before the next message.
-    if (message_waiting_) boundary_cv_.wait(lock, [this] { return !message_waiting_; });
+    // Turns, so that neither side waits long: a message the polling thread has
+    // taken up goes before this snapshot (snapshots back to back would
+    // otherwise hold it off, while it competes with the readers for the
+    // lock), and a snapshot waiting for the end of a message goes before the
+    // next message.
+    if (message_pending_.load(std::memory_order_relaxed) || message_waiting_) {
+      const std::uint64_t started = messages_started_;
+      boundary_cv_.wait(lock, [this, started] {
+        return messages_started_ != started ||
+               (!message_pending_.load(std::memory_order_relaxed) && !message_waiting_);
+      });
+    }
     if (in_message_) {
       ++boundary_waiters_;
       boundary_cv_.wait(lock, [this] { return !in_message_; });
@@ -899,10 +906,12 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
         sub.boundary_cv_.wait(lock,
                               [this] { return sub.snapshots_ == 0 && sub.boundary_waiters_ == 0; });
         sub.message_waiting_ = false;
-        // The snapshots that came meanwhile now wait for this message's end.
-        sub.boundary_cv_.notify_all();
       }
       sub.in_message_ = true;
+      ++sub.messages_started_;
+      sub.message_pending_.store(false, std::memory_order_relaxed);
+      // The snapshots that waited for it to start now wait for its end.
+      sub.boundary_cv_.notify_all();
     }
     ~MessageBoundary() {
       sub.in_message_ = false;
@@ -1032,11 +1041,14 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       ++handled;
       const std::uint64_t at = detail::nats_stream_sequence(m.get());
       {
+        message_pending_.store(true, std::memory_order_relaxed);
         std::unique_lock<std::mutex> lock = applier_lock();
         if (at != 0 && at <= stream_seq_) {
           // Applied already: by this subscriber before a redelivery, or by
           // the replica whose snapshot was restored.
           ++redelivered_;
+          message_pending_.store(false, std::memory_order_relaxed);
+          boundary_cv_.notify_all();
         } else {
           const Holding holding(*this, lock);
           const MessageBoundary boundary(*this, lock);
@@ -1065,6 +1077,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     std::size_t handled = 0;
     for (auto& m : work_) {
       ++handled;
+      message_pending_.store(true, std::memory_order_relaxed);
       std::unique_lock<std::mutex> lock = applier_lock();
       const Holding holding(*this, lock);
       const MessageBoundary boundary(*this, lock);
@@ -1202,6 +1215,8 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   std::uint64_t stream_seq_ = 0;              // the JetStream sequence of the last message handled
   bool in_message_ = false;                   // the polling thread is inside handle()
   bool message_waiting_ = false;              // the polling thread waits for the snapshots to end
+  std::uint64_t messages_started_ = 0;        // messages handled (MessageBoundary), under the lock
+  std::atomic<bool> message_pending_{false};  // the polling thread has taken up a message
   mutable std::size_t snapshots_ = 0;         // snapshot() calls past their wait
   mutable std::size_t boundary_waiters_ = 0;  // snapshot() calls waiting for a message's end
   mutable std::condition_variable boundary_cv_;
