@@ -37,7 +37,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -268,20 +267,16 @@ class KvEventPublisher {
   }
 
   void encode(std::vector<char>& out, std::span<const detail::KvPubEvent> events) const {
-    // A default salt (the id in decimal) lives in `digits` until the next call.
-    std::array<char, 20> digits{};
-    encoder_.batch(
-        out, now(), events, options_.dp_rank,
-        [this, &digits](std::uint64_t ns) -> detail::KvPubSeed {
-          const auto it = seeds_.find(ns);
-          if (it != seeds_.end())
-            return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
-          if (ns == 0) return {};
-          const auto r = std::to_chars(digits.data(), digits.data() + digits.size(), ns);
-          return {{},
-                  {},
-                  std::string_view(digits.data(), static_cast<std::size_t>(r.ptr - digits.data()))};
-        });
+    // A default salt lives in `salt` until the next call.
+    std::string salt;
+    encoder_.batch(out, now(), events, options_.dp_rank,
+                   [this, &salt](std::uint64_t ns) -> detail::KvPubSeed {
+                     const auto it = seeds_.find(ns);
+                     if (it != seeds_.end())
+                       return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
+                     salt = detail::PagedNamespaces::default_salt(ns);
+                     return {{}, {}, salt};
+                   });
   }
 
   // Sends the dump: payloads of at most dump_blocks_per_batch blocks, each tagged with

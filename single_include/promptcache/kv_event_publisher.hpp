@@ -41,7 +41,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -6818,10 +6817,15 @@ class PagedNamespaces {
   static constexpr bool nothrow_take =
       std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
 
+  /// The cache salt of a namespace never configured (no LoRA name): none for 0, the id in
+  /// decimal for any other, so that distinct namespaces never share block hashes.
+  static std::string default_salt(std::uint64_t ns) {
+    return ns == 0 ? std::string() : std::to_string(ns);
+  }
+
   /// The seed of a namespace never configured.
   static std::uint64_t default_seed(std::uint64_t ns) {
-    if (ns == 0) return block_hash_seed();
-    return block_hash_seed({}, std::to_string(ns));
+    return block_hash_seed({}, default_salt(ns));
   }
 
   /// True when a cache salt with no LoRA name gives namespace `ns` the default seed of
@@ -10540,20 +10544,16 @@ class KvEventPublisher {
   }
 
   void encode(std::vector<char>& out, std::span<const detail::KvPubEvent> events) const {
-    // A default salt (the id in decimal) lives in `digits` until the next call.
-    std::array<char, 20> digits{};
-    encoder_.batch(
-        out, now(), events, options_.dp_rank,
-        [this, &digits](std::uint64_t ns) -> detail::KvPubSeed {
-          const auto it = seeds_.find(ns);
-          if (it != seeds_.end())
-            return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
-          if (ns == 0) return {};
-          const auto r = std::to_chars(digits.data(), digits.data() + digits.size(), ns);
-          return {{},
-                  {},
-                  std::string_view(digits.data(), static_cast<std::size_t>(r.ptr - digits.data()))};
-        });
+    // A default salt lives in `salt` until the next call.
+    std::string salt;
+    encoder_.batch(out, now(), events, options_.dp_rank,
+                   [this, &salt](std::uint64_t ns) -> detail::KvPubSeed {
+                     const auto it = seeds_.find(ns);
+                     if (it != seeds_.end())
+                       return {it->second.lora_name, it->second.lora_id, it->second.cache_salt};
+                     salt = detail::PagedNamespaces::default_salt(ns);
+                     return {{}, {}, salt};
+                   });
   }
 
   // Sends the dump: payloads of at most dump_blocks_per_batch blocks, each tagged with

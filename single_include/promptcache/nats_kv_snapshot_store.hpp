@@ -9053,11 +9053,10 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     // otherwise hold it off, while it competes with the readers for the
     // lock), and a snapshot waiting for the end of a message goes before the
     // next message.
-    if (message_pending_.load(std::memory_order_relaxed) || message_waiting_) {
+    if (message_pending_.load(std::memory_order_relaxed)) {
       const std::uint64_t started = messages_started_;
       boundary_cv_.wait(lock, [this, started] {
-        return messages_started_ != started ||
-               (!message_pending_.load(std::memory_order_relaxed) && !message_waiting_);
+        return messages_started_ != started || !message_pending_.load(std::memory_order_relaxed);
       });
     }
     if (in_message_) {
@@ -9225,12 +9224,8 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   // a message waits for the snapshots being serialized (without the lock).
   struct MessageBoundary {
     MessageBoundary(NatsKvSubscriber& s, std::unique_lock<std::mutex>& lock) : sub(s) {
-      if (sub.snapshots_ != 0 || sub.boundary_waiters_ != 0) {
-        sub.message_waiting_ = true;
-        sub.boundary_cv_.wait(lock,
-                              [this] { return sub.snapshots_ == 0 && sub.boundary_waiters_ == 0; });
-        sub.message_waiting_ = false;
-      }
+      sub.boundary_cv_.wait(lock,
+                            [this] { return sub.snapshots_ == 0 && sub.boundary_waiters_ == 0; });
       sub.in_message_ = true;
       ++sub.messages_started_;
       sub.message_pending_.store(false, std::memory_order_relaxed);
@@ -9245,6 +9240,13 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     MessageBoundary& operator=(const MessageBoundary&) = delete;
     NatsKvSubscriber& sub;
   };
+
+  // The polling thread's lock for the message it has taken up, which goes before any
+  // snapshot started after this call; a MessageBoundary (or a skip) ends the claim.
+  std::unique_lock<std::mutex> message_lock() {
+    message_pending_.store(true, std::memory_order_relaxed);
+    return applier_lock();
+  }
 
   // A snapshot being taken: counted from its construction (under the lock)
   // until its destruction, which takes the lock back if the snapshot let it
@@ -9365,8 +9367,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
       ++handled;
       const std::uint64_t at = detail::nats_stream_sequence(m.get());
       {
-        message_pending_.store(true, std::memory_order_relaxed);
-        std::unique_lock<std::mutex> lock = applier_lock();
+        std::unique_lock<std::mutex> lock = message_lock();
         if (at != 0 && at <= stream_seq_) {
           // Applied already: by this subscriber before a redelivery, or by
           // the replica whose snapshot was restored.
@@ -9401,8 +9402,7 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
     std::size_t handled = 0;
     for (auto& m : work_) {
       ++handled;
-      message_pending_.store(true, std::memory_order_relaxed);
-      std::unique_lock<std::mutex> lock = applier_lock();
+      std::unique_lock<std::mutex> lock = message_lock();
       const Holding holding(*this, lock);
       const MessageBoundary boundary(*this, lock);
       const detail::NatsMsgPtr msg = std::move(m);
@@ -9538,9 +9538,8 @@ class NatsKvSubscriber : private detail::KvStreamFollower<NatsKvSubscriber, deta
   std::uint64_t redelivered_ = 0;
   std::uint64_t stream_seq_ = 0;              // the JetStream sequence of the last message handled
   bool in_message_ = false;                   // the polling thread is inside handle()
-  bool message_waiting_ = false;              // the polling thread waits for the snapshots to end
   std::uint64_t messages_started_ = 0;        // messages handled (MessageBoundary), under the lock
-  std::atomic<bool> message_pending_{false};  // the polling thread has taken up a message
+  std::atomic<bool> message_pending_{false};  // from message_lock() to the start or skip
   mutable std::size_t snapshots_ = 0;         // snapshot() calls past their wait
   mutable std::size_t boundary_waiters_ = 0;  // snapshot() calls waiting for a message's end
   mutable std::condition_variable boundary_cv_;

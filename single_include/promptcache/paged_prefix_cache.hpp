@@ -6250,10 +6250,15 @@ class PagedNamespaces {
   static constexpr bool nothrow_take =
       std::is_nothrow_move_assignable_v<ns_map> && std::is_nothrow_move_assignable_v<seed_map>;
 
+  /// The cache salt of a namespace never configured (no LoRA name): none for 0, the id in
+  /// decimal for any other, so that distinct namespaces never share block hashes.
+  static std::string default_salt(std::uint64_t ns) {
+    return ns == 0 ? std::string() : std::to_string(ns);
+  }
+
   /// The seed of a namespace never configured.
   static std::uint64_t default_seed(std::uint64_t ns) {
-    if (ns == 0) return block_hash_seed();
-    return block_hash_seed({}, std::to_string(ns));
+    return block_hash_seed({}, default_salt(ns));
   }
 
   /// True when a cache salt with no LoRA name gives namespace `ns` the default seed of
